@@ -1,0 +1,69 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Everything else here is what those two are made of.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+POLICIES := policies
+SCHEMAS := policies/schemas
+
+.PHONY: help run test install tools schema lint-py types lint-rego test-rego test-py bench clean
+
+help:
+	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
+	@echo "make test   the whole suite: Rego fmt/check/lint/tests, Python lint/types/tests"
+	@echo "make bench  benchmarks (bench/), figures against same-run baselines"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(STAMP)
+
+# Pinned OPA and Regal, built with `go install` into .tools/bin on first use.
+tools:
+	@scripts/tools.sh opa >/dev/null
+	@scripts/tools.sh regal >/dev/null
+
+# The OPA input schema is generated from service/policy_input.py.
+schema: install
+	$(PY) -m service.policy_input > $(SCHEMAS)/policy_input.json
+
+run: install tools
+	@echo "sessionstate: the HTTP service is not built yet (issue #4)."
+	@echo "What exists today: the record model, the LevelDB lanes and the policies; run 'make test'."
+
+lint-py: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+types: install
+	$(VENV)/bin/mypy
+
+lint-rego: tools
+	@opa=$$(scripts/tools.sh opa); regal=$$(scripts/tools.sh regal); set -x; \
+	$$opa fmt --list --fail $(POLICIES) && \
+	$$opa check --strict --schema $(SCHEMAS) $(POLICIES) && \
+	$$regal lint $(POLICIES)
+
+test-rego: tools install
+	@opa=$$(scripts/tools.sh opa); set -x; \
+	$$opa test $(POLICIES) && \
+	$$opa test --coverage --format json $(POLICIES) | $(PY) scripts/rego_coverage.py
+
+test-py: install tools
+	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest
+
+test: lint-rego test-rego lint-py types test-py
+
+bench: install tools
+	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(PY) bench/store_bench.py
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis var

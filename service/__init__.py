@@ -1,0 +1,1 @@
+"""sessionstate service: HTTP app, policy client, OPA sidecar, replay planner, CLI."""

@@ -1,0 +1,142 @@
+"""The document OPA sees for every decision.
+
+It is built from claims, scope, configuration and a *summary* of the record:
+counts, flags, blockers and digests. It never carries raw text, so it can be
+logged whole in the decision log. `policies/schemas/policy_input.json` is
+generated from these models (`python -m service.policy_input`), and the Rego
+packages are type-checked against it by `opa check --strict`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.scope import ScopeId
+
+PolicyAction = Literal[
+    "preview",
+    "write",
+    "read",
+    "replay",
+    "approval.grant",
+    "approval.revoke",
+    "approval.list",
+    "decisions.read",
+]
+Role = Literal["model-service", "operator", "auditor"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyActor(_Strict):
+    """Who asks: the verified token's claims (ids only, never the token)."""
+
+    sub: str = Field(min_length=1, max_length=256)
+    roles: list[str] = Field(max_length=16)
+    tenant_id: ScopeId | None = None
+    workspace_id: ScopeId | None = None
+    session_id: ScopeId | None = None
+
+
+class PolicyTarget(_Strict):
+    """What is asked for. Workspace and session are absent for wider actions."""
+
+    tenant_id: ScopeId
+    workspace_id: ScopeId | None = None
+    session_id: ScopeId | None = None
+
+
+class PolicyDeployment(_Strict):
+    """Deployment switches the policy must honour."""
+
+    durable_writes_enabled: bool
+
+
+class PolicyApproval(_Strict):
+    """The operator approval the service found for the target, if any."""
+
+    approval_id: str = Field(min_length=1, max_length=64)
+    tenant_id: ScopeId
+    workspace_id: ScopeId
+    session_id: ScopeId | None = None
+    operator: str = Field(min_length=1, max_length=256)
+    issued_at: int = Field(ge=0, description="Unix seconds")
+    expires_at: int = Field(ge=0, description="Unix seconds")
+    revoked: bool = False
+
+
+class RecordCounts(_Strict):
+    memory_anchors: int = Field(ge=0)
+    gene_anchors: int = Field(ge=0)
+    retrieval_evidence: int = Field(ge=0)
+    routing_evidence: int = Field(ge=0)
+    turns: int = Field(ge=0)
+    source_trace_ids: int = Field(ge=0)
+
+
+class RecordFlags(_Strict):
+    raw_messages_stored: bool
+    read_only: bool
+    report_only: bool
+    preview_only: bool
+    write_allowed: bool
+
+
+class PolicyRecordSummary(_Strict):
+    """A record reduced to what a policy may judge: no text, only shape."""
+
+    schema_: str = Field(alias="schema", max_length=64)
+    state_id: str = Field(max_length=128)
+    state_digest: str = Field(max_length=160)
+    digest_valid: bool
+    counts: RecordCounts
+    flags: RecordFlags
+    blockers: list[str] = Field(max_length=32)
+
+
+class PolicyInput(_Strict):
+    """The whole `input` document of every sessionstate decision."""
+
+    action: PolicyAction
+    now: int = Field(ge=0, description="Unix seconds at the time of the request")
+    actor: PolicyActor
+    target: PolicyTarget
+    deployment: PolicyDeployment
+    approval: PolicyApproval | None = None
+    record: PolicyRecordSummary | None = None
+
+
+def policy_input_schema() -> dict[str, object]:
+    """JSON Schema of the policy input, as OPA's `schemas` annotations expect it."""
+    schema = PolicyInput.model_json_schema(by_alias=True, mode="serialization")
+    definitions = schema.pop("$defs", {})
+    inlined = _inline_refs(schema, definitions)
+    assert isinstance(inlined, dict)
+    inlined["$schema"] = "http://json-schema.org/draft-07/schema#"
+    return inlined
+
+
+def _inline_refs(node: object, definitions: dict[str, object]) -> object:
+    """Replace `$ref`s with their definitions: OPA's checker reads plain schemas best."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            return _inline_refs(definitions[ref.rsplit("/", 1)[-1]], definitions)
+        return {key: _inline_refs(value, definitions) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline_refs(item, definitions) for item in node]
+    return node
+
+
+def render_schema() -> str:
+    return json.dumps(policy_input_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - used by `make schema`
+    sys.stdout.write(render_schema())

@@ -1,0 +1,85 @@
+"""The one key codec: `TenantResourceLane` prefixes and length-prefixed components.
+
+A key is `<lane>\\x00` followed by tenant, workspace, session and name, each
+as one length byte and its bytes. Lane names hold no NUL, so lane prefixes are
+prefix-free; length prefixes make the rest injective. A prefix of components
+encodes to a byte prefix, so a tenant's or a workspace's keys are one range.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import StrEnum
+
+MAX_COMPONENT_BYTES = 255
+
+
+class TenantResourceLane(StrEnum):
+    """Kinds of tenant resources, each a key range of its own."""
+
+    SESSION_STATE = "session_state"
+    APPROVAL_PACKET = "approval_packet"
+    TRACE_EVIDENCE = "trace_evidence"
+
+
+@dataclass(frozen=True)
+class LaneKey:
+    """A key inside a lane. Empty scope components mean 'not scoped at that level'."""
+
+    lane: TenantResourceLane
+    tenant: str = ""
+    workspace: str = ""
+    session: str = ""
+    name: bytes = b""
+
+    def encode(self) -> bytes:
+        return lane_prefix(self.lane) + _components(
+            self.tenant.encode(), self.workspace.encode(), self.session.encode(), self.name
+        )
+
+    def digest(self) -> str:
+        """`sha256:` of the encoded key: names a key in reports without spelling it out."""
+        return "sha256:" + hashlib.sha256(self.encode()).hexdigest()
+
+
+def lane_prefix(lane: TenantResourceLane) -> bytes:
+    return lane.value.encode("ascii") + b"\x00"
+
+
+def scope_prefix(lane: TenantResourceLane, *scope: str) -> bytes:
+    """The byte prefix of every key in lane under the given leading scope components."""
+    return lane_prefix(lane) + _components(*(part.encode() for part in scope))
+
+
+def decode_key(data: bytes) -> LaneKey:
+    """The inverse of `LaneKey.encode`; raises ValueError on bytes it never produces."""
+    lane_name, sep, rest = data.partition(b"\x00")
+    if not sep:
+        raise ValueError("key has no lane prefix")
+    lane = TenantResourceLane(lane_name.decode("ascii"))
+    parts: list[bytes] = []
+    offset = 0
+    for _ in range(4):
+        if offset >= len(rest):
+            raise ValueError("key is truncated")
+        size = rest[offset]
+        part = rest[offset + 1 : offset + 1 + size]
+        if len(part) != size:
+            raise ValueError("key is truncated")
+        parts.append(part)
+        offset += 1 + size
+    if offset != len(rest):
+        raise ValueError("key has trailing bytes")
+    tenant, workspace, session, name = parts
+    return LaneKey(lane, tenant.decode(), workspace.decode(), session.decode(), name)
+
+
+def _components(*parts: bytes) -> bytes:
+    out = bytearray()
+    for part in parts:
+        if len(part) > MAX_COMPONENT_BYTES:
+            raise ValueError("key component longer than 255 bytes")
+        out.append(len(part))
+        out += part
+    return bytes(out)

@@ -1,0 +1,151 @@
+"""`SessionStateStore`: session records in the `session_state` lane.
+
+Reads fail closed: bytes that do not parse, validate, digest-check and belong
+to their key come back as a corrupt `SessionStateReadReport` with a label from
+a fixed vocabulary and the digest of the bytes, never the bytes themselves.
+Writes are compare-and-set on the current `state_digest`, synced to disk.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from store.canonical import canonical_json, sha256_digest
+from store.keys import LaneKey, TenantResourceLane
+from store.lanes import LaneStore
+from store.reasons import Blocker, CorruptionLabel
+from store.record import SessionStateRecord
+from store.reports import SessionStateReadReport
+from store.scope import TenantScope
+from store.validation import record_blockers
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """What the stored version must be for a write to go ahead (`If-Match`, `If-None-Match`)."""
+
+    if_match: str | None = None
+    if_none_match_any: bool = False
+
+    def holds(self, current: str | None) -> bool:
+        """`current` is the stored state digest; None when nothing is stored."""
+        if self.if_none_match_any and current is not None:
+            return False
+        return self.if_match is None or self.if_match == current
+
+
+class PreconditionFailed(Exception):
+    """The stored version is not the one the write was based on."""
+
+
+@dataclass(frozen=True)
+class StoredWrite:
+    created: bool
+    key_digest: str
+
+
+def state_key(scope: TenantScope) -> LaneKey:
+    return LaneKey(
+        TenantResourceLane.SESSION_STATE, scope.tenant_id, scope.workspace_id, scope.session_id
+    )
+
+
+class SessionStateStore:
+    """Session records over a `LaneStore`, one key per tenant/workspace/session."""
+
+    def __init__(self, lanes: LaneStore) -> None:
+        self._lanes = lanes
+        # LevelDB is one process; this lock makes read-compare-write atomic in it.
+        self._write_lock = threading.Lock()
+
+    def read(self, scope: TenantScope) -> SessionStateReadReport | None:
+        """The stored record as a read report; None when nothing is stored."""
+        key = state_key(scope)
+        stored = self._lanes.get(key)
+        if stored is None:
+            return None
+        return read_report(scope, key.digest(), stored)
+
+    def write(
+        self,
+        record: SessionStateRecord,
+        precondition: Precondition = Precondition(),
+        also: Sequence[tuple[LaneKey, bytes]] = (),
+    ) -> StoredWrite:
+        """Store record if precondition holds on the stored version, with `also` in one batch."""
+        blockers = record_blockers(record)
+        if blockers:
+            raise ValueError("refusing to store a record with blockers: " + ", ".join(blockers))
+        key = state_key(record.scope)
+        with self._write_lock:
+            stored = self._lanes.get(key)
+            current = None if stored is None else _stored_digest(record.scope, key, stored)
+            if not precondition.holds(current):
+                raise PreconditionFailed
+            with self._lanes.batch(sync=True) as batch:
+                batch.put(key, canonical_json(record.to_json()))
+                for extra_key, value in also:
+                    batch.put(extra_key, value)
+        return StoredWrite(created=stored is None, key_digest=key.digest())
+
+
+def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionStateReadReport:
+    """Parse stored bytes for scope, failing closed to a redacted corrupt report."""
+    record, label = _parse(scope, stored)
+    if label is not None:
+        return SessionStateReadReport(
+            key_digest=key_digest,
+            record=None,
+            corrupt=True,
+            redacted_error=label,
+            error_digest=sha256_digest(stored),
+        )
+    return SessionStateReadReport(key_digest=key_digest, record=record, corrupt=False)
+
+
+def _stored_digest(scope: TenantScope, key: LaneKey, stored: bytes) -> str:
+    """The version a precondition compares against: a corrupt record's is its `error_digest`."""
+    report = read_report(scope, key.digest(), stored)
+    if report.record is not None:
+        return report.record.state_digest
+    return sha256_digest(stored)
+
+
+def _parse(
+    scope: TenantScope, stored: bytes
+) -> tuple[SessionStateRecord | None, CorruptionLabel | None]:
+    try:
+        text = stored.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, CorruptionLabel.MALFORMED
+    try:
+        record = SessionStateRecord.model_validate_json(text, strict=True)
+    except ValidationError as error:  # never re-raised: its text may quote the stored bytes
+        if any(detail["type"] == "json_invalid" for detail in error.errors(include_input=False)):
+            return None, CorruptionLabel.MALFORMED
+        return None, CorruptionLabel.SCHEMA_MISMATCH
+    except Exception:  # e.g. recursion limits on absurd nesting: still just corrupt
+        return None, CorruptionLabel.MALFORMED
+    if canonical_json(record.to_json()) != stored:
+        # Only the canonical encoding is ever written; anything else was changed on disk.
+        return None, _label_of(record_blockers(record)) or CorruptionLabel.MALFORMED
+    label = _label_of(record_blockers(record))
+    if label is not None:
+        return None, label
+    if record.scope != scope:
+        return None, CorruptionLabel.SCOPE_MISMATCH
+    return record, None
+
+
+def _label_of(blockers: Sequence[Blocker]) -> CorruptionLabel | None:
+    if not blockers:
+        return None
+    if Blocker.SCHEMA_MISMATCH in blockers:
+        return CorruptionLabel.SCHEMA_MISMATCH
+    if Blocker.DIGEST_MISMATCH in blockers:
+        return CorruptionLabel.DIGEST_MISMATCH
+    return CorruptionLabel.VALIDATION_FAILED

@@ -1,0 +1,53 @@
+"""Small builders of valid inputs, shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.builder import build_record
+from store.digests import DigestKey
+from store.inputs import SessionStateInput
+from store.record import SessionStateRecord
+from store.scope import TenantScope
+
+GENE_DIGEST = "sha256:" + "ab" * 32
+
+
+def scope(
+    tenant: str = "tenant-a", workspace: str = "ws-1", session: str = "chat-1"
+) -> TenantScope:
+    return TenantScope(tenant_id=tenant, workspace_id=workspace, session_id=session)
+
+
+def state_input(**overrides: Any) -> dict[str, Any]:
+    """A valid SessionStateInput as JSON, with raw text in every raw field."""
+    body: dict[str, Any] = {
+        "runtime_profile": {
+            "task_profile": "coding",
+            "model_id": "qwen2.5-coder:7b",
+            "tokenizer": "qwen2",
+            "context_window": 4096,
+            "max_tokens": 512,
+            "streaming": True,
+            "cancellation_anchor": "stop if the user says cancel",
+        },
+        "memory_anchors": [{"anchor_id": "memory:active", "evidence": "user prefers Rust"}],
+        "gene_anchors": [{"anchor_id": "gene:rust-coding", "evidence_digest": GENE_DIGEST}],
+        "retrieval_evidence": [{"anchor_id": "doc:borrowck", "evidence": "the borrow checker"}],
+        "routing_evidence": [{"anchor_id": "route:coder", "evidence": "coding intent"}],
+        "turns": [
+            {"turn_id": "turn-1", "role": "user", "payload": "fix my lifetime error"},
+            {"turn_id": "turn-2", "role": "assistant", "payload": "add a 'a bound"},
+        ],
+        "source_trace_ids": ["trace:session-state"],
+    }
+    body.update(overrides)
+    return body
+
+
+def record(
+    key: DigestKey, target: TenantScope | None = None, **overrides: Any
+) -> SessionStateRecord:
+    return build_record(
+        target or scope(), SessionStateInput.model_validate(state_input(**overrides)), key
+    )
