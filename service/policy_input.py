@@ -123,15 +123,32 @@ def policy_input_schema() -> dict[str, object]:
 
 
 def _inline_refs(node: object, definitions: dict[str, object]) -> object:
-    """Replace `$ref`s with their definitions: OPA's checker reads plain schemas best."""
+    """Replace `$ref`s with their definitions, and `X | None` with a nullable X.
+
+    OPA's type checker does not look inside `anyOf`, so `anyOf: [X, null]`
+    becomes X with `"type": [X's type, "null"]`, and fields under a nullable
+    object (`input.record.*`) are type-checked too.
+    """
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str):
             return _inline_refs(definitions[ref.rsplit("/", 1)[-1]], definitions)
-        return {key: _inline_refs(value, definitions) for key, value in node.items()}
+        inlined = {key: _inline_refs(value, definitions) for key, value in node.items()}
+        return _nullable(inlined)
     if isinstance(node, list):
         return [_inline_refs(item, definitions) for item in node]
     return node
+
+
+def _nullable(node: dict[str, object]) -> dict[str, object]:
+    options = node.get("anyOf")
+    if not isinstance(options, list) or len(options) != 2 or {"type": "null"} not in options:
+        return node
+    (kept,) = [option for option in options if option != {"type": "null"}]
+    if not isinstance(kept, dict) or not isinstance(kept.get("type"), str):
+        return node
+    rest = {key: value for key, value in node.items() if key != "anyOf"}
+    return {**kept, **rest, "type": [kept["type"], "null"]}
 
 
 def render_schema() -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from service.opa_sidecar import OpaSidecar
 from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.session_state import SessionStateStore
@@ -35,3 +36,32 @@ def lanes(tmp_path: Path) -> Iterator[LaneStore]:
 @pytest.fixture
 def state_store(lanes: LaneStore) -> SessionStateStore:
     return SessionStateStore(lanes)
+
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+POLICY_DIR = PROJECT_ROOT / "policies"
+
+
+@pytest.fixture(scope="session")
+def opa_bin() -> str:
+    """The real OPA binary: SESSIONSTATE_OPA_BIN (set by make), else the pinned build."""
+    configured = os.environ.get("SESSIONSTATE_OPA_BIN")
+    if configured:
+        return configured
+    import subprocess
+
+    return subprocess.run(
+        [str(PROJECT_ROOT / "scripts" / "tools.sh"), "opa"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def sidecar(opa_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpaSidecar]:
+    """One real, locked-down OPA over the project's policies for the whole run."""
+    running = OpaSidecar(opa_bin, POLICY_DIR, tmp_path_factory.mktemp("opa"))
+    running.start()
+    yield running
+    running.stop()

@@ -1,0 +1,32 @@
+# METADATA
+# title: Durable-write approvals
+# description: >-
+#   Decides `approval.grant`, `approval.revoke` and `approval.list`: the
+#   operator actions on the approvals that durable writes need. An operator
+#   acts anywhere in its own tenant, so only the tenant is compared.
+# schemas:
+#   - input: schema.policy_input
+package sessionstate.approval
+
+import data.sessionstate.lib
+
+# METADATA
+# title: Approval decision
+# description: >-
+#   `allow`, and `reasons`: the sorted, unique codes of every failing gate.
+#   Always defined, so the service never has to guess.
+# entrypoint: true
+decision := {"allow": allow, "reasons": sort(reasons)}
+
+default allow := false
+
+allow if count(reasons) == 0
+
+reasons contains "action_not_supported" if {
+	not input.action in {"approval.grant", "approval.revoke", "approval.list"}
+}
+
+# Model services must never approve their own writes.
+reasons contains "role_not_permitted" if not lib.has_role(input.actor, "operator")
+
+reasons contains "cross_tenant_scope_rejected" if not lib.same_tenant(input.actor, input.target)

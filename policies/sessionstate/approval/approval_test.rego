@@ -1,0 +1,64 @@
+package sessionstate.approval_test
+
+import data.sessionstate.approval
+
+# An operator granting an approval in its own tenant. The operator's token
+# names no workspace or session: operators act tenant-wide. Tests change
+# this input with object.union.
+valid_input := {
+	"action": "approval.grant",
+	"now": 1700000000,
+	"actor": {"sub": "operator-a", "roles": ["operator"], "tenant_id": "tenant-a"},
+	"target": {"tenant_id": "tenant-a", "workspace_id": "ws-a", "session_id": null},
+	"deployment": {"durable_writes_enabled": true},
+	"approval": null,
+	"record": null,
+}
+
+denied(reasons) := {"allow": false, "reasons": reasons}
+
+test_operator_may_grant_revoke_and_list_in_own_tenant if {
+	every action in ["approval.grant", "approval.revoke", "approval.list"] {
+		decision := approval.decision with input as object.union(valid_input, {"action": action})
+		decision == {"allow": true, "reasons": []}
+	}
+}
+
+test_operator_may_act_on_any_workspace_of_own_tenant if {
+	decision := approval.decision with input as object.union(valid_input, {"target": {"workspace_id": "ws-b"}})
+	decision.allow
+}
+
+test_unsupported_action_rejected if {
+	decision := approval.decision with input as object.union(valid_input, {"action": "write"})
+	decision == denied(["action_not_supported"])
+}
+
+# Model services must never approve their own writes.
+test_model_service_may_not_grant if {
+	decision := approval.decision with input as object.union(valid_input, {"actor": {"roles": ["model-service"]}})
+	decision == denied(["role_not_permitted"])
+}
+
+test_cross_tenant_approval_rejected if {
+	decision := approval.decision with input as object.union(valid_input, {"actor": {"tenant_id": "tenant-b"}})
+	decision == denied(["cross_tenant_scope_rejected"])
+}
+
+test_denial_lists_every_failing_gate if {
+	changes := {"action": "decisions.read", "actor": {"roles": ["auditor"], "tenant_id": null}}
+	decision := approval.decision with input as object.union(valid_input, changes)
+	decision == denied(["action_not_supported", "cross_tenant_scope_rejected", "role_not_permitted"])
+}
+
+test_decision_defined_for_minimal_input if {
+	minimal := {
+		"action": "approval.list",
+		"now": 0,
+		"actor": {"sub": "operator-a", "roles": ["operator"]},
+		"target": {"tenant_id": "tenant-a"},
+		"deployment": {"durable_writes_enabled": false},
+	}
+	decision := approval.decision with input as minimal
+	decision == denied(["cross_tenant_scope_rejected"])
+}

@@ -1,0 +1,39 @@
+"""`DecisionTrace`: the policy decision that governed a response, as API.md fixes it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.policy_input import PolicyAction
+
+POLICY_ENGINE_UNAVAILABLE = "policy_engine_unavailable"
+
+
+class DecisionEngine(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["opa"] = "opa"
+    version: str = Field(max_length=64)
+
+
+class DecisionTrace(BaseModel):
+    """One decision: who decided what, under which policy revision, how fast."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    decision_id: str = Field(max_length=64, description="OPA's decision id (local when OPA failed)")
+    action: PolicyAction
+    policy: str = Field(description="policy path, e.g. sessionstate/write")
+    allow: bool
+    reasons: list[str]
+    policy_revision: str = Field(description="content hash of the loaded policy set")
+    input_digest: str = Field(description="sha256 of the RFC 8785 canonical policy input")
+    evaluated_at: str = Field(description="RFC 3339")
+    engine: DecisionEngine
+    latency_ms: float = Field(ge=0)
+
+    @property
+    def engine_unavailable(self) -> bool:
+        return POLICY_ENGINE_UNAVAILABLE in self.reasons

@@ -1,0 +1,212 @@
+"""The OPA sidecar: a locked-down `opa run --server` on loopback, supervised.
+
+- OPA's API is locked: token authentication and the `system.authz` policy
+  admit only the service's per-start secret, and only for decision queries;
+  nobody can PUT or DELETE policies or data at runtime.
+- Policies arrive as a bundle from `BundleServer`, so the decision and the
+  policy revision it was made under come from one snapshot.
+- Decision logging is on (console, into `opa.log` in the work dir), so every
+  decision carries OPA's `decision_id`.
+- If OPA dies, it is restarted with exponential backoff; `stop()` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from service.bundle_server import BUNDLE_PATH, BundleServer
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "SESSIONSTATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
+BUNDLE_NAME = "sessionstate"
+
+
+class SidecarError(RuntimeError):
+    """OPA could not be started or did not become ready."""
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class OpaSidecar:
+    """Runs and supervises one OPA process for the service."""
+
+    def __init__(
+        self,
+        opa_bin: str,
+        policy_dir: Path,
+        work_dir: Path,
+        *,
+        poll_seconds: int = 1,
+        max_backoff_seconds: float = 5.0,
+    ) -> None:
+        self.opa_bin = opa_bin
+        self.policy_dir = policy_dir
+        self.work_dir = work_dir
+        self.port = _free_loopback_port()
+        self.token = secrets.token_urlsafe(32)
+        self.poll_seconds = poll_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self.restarts = 0
+        self._bundles = BundleServer(policy_dir)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._supervisor: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return None if process is None else process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "opa.log"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start OPA and return once it is healthy with the policy bundle activated."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._bundles.start()
+        self._write_config()
+        self._spawn()
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="opa-supervisor", daemon=True
+        )
+        self._supervisor.start()
+        if not self.wait_ready(timeout):
+            self.stop()
+            raise SidecarError(
+                f"OPA did not become ready within {timeout:.0f}s; see {self.log_path}"
+            )
+
+    def ready(self) -> bool:
+        """OPA answers and has activated the policy bundle."""
+        try:
+            response = requests.get(
+                f"{self.url}/health",
+                params={"bundles": "true"},
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=0.5,
+            )
+        except requests.RequestException:
+            return False
+        return response.status_code == 200
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop supervising, then end OPA: SIGTERM, and SIGKILL if it lingers."""
+        self._stopping.set()
+        with self._lock:
+            process = self._process
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout)
+        self._bundles.stop()
+
+    def _write_config(self) -> None:
+        config = {
+            "services": {"policies": {"url": self._bundles.url}},
+            "bundles": {
+                BUNDLE_NAME: {
+                    "service": "policies",
+                    "resource": BUNDLE_PATH.lstrip("/"),
+                    "persist": False,
+                    "polling": {
+                        "min_delay_seconds": self.poll_seconds,
+                        "max_delay_seconds": self.poll_seconds,
+                    },
+                }
+            },
+            "decision_logs": {"console": True},
+        }
+        (self.work_dir / "opa-config.json").write_text(json.dumps(config, indent=2))
+
+    def _command(self) -> list[str]:
+        return [
+            self.opa_bin,
+            "run",
+            "--server",
+            "--addr",
+            f"127.0.0.1:{self.port}",
+            "--authentication=token",
+            "--authorization=basic",
+            "--disable-telemetry",
+            "--config-file",
+            str(self.work_dir / "opa-config.json"),
+        ]
+
+    def _spawn(self) -> None:
+        env = {
+            key: value for key, value in os.environ.items() if not key.startswith("SESSIONSTATE_")
+        }
+        env[TOKEN_ENV] = self.token
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            with open(self.log_path, "ab") as opa_log:
+                self._process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                    self._command(),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=opa_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+
+    def _supervise(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            process = self._process
+            if process is None:
+                return
+            started = time.monotonic()
+            code = process.wait()
+            if self._stopping.is_set():
+                return
+            log.warning("opa_exited", extra={"exit_code": code, "restart_in_s": backoff})
+            if time.monotonic() - started > 30:
+                backoff = 0.1  # it had been running fine: restart quickly again
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, self.max_backoff_seconds)
+            self.restarts += 1
+            self._spawn()
+
+
+def send_signal(sidecar: OpaSidecar, signum: signal.Signals) -> None:
+    """Signal the OPA process (tests use it to kill or pause the engine)."""
+    if sidecar.pid is not None:
+        os.kill(sidecar.pid, signum)

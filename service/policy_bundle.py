@@ -1,0 +1,60 @@
+"""The policy set as an OPA bundle whose revision is a content hash of its files.
+
+The revision names exactly the Rego OPA evaluates: the same in every decision
+trace until a policy file changes, and different as soon as one does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.canonical import canonical_digest
+
+BUNDLE_ROOTS = ("sessionstate", "system")
+
+
+@dataclass(frozen=True)
+class PolicyBundle:
+    """The policy files of a directory as a bundle: revision plus tarball."""
+
+    revision: str
+    files: tuple[tuple[str, bytes], ...]
+
+    def tarball(self) -> bytes:
+        manifest = {"revision": self.revision, "roots": list(BUNDLE_ROOTS)}
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            for name, content in (("/.manifest", json.dumps(manifest).encode()), *self.files):
+                info = tarfile.TarInfo(name)
+                info.size = len(content)
+                info.mode = 0o444
+                archive.addfile(info, io.BytesIO(content))
+        return buffer.getvalue()
+
+
+def policy_files(policy_dir: Path) -> tuple[tuple[str, bytes], ...]:
+    """The Rego files OPA serves decisions from: every `.rego` but the tests, sorted."""
+    found = sorted(
+        path
+        for path in policy_dir.rglob("*.rego")
+        if path.is_file() and not path.name.endswith("_test.rego")
+    )
+    return tuple(
+        ("/" + path.relative_to(policy_dir).as_posix(), path.read_bytes()) for path in found
+    )
+
+
+def load_bundle(policy_dir: Path) -> PolicyBundle:
+    files = policy_files(policy_dir)
+    return PolicyBundle(revision=policy_revision(files), files=files)
+
+
+def policy_revision(files: tuple[tuple[str, bytes], ...]) -> str:
+    """`sha256:` over the sorted (path, sha256 of content) pairs of the policy set."""
+    listing = [[name, hashlib.sha256(content).hexdigest()] for name, content in files]
+    return canonical_digest(listing)
