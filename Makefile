@@ -63,7 +63,9 @@ test-py: install tools
 test: lint-rego test-rego lint-py types test-py
 
 bench: install tools
-	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(PY) bench/store_bench.py
+	@for script in bench/*_bench.py; do \
+	  echo "== $$script"; SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(PY) $$script || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis var

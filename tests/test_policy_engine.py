@@ -387,3 +387,16 @@ def test_editing_a_policy_changes_the_revision_and_the_decision(
     assert after.allow is False
     assert after.reasons == ["reads_frozen_for_audit"]
     assert after.policy_revision == load_bundle(policies).revision != before.policy_revision
+
+
+def test_a_policy_edit_that_does_not_compile_keeps_the_last_good_bundle(
+    private_sidecar: tuple[OpaSidecar, Path],
+) -> None:
+    sidecar, policies = private_sidecar
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5)
+    before = client.decide(allowed_input("read"))
+    _rewrite(policies / "sessionstate" / "read" / "read.rego", "decision :=", "decision :=:= {")
+    time.sleep(3 * sidecar.poll_seconds)  # several polls: the broken bundle was offered
+    after = client.decide(allowed_input("read"))
+    assert after.allow is True
+    assert after.policy_revision == before.policy_revision
