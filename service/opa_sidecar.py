@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -19,6 +21,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,6 +38,20 @@ BUNDLE_NAME = "sessionstate"
 
 class SidecarError(RuntimeError):
     """OPA could not be started or did not become ready."""
+
+
+# Linux: OPA gets SIGKILL when the thread that started it dies, so even a
+# SIGKILLed service leaves no OPA behind. Loaded once: the hook runs between
+# fork and exec, where it must do nothing but this one call.
+_PR_SET_PDEATHSIG = 1
+_LIBC = (
+    ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform == "linux" else None
+)
+
+
+def _die_with_parent() -> None:
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _free_loopback_port() -> int:
@@ -184,6 +201,7 @@ class OpaSidecar:
                     stdout=opa_log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
 
     def _supervise(self) -> None:

@@ -15,7 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.reasons import Blocker
+from store.record import SessionStateRecord
 from store.scope import ScopeId
+from store.validation import record_blockers
 
 PolicyAction = Literal[
     "preview",
@@ -153,6 +156,35 @@ def _nullable(node: dict[str, object]) -> dict[str, object]:
 
 def render_schema() -> str:
     return json.dumps(policy_input_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def record_summary(record: SessionStateRecord) -> PolicyRecordSummary:
+    """A record as the policy sees it: counts, flags, blockers and digests, no text."""
+    blockers = record_blockers(record)
+    return PolicyRecordSummary.model_validate(
+        {
+            "schema": record.schema_,
+            "state_id": record.state_id,
+            "state_digest": record.state_digest,
+            "digest_valid": Blocker.DIGEST_MISMATCH not in blockers,
+            "counts": {
+                "memory_anchors": len(record.memory_anchors),
+                "gene_anchors": len(record.gene_anchors),
+                "retrieval_evidence": len(record.retrieval_evidence),
+                "routing_evidence": len(record.routing_evidence),
+                "turns": len(record.turns),
+                "source_trace_ids": len(record.source_trace_ids),
+            },
+            "flags": {
+                "raw_messages_stored": record.raw_messages_stored,
+                "read_only": record.read_only,
+                "report_only": record.report_only,
+                "preview_only": record.preview_only,
+                "write_allowed": record.write_allowed,
+            },
+            "blockers": [str(blocker) for blocker in blockers],
+        }
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover - used by `make schema`

@@ -20,6 +20,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     opa_url: str | None = None
+    opa_token: str | None = Field(default=None, repr=False)
     durable_writes: bool = False
     jwt_secret: str | None = Field(default=None, repr=False)
     jwt_public_key_file: Path | None = None

@@ -28,7 +28,7 @@ TurnRole = Literal["user", "assistant", "tool", "system"]
 
 
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
 
 
 def _exactly_one(raw: object, digest: object, raw_name: str, digest_name: str) -> None:

@@ -38,7 +38,10 @@ class LaneStore:
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db: Any = plyvel.DB(str(path), create_if_missing=True, paranoid_checks=True)
+        # No compression: stored bytes stay greppable, so "no raw text on disk" can be audited.
+        self._db: Any = plyvel.DB(
+            str(path), create_if_missing=True, paranoid_checks=True, compression=None
+        )
 
     def get(self, key: LaneKey) -> bytes | None:
         value: bytes | None = self._db.get(key.encode())

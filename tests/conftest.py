@@ -11,6 +11,7 @@ from service.opa_sidecar import OpaSidecar
 from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.session_state import SessionStateStore
+from tests.live import LiveService, live_service, service_settings
 
 settings.register_profile(
     "sessionstate",
@@ -65,3 +66,17 @@ def sidecar(opa_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     running.start()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def service(sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService]:
+    """The whole service over HTTP, durable writes enabled, on a fresh data dir."""
+    with live_service(sidecar, service_settings(tmp_path / "var")) as live:
+        yield live
+
+
+@pytest.fixture
+def default_service(sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService]:
+    """The service with the deployment defaults: durable writes off."""
+    with live_service(sidecar, service_settings(tmp_path / "var", durable_writes=False)) as live:
+        yield live

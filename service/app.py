@@ -1,0 +1,101 @@
+"""`create_app`: the Flask application for one `ServiceContext`. Nothing happens at import."""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+
+from flask import Flask, Response, current_app, g, request
+from flask_swagger_ui import get_swaggerui_blueprint
+from werkzeug.exceptions import HTTPException
+
+from service.context import ServiceContext
+from service.http import approvals, ops, state
+from service.http.body import MAX_BODY_BYTES
+from service.http.common import CONTEXT_KEY
+from service.http.problems import Problem
+
+log = logging.getLogger("sessionstate.http")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HTTP_REASONS = {
+    400: "malformed_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def create_app(ctx: ServiceContext) -> Flask:
+    app = Flask("sessionstate")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.extensions[CONTEXT_KEY] = ctx
+    for blueprint in (state.bp, approvals.bp, ops.bp):
+        app.register_blueprint(blueprint)
+    app.register_blueprint(
+        get_swaggerui_blueprint("/docs", "/openapi.json", config={"app_name": "sessionstate"})
+    )
+    app.before_request(_begin)
+    app.after_request(_finish)
+    app.register_error_handler(Problem, _problem)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+    return app
+
+
+def _begin() -> None:
+    incoming = request.headers.get("X-Request-Id", "")
+    g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(8)
+    g.started = time.perf_counter()
+    # Over 1 MiB is refused before anything reads, authenticates or parses the body.
+    if (request.content_length or 0) > MAX_BODY_BYTES:
+        raise Problem(413, "body_too_large")
+
+
+def _finish(response: Response) -> Response:
+    route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    response.headers["X-Request-Id"] = g.get("request_id", "")
+    _ctx().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+    log.info(
+        "request",
+        extra={
+            "request_id": g.get("request_id"),
+            "method": request.method,
+            "route": route,
+            "status": response.status_code,
+            "duration_ms": round(
+                (time.perf_counter() - g.get("started", time.perf_counter())) * 1000, 3
+            ),
+            "actor": g.get("actor_sub"),
+            "decision_id": g.get("decision_id"),
+            "allow": g.get("decision_allow"),
+            "reason": g.get("problem_reason"),
+        },
+    )
+    return response
+
+
+def _ctx() -> ServiceContext:
+    ctx: ServiceContext = current_app.extensions[CONTEXT_KEY]
+    return ctx
+
+
+def _problem(problem: Problem) -> Response:
+    g.problem_reason = problem.reason
+    return problem.response()
+
+
+def _http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    return _problem(Problem(status, _HTTP_REASONS.get(status, "malformed_request")))
+
+
+def _unexpected(error: Exception) -> Response:
+    # The type only: a message or traceback could quote input or stored bytes.
+    log.error(
+        "unexpected_error",
+        extra={"request_id": g.get("request_id"), "error_type": type(error).__name__},
+    )
+    return _problem(Problem(500, "internal_error"))

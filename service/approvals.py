@@ -1,0 +1,202 @@
+"""Operator approvals for durable writes, kept in the `approval_packet` lane.
+
+An approval covers one session or a whole workspace for a bounded time. It is
+never deleted: revoking stamps `revoked_at`, and expired or revoked approvals
+stay stored as history but never count. Lookups only ever scan the one
+tenant/workspace key range they are asked about, and a stored approval must
+name the same tenant, workspace and id as its key, so an approval can never
+cover another tenant's, workspace's or session's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from service.policy_input import PolicyApproval
+from store.canonical import canonical_json, sha256_digest
+from store.keys import LaneKey, TenantResourceLane
+from store.lanes import LaneStore
+from store.scope import ScopeId, TenantScope, is_scope_id
+
+logger = logging.getLogger(__name__)
+
+APPROVAL_ID_PATTERN = r"^appr_[0-9a-f]{24}$"
+_APPROVAL_ID_RE = re.compile(APPROVAL_ID_PATTERN)
+MAX_APPROVAL_TTL_SECONDS = 86_400
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_as_utc)]
+"""A timezone-aware instant, held in UTC so that it serialises as RFC 3339 with `Z`."""
+
+
+class ApprovalGrantInput(BaseModel):
+    """What an operator posts to grant an approval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+
+    session_id: ScopeId | None = Field(
+        default=None, description="the one session approved; absent: the whole workspace"
+    )
+    ttl_seconds: int = Field(ge=1, le=MAX_APPROVAL_TTL_SECONDS)
+    reason: str = Field(min_length=1, max_length=256)
+
+
+class Approval(BaseModel):
+    """One approval as stored and as returned on the wire."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    approval_id: str = Field(pattern=APPROVAL_ID_PATTERN)
+    tenant_id: ScopeId
+    workspace_id: ScopeId
+    session_id: ScopeId | None = Field(description="None: the whole workspace")
+    operator: str = Field(min_length=1, max_length=256, description="the granting actor's sub")
+    reason: str = Field(min_length=1, max_length=256)
+    issued_at: UtcDatetime
+    expires_at: UtcDatetime
+    revoked_at: UtcDatetime | None = None
+
+    @model_validator(mode="after")
+    def _expires_after_issue(self) -> Approval:
+        if self.expires_at <= self.issued_at:
+            raise ValueError("expires_at must be after issued_at")
+        return self
+
+    def active(self, now: datetime) -> bool:
+        return self.revoked_at is None and self.issued_at <= now < self.expires_at
+
+    def to_policy(self) -> PolicyApproval:
+        """The approval as the policy input carries it: unix seconds, revoked as a flag."""
+        return PolicyApproval(
+            approval_id=self.approval_id,
+            tenant_id=self.tenant_id,
+            workspace_id=self.workspace_id,
+            session_id=self.session_id,
+            operator=self.operator,
+            issued_at=int(self.issued_at.timestamp()),
+            expires_at=int(self.expires_at.timestamp()),
+            revoked=self.revoked_at is not None,
+        )
+
+
+def is_approval_id(value: object) -> bool:
+    return isinstance(value, str) and _APPROVAL_ID_RE.fullmatch(value) is not None
+
+
+def approval_key(tenant_id: str, workspace_id: str, approval_id: str) -> LaneKey:
+    return LaneKey(
+        TenantResourceLane.APPROVAL_PACKET, tenant_id, workspace_id, "", name=approval_id.encode()
+    )
+
+
+class ApprovalStore:
+    """Approvals over a `LaneStore`, one key per approval under its tenant and workspace."""
+
+    def __init__(self, lanes: LaneStore) -> None:
+        self._lanes = lanes
+        # Revocation reads, then writes: this lock makes that atomic in the one process.
+        self._write_lock = threading.Lock()
+
+    def grant(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        grant: ApprovalGrantInput,
+        operator: str,
+        now: datetime,
+    ) -> Approval:
+        """Store and return a new approval, issued at `now` (whole seconds)."""
+        issued_at = now.replace(microsecond=0)
+        approval = Approval(
+            approval_id="appr_" + secrets.token_hex(12),
+            tenant_id=tenant_id,
+            workspace_id=workspace_id,
+            session_id=grant.session_id,
+            operator=operator,
+            reason=grant.reason,
+            issued_at=issued_at,
+            expires_at=issued_at + timedelta(seconds=grant.ttl_seconds),
+        )
+        self._put(approval)
+        return approval
+
+    def get(self, tenant_id: str, workspace_id: str, approval_id: str) -> Approval | None:
+        """The stored approval, revoked or expired alike; None when absent or unreadable."""
+        if not (is_scope_id(tenant_id) and is_scope_id(workspace_id)):
+            return None
+        if not is_approval_id(approval_id):
+            return None
+        key = approval_key(tenant_id, workspace_id, approval_id)
+        stored = self._lanes.get(key)
+        return None if stored is None else _parse(key, stored)
+
+    def active(self, tenant_id: str, workspace_id: str, now: datetime) -> list[Approval]:
+        """The workspace's approvals in force at `now`, oldest first."""
+        current = self._in_force(tenant_id, workspace_id, now)
+        return sorted(current, key=lambda approval: (approval.issued_at, approval.approval_id))
+
+    def revoke(
+        self, tenant_id: str, workspace_id: str, approval_id: str, now: datetime
+    ) -> Approval | None:
+        """Revoke at once; revoking twice keeps the first `revoked_at`. None when absent."""
+        with self._write_lock:
+            approval = self.get(tenant_id, workspace_id, approval_id)
+            if approval is None or approval.revoked_at is not None:
+                return approval
+            revoked = Approval.model_validate({**approval.model_dump(), "revoked_at": now})
+            self._put(revoked)
+        return revoked
+
+    def covering(self, scope: TenantScope, now: datetime) -> Approval | None:
+        """The approval in force for scope: its session's own first, else a workspace-wide one."""
+        current = self._in_force(scope.tenant_id, scope.workspace_id, now)
+        for session_id in (scope.session_id, None):
+            matching = [approval for approval in current if approval.session_id == session_id]
+            if matching:
+                return max(
+                    matching, key=lambda approval: (approval.expires_at, approval.approval_id)
+                )
+        return None
+
+    def _in_force(self, tenant_id: str, workspace_id: str, now: datetime) -> list[Approval]:
+        """Active approvals of exactly this tenant and workspace: one key range, nothing else."""
+        if not (is_scope_id(tenant_id) and is_scope_id(workspace_id)):
+            return []
+        lane = TenantResourceLane.APPROVAL_PACKET
+        parsed = (
+            _parse(key, value) for key, value in self._lanes.scan(lane, tenant_id, workspace_id)
+        )
+        return [approval for approval in parsed if approval is not None and approval.active(now)]
+
+    def _put(self, approval: Approval) -> None:
+        key = approval_key(approval.tenant_id, approval.workspace_id, approval.approval_id)
+        self._lanes.put(key, canonical_json(approval.model_dump(mode="json")), sync=True)
+
+
+def _parse(key: LaneKey, stored: bytes) -> Approval | None:
+    """The approval stored under key, or None if the bytes are not one that belongs there."""
+    try:
+        approval = Approval.model_validate_json(stored)
+    except Exception:  # a ValidationError's text may quote the stored bytes: never re-raised
+        approval = None
+    if (
+        approval is None
+        or approval_key(approval.tenant_id, approval.workspace_id, approval.approval_id) != key
+    ):
+        logger.warning(
+            "skipping an unreadable approval",
+            extra={"key_digest": key.digest(), "error_digest": sha256_digest(stored)},
+        )
+        return None
+    return approval

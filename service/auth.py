@@ -1,0 +1,199 @@
+"""Bearer-token authentication: a verified JWT becomes an `Actor`, or fails with a reason.
+
+The key is chosen by the token's `alg` from a fixed table (HS256 -> the shared
+secret, RS256 -> the configured public key) and PyJWT is told to accept that
+one algorithm only. Letting the token pick both the algorithm and how a key is
+read is the classic algorithm-confusion hole: an HS256 token "signed" with the
+public key as its secret would then verify.
+
+Failures carry a reason from a fixed vocabulary and a message built from it
+alone: never the token, never a claim value, never PyJWT's own message.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from jwt import exceptions as jwt_errors
+from jwt.algorithms import HMACAlgorithm
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.policy_input import PolicyActor
+from store.scope import ScopeId, is_scope_id
+
+MIN_HS256_SECRET_BYTES = 32  # RFC 7518 §3.2: at least the size of the hash output
+MIN_RSA_KEY_BITS = 2048
+MAX_ROLES = 16  # as many as `PolicyActor` admits
+MAX_TTL_SECONDS = 31_536_000
+
+# RFC 6750 §2.1: one space, then a b64token; no other scheme, no extra parts.
+_BEARER_RE = re.compile(r"Bearer ([A-Za-z0-9\-._~+/]+=*)")
+
+# Token claim name -> `Actor` field.
+SCOPE_CLAIMS = {"tenant": "tenant_id", "workspace": "workspace_id", "session": "session_id"}
+
+
+class AuthFailureReason(StrEnum):
+    MISSING = "token_missing"
+    INVALID = "token_invalid"
+    EXPIRED = "token_expired"
+    CLAIMS_INVALID = "token_claims_invalid"
+
+
+class AuthenticationFailed(Exception):
+    """The request is not authenticated. The message names the reason and nothing else."""
+
+    def __init__(self, reason: AuthFailureReason) -> None:
+        super().__init__(f"authentication failed: {reason.value}")
+        self.reason = reason
+
+
+class Actor(BaseModel):
+    """Who a verified token says is asking: its subject, roles and scope."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+
+    sub: str = Field(min_length=1, max_length=256)
+    roles: tuple[str, ...] = Field(max_length=MAX_ROLES)
+    tenant_id: ScopeId | None = None
+    workspace_id: ScopeId | None = None
+    session_id: ScopeId | None = None
+
+    def to_policy(self) -> PolicyActor:
+        """The actor as the policy input names it."""
+        return PolicyActor(
+            sub=self.sub,
+            roles=list(self.roles),
+            tenant_id=self.tenant_id,
+            workspace_id=self.workspace_id,
+            session_id=self.session_id,
+        )
+
+
+# PyJWT errors that mean "the signature held, a claim did not".
+_CLAIM_ERRORS = (
+    jwt_errors.MissingRequiredClaimError,
+    jwt_errors.InvalidSubjectError,
+    jwt_errors.ImmatureSignatureError,
+    jwt_errors.InvalidIssuedAtError,
+    jwt_errors.InvalidAudienceError,
+    jwt_errors.InvalidIssuerError,
+    jwt_errors.InvalidJTIError,
+)
+
+
+class TokenVerifier:
+    """Verifies `Authorization: Bearer <JWT>` headers against the configured keys."""
+
+    def __init__(
+        self,
+        hs256_secret: bytes,
+        rs256_public_key_pem: bytes | None = None,
+        *,
+        max_token_bytes: int = 8192,
+    ) -> None:
+        self._keys: dict[str, bytes | RSAPublicKey] = {"HS256": _hs256_secret(hs256_secret)}
+        if rs256_public_key_pem is not None:
+            self._keys["RS256"] = _rs256_public_key(rs256_public_key_pem)
+        self._max_token_bytes = max_token_bytes
+
+    def verify(self, authorization_header: str | None) -> Actor:
+        """The actor of a valid bearer token; raises `AuthenticationFailed` otherwise."""
+        token = self._bearer_token(authorization_header)
+        claims = self._verified_claims(token)
+        return _actor(claims)
+
+    def _bearer_token(self, header: str | None) -> str:
+        if not header:
+            raise AuthenticationFailed(AuthFailureReason.MISSING)
+        match = _BEARER_RE.fullmatch(header)
+        if match is None or len(match.group(1)) > self._max_token_bytes:
+            raise AuthenticationFailed(AuthFailureReason.INVALID)
+        return match.group(1)
+
+    def _verified_claims(self, token: str) -> dict[str, Any]:
+        try:
+            algorithm = jwt.get_unverified_header(token).get("alg")
+            if not isinstance(algorithm, str) or algorithm not in self._keys:
+                raise AuthenticationFailed(AuthFailureReason.INVALID)
+            key = self._keys[algorithm]
+            return jwt.decode(token, key, algorithms=[algorithm], options={"require": ["exp"]})
+        except jwt_errors.ExpiredSignatureError:
+            raise AuthenticationFailed(AuthFailureReason.EXPIRED) from None
+        except _CLAIM_ERRORS:
+            raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID) from None
+        except jwt_errors.PyJWTError:
+            # Bad encoding, bad signature, non-numeric exp/nbf (PyJWT calls that undecodable).
+            raise AuthenticationFailed(AuthFailureReason.INVALID) from None
+
+
+def _actor(claims: Mapping[str, Any]) -> Actor:
+    roles = claims.get("roles")
+    if not isinstance(roles, list) or not all(isinstance(role, str) for role in roles):
+        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+    scope: dict[str, str] = {}
+    for claim, field in SCOPE_CLAIMS.items():
+        if claim not in claims:
+            continue
+        if not is_scope_id(claims[claim]):  # exactly as given: never trimmed or case-folded
+            raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+        scope[field] = claims[claim]
+    try:
+        return Actor.model_validate({"sub": claims.get("sub"), "roles": tuple(roles), **scope})
+    except ValidationError:
+        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID) from None
+
+
+def _hs256_secret(secret: bytes) -> bytes:
+    if len(secret) < MIN_HS256_SECRET_BYTES:
+        raise ValueError(f"the HS256 secret must be at least {MIN_HS256_SECRET_BYTES} bytes")
+    try:
+        # PyJWT refuses PEM or SSH keys as HMAC secrets; say so now, not on every request.
+        HMACAlgorithm(HMACAlgorithm.SHA256).prepare_key(secret)
+    except jwt_errors.InvalidKeyError:
+        raise ValueError("the HS256 secret must not be a public key") from None
+    return secret
+
+
+def _rs256_public_key(pem: bytes) -> RSAPublicKey:
+    key = load_pem_public_key(pem)
+    if not isinstance(key, RSAPublicKey):
+        raise ValueError("the RS256 public key must be an RSA key")
+    if key.key_size < MIN_RSA_KEY_BITS:
+        raise ValueError(f"the RS256 public key must have at least {MIN_RSA_KEY_BITS} bits")
+    return key
+
+
+def mint_token(
+    secret: bytes,
+    *,
+    sub: str,
+    roles: Sequence[str],
+    tenant: str | None = None,
+    workspace: str | None = None,
+    session: str | None = None,
+    ttl_seconds: int,
+    now: int | None = None,
+) -> str:
+    """An HS256 token with the claims `TokenVerifier` reads (for operators' tooling and tests)."""
+    if not 1 <= ttl_seconds <= MAX_TTL_SECONDS:
+        raise ValueError(f"ttl_seconds must be 1..{MAX_TTL_SECONDS}")
+    if isinstance(roles, str):
+        raise ValueError("roles must be a sequence of role names, not one string")
+    issued_at = int(time.time()) if now is None else now
+    claims: dict[str, Any] = {
+        "sub": sub,
+        "roles": list(roles),
+        "iat": issued_at,
+        "exp": issued_at + ttl_seconds,
+    }
+    scope = {"tenant": tenant, "workspace": workspace, "session": session}
+    claims.update({name: value for name, value in scope.items() if value is not None})
+    return jwt.encode(claims, _hs256_secret(secret), algorithm="HS256")

@@ -1,0 +1,113 @@
+"""`ServiceContext`: the objects a request works with, built once from `Settings`.
+
+Routes receive the store, the planner and the policy gate from here; nothing
+is a module global, so tests build their own context with their own settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from service.approvals import ApprovalStore
+from service.auth import TokenVerifier
+from service.metrics import ServiceMetrics
+from service.policy_client import PolicyClient
+from service.policy_gate import PolicyGate
+from service.replay import SessionReplayPlanner
+from service.settings import Settings
+from store.digests import DigestKey
+from store.lanes import LaneStore
+from store.secrets import local_secret
+from store.session_state import SessionStateStore
+
+MIN_SECRET_BYTES = 32
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ConfigurationError(ValueError):
+    """A setting that cannot work; the message names the variable, never its value."""
+
+
+@dataclass
+class ServiceContext:
+    settings: Settings
+    lanes: LaneStore
+    states: SessionStateStore
+    approvals: ApprovalStore
+    planner: SessionReplayPlanner
+    gate: PolicyGate
+    verifier: TokenVerifier
+    digest_key: DigestKey
+    metrics: ServiceMetrics
+    clock: Callable[[], datetime]
+
+    @classmethod
+    def open(
+        cls,
+        settings: Settings,
+        *,
+        opa_url: str,
+        opa_token: str | None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> ServiceContext:
+        data_dir = settings.data_dir
+        metrics = ServiceMetrics()
+        lanes = LaneStore(data_dir / "leveldb")
+        client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
+        return cls(
+            settings=settings,
+            lanes=lanes,
+            states=SessionStateStore(lanes),
+            approvals=ApprovalStore(lanes),
+            planner=SessionReplayPlanner(),
+            gate=PolicyGate(
+                client, durable_writes=settings.durable_writes, metrics=metrics, clock=clock
+            ),
+            verifier=TokenVerifier(jwt_secret(settings), _public_key(settings.jwt_public_key_file)),
+            digest_key=digest_key(settings),
+            metrics=metrics,
+            clock=clock,
+        )
+
+    def close(self) -> None:
+        self.gate.client.close()
+        self.lanes.close()
+
+
+def jwt_secret(settings: Settings) -> bytes:
+    """SESSIONSTATE_JWT_SECRET, or a secret generated once into the data dir."""
+    if settings.jwt_secret is None:
+        return local_secret(settings.data_dir, "jwt.secret")
+    secret = settings.jwt_secret.encode()
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigurationError(
+            f"SESSIONSTATE_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes"
+        )
+    return secret
+
+
+def digest_key(settings: Settings) -> DigestKey:
+    """SESSIONSTATE_DIGEST_KEY, or a key generated once into the data dir."""
+    if settings.digest_key is None:
+        return DigestKey(local_secret(settings.data_dir, "digest.key"))
+    secret = settings.digest_key.encode()
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigurationError(
+            f"SESSIONSTATE_DIGEST_KEY must be at least {MIN_SECRET_BYTES} bytes"
+        )
+    return DigestKey(secret)
+
+
+def _public_key(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError:
+        raise ConfigurationError("SESSIONSTATE_JWT_PUBLIC_KEY_FILE cannot be read") from None

@@ -1,0 +1,1 @@
+"""The HTTP surface: blueprints by audience, problems, body parsing."""

@@ -1,0 +1,55 @@
+"""Reading a request body into its pydantic model: 415, 400 or 422, never a 500.
+
+JSON is parsed strictly: one document, no duplicate keys, no NaN or Infinity.
+Errors carry paths and rule names, never values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from flask import request
+from pydantic import BaseModel, ValidationError
+
+from service.http.problems import Problem
+from store.violations import violations_of
+
+M = TypeVar("M", bound=BaseModel)
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class _MalformedJson(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _MalformedJson
+    return result
+
+
+def _no_constants(_: str) -> Any:
+    raise _MalformedJson
+
+
+def json_body(model: type[M], *, optional: bool = False) -> M:
+    """The request body as model. With optional, an empty body means the model's defaults."""
+    raw = request.get_data(cache=True)
+    if optional and not raw:
+        return model()
+    if request.mimetype != "application/json" and not request.mimetype.endswith("+json"):
+        raise Problem(415, "unsupported_media_type")
+    try:
+        document = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=_no_duplicate_keys,
+            parse_constant=_no_constants,
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise Problem(400, "malformed_json") from None
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        raise Problem(422, "validation_failed", errors=violations_of(error)) from None

@@ -1,0 +1,71 @@
+"""What every route does first: find the context, authenticate, check scope ids."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from flask import Response, current_app, g, request
+from pydantic import BaseModel
+
+from service.approvals import Approval
+from service.auth import Actor, AuthenticationFailed
+from service.context import ServiceContext
+from service.decision_trace import DecisionTrace
+from service.http.problems import Problem
+from service.policy_input import PolicyAction, PolicyTarget
+from store.record import SessionStateRecord
+from store.scope import TenantScope, is_scope_id
+
+CONTEXT_KEY = "sessionstate"
+
+
+def context() -> ServiceContext:
+    return cast(ServiceContext, current_app.extensions[CONTEXT_KEY])
+
+
+def authenticate() -> Actor:
+    """The verified actor of the request, or 401."""
+    try:
+        actor = context().verifier.verify(request.headers.get("Authorization"))
+    except AuthenticationFailed as failure:
+        raise Problem(
+            401, failure.reason, headers={"WWW-Authenticate": 'Bearer realm="sessionstate"'}
+        ) from None
+    g.actor_sub = actor.sub
+    return actor
+
+
+def checked_ids(*ids: str) -> None:
+    """Scope ids from the path exactly as sent, or 400: never trimmed or case-folded."""
+    if not all(is_scope_id(value) for value in ids):
+        raise Problem(400, "invalid_scope_id")
+
+
+def session_scope(tenant_id: str, workspace_id: str, session_id: str) -> TenantScope:
+    checked_ids(tenant_id, workspace_id, session_id)
+    return TenantScope(tenant_id=tenant_id, workspace_id=workspace_id, session_id=session_id)
+
+
+def target_of(scope: TenantScope) -> PolicyTarget:
+    return PolicyTarget(
+        tenant_id=scope.tenant_id, workspace_id=scope.workspace_id, session_id=scope.session_id
+    )
+
+
+def json_response(body: BaseModel, status: int = 200) -> Response:
+    return Response(body.model_dump_json(), status=status, mimetype="application/json")
+
+
+def decide(
+    action: PolicyAction,
+    actor: Actor,
+    target: PolicyTarget,
+    *,
+    record: SessionStateRecord | None = None,
+    approval: Approval | None = None,
+) -> DecisionTrace:
+    """The policy decision for this request, remembered for its log line."""
+    trace = context().gate.decide(action, actor, target, record=record, approval=approval)
+    g.decision_id = trace.decision_id
+    g.decision_allow = trace.allow
+    return trace

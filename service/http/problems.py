@@ -1,0 +1,112 @@
+"""RFC 9457 problem documents: every error, with a machine-readable `reason`.
+
+A problem never carries the caller's input: its detail is fixed text per
+reason, and validation errors list field paths and rule names only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from flask import Response, json
+
+from service.decision_trace import DecisionTrace
+from store.reports import SessionStateWriteReport
+from store.violations import FieldViolation
+
+PROBLEM_TYPE_BASE = "urn:sessionstate:problem:"
+
+DETAILS: dict[str, str] = {
+    "authentication_failed": "The request needs a valid bearer token.",
+    "token_missing": "The request needs an `Authorization: Bearer <token>` header.",
+    "token_invalid": "The bearer token is malformed, wrongly signed or of an unaccepted algorithm.",
+    "token_expired": "The bearer token has expired.",
+    "token_claims_invalid": "The bearer token lacks `sub`, `roles` or `exp`, or has an invalid scope claim.",
+    "invalid_scope_id": "A tenant, workspace or session id in the path is not a valid scope id.",
+    "invalid_approval_id": "The approval id in the path is not a valid approval id.",
+    "malformed_json": "The request body is not a single well-formed JSON document.",
+    "unsupported_media_type": "The request body must be `application/json`.",
+    "validation_failed": "The request body breaks the rules listed in `errors`.",
+    "body_too_large": "The request body is over 1 MiB.",
+    "invalid_precondition": "`If-Match` must be a quoted state digest, and `If-None-Match` only `*`.",
+    "precondition_failed": "The stored state is not the version the request was based on.",
+    "session_state_not_found": "No session state is stored for this scope.",
+    "approval_not_found": "No such approval in this workspace.",
+    "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
+    "not_found": "No such resource.",
+    "method_not_allowed": "The resource does not support this method.",
+    "internal_error": "The service failed; nothing was written. The request id names it in the logs.",
+}
+
+
+class Problem(Exception):
+    """An error answer. Raised anywhere in a request, rendered by the app's handler."""
+
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        *,
+        errors: Sequence[FieldViolation] = (),
+        decision: DecisionTrace | None = None,
+        write_report: SessionStateWriteReport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.errors = tuple(errors)
+        self.decision = decision
+        self.write_report = write_report
+        self.headers = dict(headers or {})
+
+    def document(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": PROBLEM_TYPE_BASE + self.reason,
+            "title": HTTPStatus(self.status).phrase,
+            "status": self.status,
+            "detail": DETAILS.get(
+                self.reason, "The policy denied the request; see `decision.reasons`."
+            ),
+            "reason": self.reason,
+        }
+        if self.errors:
+            body["errors"] = [violation.to_json() for violation in self.errors]
+        if self.decision is not None:
+            body["decision"] = self.decision.model_dump(mode="json")
+        if self.write_report is not None:
+            body["write_report"] = self.write_report.model_dump(mode="json")
+        return body
+
+    def response(self) -> Response:
+        response = Response(
+            json.dumps(self.document()),
+            status=self.status,
+            mimetype="application/problem+json",
+        )
+        for name, value in self.headers.items():
+            response.headers[name] = value
+        return response
+
+
+# Access reasons name the most fundamental refusal, so they lead a denial's `reason`.
+_LEADING = ("role_not_permitted", "action_not_supported")
+
+
+def primary_reason(reasons: Sequence[str]) -> str:
+    """The one `reason` of a denial: access refusals first, then the first code in order."""
+    if not reasons:
+        return "policy_denied"
+
+    def rank(code: str) -> tuple[int, str]:
+        if code in _LEADING:
+            return (0, code)
+        if "cross_tenant" in code:
+            return (1, code)
+        if "cross_session" in code:
+            return (2, code)
+        return (3, code)
+
+    return min(reasons, key=rank)

@@ -1,0 +1,109 @@
+"""`sessionstate serve`: the OPA sidecar and the app under gunicorn.
+
+One gunicorn worker with threads: LevelDB admits one process. The master
+starts the sidecar (unless SESSIONSTATE_OPA_URL names an OPA already running)
+and stops it on exit, so SIGTERM leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+from gunicorn.app.base import BaseApplication
+
+from service.app import create_app
+from service.context import ServiceContext
+from service.logs import configure_logging
+from service.opa_sidecar import OpaSidecar
+from service.settings import Settings
+
+log = logging.getLogger("sessionstate.serve")
+THREADS = 8
+
+
+class SessionStateServer(BaseApplication):  # type: ignore[misc]
+    """gunicorn, embedded: its config from `Settings`, its app from `create_app`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        opa_url: str,
+        opa_token: str | None,
+        on_ready: Callable[[], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.opa_url = opa_url
+        self.opa_token = opa_token
+        self.on_ready = on_ready
+        self.on_exit = on_exit
+        self.context: ServiceContext | None = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        options: dict[str, Any] = {
+            "bind": f"{self.settings.host}:{self.settings.port}",
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": THREADS,
+            "timeout": 30,
+            "graceful_timeout": 10,
+            "accesslog": None,
+            "loglevel": "warning",
+            "when_ready": self._when_ready,
+            "on_exit": self._on_exit,
+            "worker_exit": self._worker_exit,
+        }
+        for key, value in options.items():
+            self.cfg.set(key, value)
+
+    def _when_ready(self, server: object) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _on_exit(self, server: object) -> None:
+        if self.on_exit is not None:
+            self.on_exit()
+
+    def _worker_exit(self, server: object, worker: object) -> None:
+        """In the worker: close LevelDB so the next worker can open it."""
+        if self.context is not None:
+            self.context.close()
+
+    def load(self) -> Flask:
+        configure_logging()
+        self.context = ServiceContext.open(
+            self.settings, opa_url=self.opa_url, opa_token=self.opa_token
+        )
+        return create_app(self.context)
+
+
+def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> None:
+    """Run until SIGTERM or SIGINT; the sidecar, if started here, stops with the service."""
+    configure_logging()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    sidecar: OpaSidecar | None = None
+    if settings.opa_url:
+        opa_url, opa_token = settings.opa_url, settings.opa_token
+    else:
+        sidecar = OpaSidecar(
+            settings.resolved_opa_bin(), settings.policy_dir, settings.data_dir / "opa"
+        )
+        sidecar.start()
+        opa_url, opa_token = sidecar.url, sidecar.token
+        log.info("opa_sidecar_ready")
+    try:
+        SessionStateServer(
+            settings,
+            opa_url=opa_url,
+            opa_token=opa_token,
+            on_ready=on_ready,
+            on_exit=sidecar.stop if sidecar else None,
+        ).run()
+    finally:
+        if sidecar is not None:
+            sidecar.stop()

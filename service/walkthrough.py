@@ -1,0 +1,47 @@
+"""The ready-to-paste walk-through `make run` prints once the service is up."""
+
+from __future__ import annotations
+
+from service.settings import Settings
+
+EXAMPLE_STATE = (
+    '{"runtime_profile": {"task_profile": "coding", "model_id": "qwen2.5-coder:7b", '
+    '"tokenizer": "qwen2", "context_window": 8192, "max_tokens": 512, "streaming": true}, '
+    '"memory_anchors": [{"anchor_id": "memory:active", "evidence": "prefers Rust"}], '
+    '"gene_anchors": [{"anchor_id": "gene:rust-coding", "evidence": "rust coding gene"}], '
+    '"routing_evidence": [{"anchor_id": "route:coder", "evidence": "coding intent"}], '
+    '"turns": [{"turn_id": "turn-1", "role": "user", "payload": "why does the borrow checker complain?"}]}'
+)
+
+
+def walkthrough(settings: Settings) -> str:
+    base = f"http://{settings.host}:{settings.port}"
+    session = f"{base}/v1/tenants/acme/workspaces/support/sessions/chat-1"
+    writes = (
+        "on" if settings.durable_writes else "off (SESSIONSTATE_DURABLE_WRITES=true turns them on)"
+    )
+    return f"""
+sessionstate is up on {base}  (OPA decides every request; durable writes: {writes})
+Paste these into another shell, from this directory:
+
+  # 1. Tokens for a model service scoped to one session, and for an operator of its tenant
+  SVC=$(.venv/bin/sessionstate token --sub demo-model --role model-service --tenant acme --workspace support --session chat-1)
+  OP=$(.venv/bin/sessionstate token --sub demo-operator --role operator --tenant acme)
+  STATE='{EXAMPLE_STATE}'
+
+  # 2. Preview the sanitized record: raw text comes back only as hmac-sha256 digests
+  curl -s -X POST {session}/state/preview -H "Authorization: Bearer $SVC" -H 'Content-Type: application/json' -d "$STATE"
+
+  # 3. An operator approves durable writes for the workspace for 10 minutes
+  curl -s -X POST {base}/v1/tenants/acme/workspaces/support/approvals -H "Authorization: Bearer $OP" -H 'Content-Type: application/json' -d '{{"ttl_seconds": 600, "reason": "walkthrough"}}'
+
+  # 4. Write it (201; 403 session_state_durable_writes_disabled while durable writes are off)
+  curl -s -i -X PUT {session}/state -H "Authorization: Bearer $SVC" -H 'Content-Type: application/json' -d "$STATE"
+
+  # 5. Read it back, and preview the replay inputs
+  curl -s {session}/state -H "Authorization: Bearer $SVC"
+  curl -s -X POST {session}/replay-preview -H "Authorization: Bearer $SVC" -H 'Content-Type: application/json' -d '{{"max_inputs": 8}}'
+
+  # Every answer carries the policy `decision`. API: {base}/docs  Metrics: {base}/metrics
+  # Stop with Ctrl-C (SIGINT) or SIGTERM: the OPA sidecar stops with the service.
+"""

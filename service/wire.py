@@ -1,0 +1,78 @@
+"""Response envelopes of the HTTP contract, one model each (the OpenAPI document uses them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.approvals import Approval
+from service.decision_trace import DecisionTrace
+from service.replay import SessionReplayPreview
+from store.record import SessionStateRecord
+from store.reports import SessionStateReadReport, SessionStateWriteReport
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SessionStateResponse(_Envelope):
+    """`POST .../state/preview` and `PUT .../state`."""
+
+    record: SessionStateRecord
+    write_report: SessionStateWriteReport
+    decision: DecisionTrace
+
+
+class SessionStateReadResponse(_Envelope):
+    """`GET .../state`."""
+
+    read_report: SessionStateReadReport
+    decision: DecisionTrace
+
+
+class ReplayPreviewResponse(_Envelope):
+    """`POST .../replay-preview`."""
+
+    preview: SessionReplayPreview
+    decision: DecisionTrace
+
+
+class ApprovalResponse(_Envelope):
+    approval: Approval
+    decision: DecisionTrace
+
+
+class ApprovalListResponse(_Envelope):
+    approvals: list[Approval]
+    decision: DecisionTrace
+
+
+class FieldError(_Envelope):
+    loc: list[str | int]
+    rule: str
+
+
+class ProblemDocument(_Envelope):
+    """RFC 9457 problem details, with `reason` and, after a decision, `decision`."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    reason: str
+    errors: list[FieldError] | None = None
+    decision: DecisionTrace | None = None
+    write_report: SessionStateWriteReport | None = None
+
+
+class Health(_Envelope):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(_Envelope):
+    ready: bool
+    opa_reachable: bool
+    policy_revision: str | None = Field(description="content hash of the loaded policy set")
+    store_open: bool
