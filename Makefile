@@ -35,9 +35,9 @@ tools:
 schema: install
 	$(PY) -m service.policy_input > $(SCHEMAS)/policy_input.json
 
-run: install tools
-	@echo "sessionstate: the HTTP service is not built yet (issue #4)."
-	@echo "What exists today: the record model, the LevelDB lanes and the policies; run 'make test'."
+# Starts OPA and the service on 127.0.0.1:8080 (data in ./var), then prints a walk-through.
+run: install
+	@SESSIONSTATE_OPA_BIN=$${SESSIONSTATE_OPA_BIN:-$$(scripts/tools.sh opa)} $(VENV)/bin/sessionstate serve --walkthrough
 
 lint-py: install
 	$(VENV)/bin/ruff check .

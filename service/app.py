@@ -89,7 +89,9 @@ def _problem(problem: Problem) -> Response:
 
 def _http_error(error: HTTPException) -> Response:
     status = error.code or 500
-    return _problem(Problem(status, _HTTP_REASONS.get(status, "malformed_request")))
+    # Keep what HTTP requires of the status, e.g. `Allow` on a 405.
+    kept = {name: value for name, value in error.get_headers() if name in {"Allow", "Retry-After"}}
+    return _problem(Problem(status, _HTTP_REASONS.get(status, "malformed_request"), headers=kept))
 
 
 def _unexpected(error: Exception) -> Response:

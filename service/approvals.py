@@ -20,6 +20,7 @@ from typing import Annotated
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from service.policy_input import PolicyApproval
+from store.bounds import JsonInt
 from store.canonical import canonical_json, sha256_digest
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
@@ -48,7 +49,7 @@ class ApprovalGrantInput(BaseModel):
     session_id: ScopeId | None = Field(
         default=None, description="the one session approved; absent: the whole workspace"
     )
-    ttl_seconds: int = Field(ge=1, le=MAX_APPROVAL_TTL_SECONDS)
+    ttl_seconds: JsonInt = Field(ge=1, le=MAX_APPROVAL_TTL_SECONDS)
     reason: str = Field(min_length=1, max_length=256)
 
 

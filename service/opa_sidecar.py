@@ -86,6 +86,8 @@ class OpaSidecar:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
+        # A forked child (a gunicorn worker) inherits this object; only the owner may stop OPA.
+        self._owner_pid = os.getpid()
 
     @property
     def url(self) -> str:
@@ -139,6 +141,8 @@ class OpaSidecar:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop supervising, then end OPA: SIGTERM, and SIGKILL if it lingers."""
+        if os.getpid() != self._owner_pid:
+            return
         self._stopping.set()
         with self._lock:
             process = self._process

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from store.bounds import JsonInt
 from store.canonical import canonical_digest
 from store.digests import Digest
 from store.inputs import TaskProfile
@@ -36,7 +37,7 @@ class ReplayPreviewRequest(_Shape):
 
     model_config = ConfigDict(strict=True, hide_input_in_errors=True)  # merged with `_Shape`'s
 
-    max_inputs: int = Field(
+    max_inputs: JsonInt = Field(
         DEFAULT_REPLAY_INPUTS, ge=1, le=MAX_REPLAY_INPUTS, description="cap on each list of inputs"
     )
 

@@ -38,7 +38,7 @@ Paste these into another shell, from this directory:
   # 4. Write it (201; 403 session_state_durable_writes_disabled while durable writes are off)
   curl -s -i -X PUT {session}/state -H "Authorization: Bearer $SVC" -H 'Content-Type: application/json' -d "$STATE"
 
-  # 5. Read it back, and preview the replay inputs
+  # 5. Read it back, and preview the replay inputs (404 session_state_not_found until a write succeeded)
   curl -s {session}/state -H "Authorization: Bearer $SVC"
   curl -s -X POST {session}/replay-preview -H "Authorization: Bearer $SVC" -H 'Content-Type: application/json' -d '{{"max_inputs": 8}}'
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import StringConstraints
+from pydantic import BeforeValidator, StringConstraints
+from pydantic.config import JsonDict
 
 MAX_RAW_TEXT_CHARS = 65_536
 MAX_ANCHORS_PER_LIST = 256
@@ -20,3 +21,28 @@ Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
 
 RawText = Annotated[str, StringConstraints(max_length=MAX_RAW_TEXT_CHARS)]
 """Raw user or assistant text: digested where it enters, then dropped."""
+
+
+def integral_number(value: object) -> object:
+    """JSON Schema's `integer` admits 57.0; strings and booleans stay refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(integral_number)]
+"""An integer as JSON Schema means it: 57 or 57.0, never "57" or true."""
+
+
+def exactly_one_of(first: str, second: str) -> JsonDict:
+    """JSON Schema for 'exactly one of two optional fields is a string' (null counts as absent)."""
+    return {
+        "oneOf": [
+            {"required": [name], "properties": {name: {"type": "string"}}}
+            for name in (first, second)
+        ]
+    }
+
+
+# Rules that span fields, which JSON Schema cannot state; the schema says them in words.
+CROSS_FIELD_RULES = ("max_tokens_exceeds_context_window", "duplicate_id_conflict")

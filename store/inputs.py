@@ -7,9 +7,9 @@ of a model never prints them.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from store.bounds import (
@@ -19,7 +19,10 @@ from store.bounds import (
     MAX_TOKEN_ESTIMATE,
     MAX_TURNS,
     Identifier,
+    JsonInt,
     RawText,
+    exactly_one_of,
+    integral_number,
 )
 from store.digests import Digest
 
@@ -41,11 +44,13 @@ def _exactly_one(raw: object, digest: object, raw_name: str, digest_name: str) -
 
 
 class SessionRuntimeProfileInput(_Input):
+    """How the model runs. `max_tokens` must not exceed `context_window`."""
+
     task_profile: TaskProfile
     model_id: Identifier
     tokenizer: Identifier
-    context_window: int = Field(ge=1, le=MAX_CONTEXT_WINDOW)
-    max_tokens: int = Field(ge=1, le=MAX_CONTEXT_WINDOW)
+    context_window: JsonInt = Field(ge=1, le=MAX_CONTEXT_WINDOW)
+    max_tokens: JsonInt = Field(ge=1, le=MAX_CONTEXT_WINDOW)
     streaming: bool
     cancellation_anchor: RawText | None = Field(default=None, repr=False)
 
@@ -59,6 +64,8 @@ class SessionRuntimeProfileInput(_Input):
 
 
 class SessionStateAnchorInput(_Input):
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("evidence", "evidence_digest"))
+
     anchor_id: Identifier
     evidence: RawText | None = Field(default=None, repr=False)
     evidence_digest: Digest | None = None
@@ -70,11 +77,16 @@ class SessionStateAnchorInput(_Input):
 
 
 class SessionTurnInput(_Input):
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("payload", "payload_digest"))
+
     turn_id: Identifier
     role: TurnRole
     payload: RawText | None = Field(default=None, repr=False)
     payload_digest: Digest | None = None
-    token_estimate: int | None = Field(default=None, ge=0, le=MAX_TOKEN_ESTIMATE)
+    # Bounds before the validator: that order keeps them `minimum`/`maximum` in the schema.
+    token_estimate: (
+        Annotated[int, Field(ge=0, le=MAX_TOKEN_ESTIMATE), BeforeValidator(integral_number)] | None
+    ) = None
 
     @model_validator(mode="after")
     def _one_payload(self) -> SessionTurnInput:
@@ -86,7 +98,12 @@ AnchorList = list[SessionStateAnchorInput]
 
 
 class SessionStateInput(_Input):
-    """A model service's view of a session's state, before sanitizing."""
+    """A model service's view of a session's state, before sanitizing.
+
+    Raw text (`payload`, `evidence`, `cancellation_anchor`) is digested and dropped.
+    Exact duplicates of an anchor id (per list) or a turn id collapse to one; the
+    same id with different content is refused (`duplicate_id_conflict`).
+    """
 
     state_id: Identifier | None = None
     runtime_profile: SessionRuntimeProfileInput

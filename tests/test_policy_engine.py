@@ -400,3 +400,16 @@ def test_a_policy_edit_that_does_not_compile_keeps_the_last_good_bundle(
     after = client.decide(allowed_input("read"))
     assert after.allow is True
     assert after.policy_revision == before.policy_revision
+
+
+def test_a_forked_child_cannot_stop_the_sidecar(sidecar: OpaSidecar) -> None:
+    """A gunicorn worker inherits the sidecar object; its exit must leave OPA running."""
+    import os
+
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        sidecar.stop()
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sidecar.ready()

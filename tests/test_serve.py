@@ -131,6 +131,8 @@ def test_sigterm_stops_the_service_and_its_sidecar(served: Served) -> None:
     while _processes_using(served.data_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_using(served.data_dir) == []
+    # OPA was stopped once, by the service; nothing restarted it on the way down.
+    assert "opa_exited" not in served.log.read_text()
 
 
 def test_a_sigkilled_service_loses_no_acknowledged_write(

@@ -6,11 +6,12 @@ reason, and validation errors list field paths and rule names only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
-from flask import Response, json
+from flask import Response
 
 from service.decision_trace import DecisionTrace
 from store.reports import SessionStateWriteReport
