@@ -235,3 +235,30 @@ def test_raw_text_never_reaches_a_response_a_log_opa_or_the_data_dir(
     assert files
     for path in files:
         assert CANARY.encode() not in path.read_bytes(), path
+
+
+def test_rs256_tokens_are_accepted_with_a_configured_public_key(
+    sidecar: OpaSidecar, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from tests.live import live_service, service_settings
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = tmp_path / "jwt.pub.pem"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    claims = {"sub": "svc-rs", "roles": ["model-service"], "exp": int(time.time()) + 600}
+    claims |= {"tenant": "tenant-a", "workspace": "ws-1", "session": "chat-1"}
+    token = jwt.encode(claims, key, algorithm="RS256")
+    settings = service_settings(tmp_path / "var", jwt_public_key_file=public)
+    with live_service(sidecar, settings) as live:
+        assert live.call("GET", live.session_path() + "/state", token).status_code == 404
+        public_as_secret = _b64({"alg": "HS256", "typ": "JWT"}) + "." + _b64(claims) + ".AAAA"
+        problem(
+            live.call("GET", live.session_path() + "/state", public_as_secret), 401, "token_invalid"
+        )

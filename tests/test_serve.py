@@ -69,7 +69,7 @@ def start(opa_bin: str, data_dir: Path, tmp: Path) -> Served:
     log = tmp / f"serve-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve"],
+            [sys.executable, "-m", "service.cli", "serve", "--walkthrough"],
             env=env,
             cwd=ROOT,
             stdout=out,
@@ -169,3 +169,10 @@ def test_logs_are_json_lines_without_raw_text(served: Served) -> None:
     request_lines = [line for line in text.splitlines() if '"event":"request"' in line]
     assert request_lines
     assert all('"request_id"' in line and '"route"' in line for line in request_lines)
+
+
+def test_serve_prints_a_walkthrough_once_ready(served: Served) -> None:
+    text = served.log.read_text()
+    assert f"sessionstate is up on {served.url}" in text
+    assert "sessionstate token --sub demo-model --role model-service" in text
+    assert "/state/preview" in text
