@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret
+from service.opa_sidecar import SidecarError
 from service.settings import Settings
 from service.walkthrough import walkthrough
 
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None,
         )
         return 0
-    except (ConfigurationError, ValueError, FileNotFoundError) as error:
+    except (ConfigurationError, SidecarError, ValueError, FileNotFoundError) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
 

@@ -80,6 +80,18 @@ class ServiceContext:
         self.lanes.close()
 
 
+def check_settings(settings: Settings) -> None:
+    """Everything a worker will need from the settings, checked before anything starts."""
+    jwt_secret(settings)
+    digest_key(settings)
+    _public_key(settings.jwt_public_key_file)
+    if settings.opa_url is not None:
+        try:
+            PolicyClient(settings.opa_url).close()
+        except ValueError:
+            raise ConfigurationError("SESSIONSTATE_OPA_URL must be http(s)://host:port") from None
+
+
 def jwt_secret(settings: Settings) -> bytes:
     """SESSIONSTATE_JWT_SECRET, or a secret generated once into the data dir."""
     if settings.jwt_secret is None:

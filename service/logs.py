@@ -25,6 +25,8 @@ FIELDS = (
     "error_type",
     "exit_code",
     "restart_in_s",
+    "key_digest",
+    "error_digest",
 )
 
 

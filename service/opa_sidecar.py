@@ -104,7 +104,7 @@ class OpaSidecar:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start OPA and return once it is healthy with the policy bundle activated."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._bundles.start()
         self._write_config()
         self._spawn()

@@ -7,21 +7,24 @@ and stops it on exit, so SIGTERM leaves no process behind.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from service.app import create_app
-from service.context import ServiceContext
+from service.context import ConfigurationError, ServiceContext, check_settings
 from service.logs import configure_logging
 from service.opa_sidecar import OpaSidecar
 from service.settings import Settings
 
 log = logging.getLogger("sessionstate.serve")
 THREADS = 8
+LOCK_FILE = "sessionstate.lock"
 
 
 class SessionStateServer(BaseApplication):  # type: ignore[misc]
@@ -85,7 +88,9 @@ class SessionStateServer(BaseApplication):  # type: ignore[misc]
 def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> None:
     """Run until SIGTERM or SIGINT; the sidecar, if started here, stops with the service."""
     configure_logging()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = _lock_data_dir(settings.data_dir)
+    check_settings(settings)
     sidecar: OpaSidecar | None = None
     if settings.opa_url:
         opa_url, opa_token = settings.opa_url, settings.opa_token
@@ -107,3 +112,21 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
     finally:
         if sidecar is not None:
             sidecar.stop()
+        lock.close()
+
+
+def _lock_data_dir(data_dir: Path) -> TextIO:
+    """Hold the data dir for this service: a second one would fight over OPA's files.
+
+    The lock lives as long as the returned file stays open (the gunicorn worker
+    inherits it), and the kernel drops it when the process dies, however it dies.
+    """
+    handle = open(data_dir / LOCK_FILE, "a")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigurationError(
+            f"the data dir {data_dir} is in use by another sessionstate process"
+        ) from None
+    return handle

@@ -36,7 +36,7 @@ class LaneStore:
     """One LevelDB database under `path`. LevelDB admits a single process."""
 
     def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = path
         # No compression: stored bytes stay greppable, so "no raw text on disk" can be audited.
         self._db: Any = plyvel.DB(

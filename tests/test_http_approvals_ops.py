@@ -40,6 +40,7 @@ def test_grant_list_and_revoke(service: LiveService) -> None:
     revoked = service.call("DELETE", f"{APPROVALS}/{approval['approval_id']}", service.operator())
     assert revoked.status_code == 204
     assert revoked.content == b""
+    assert "Content-Type" not in revoked.headers
     assert service.call("GET", APPROVALS, service.operator()).json()["approvals"] == []
 
 

@@ -176,3 +176,78 @@ def test_serve_prints_a_walkthrough_once_ready(served: Served) -> None:
     assert f"sessionstate is up on {served.url}" in text
     assert "sessionstate token --sub demo-model --role model-service" in text
     assert "/state/preview" in text
+
+
+def _run_serve(
+    env_changes: dict[str, str], data_dir: Path, opa_bin: str
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "SESSIONSTATE_DATA_DIR": str(data_dir),
+        "SESSIONSTATE_PORT": str(_free_port()),
+        "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
+        "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
+        "SESSIONSTATE_OPA_BIN": opa_bin,
+        **env_changes,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_second_service_on_the_same_data_dir_is_refused(served: Served, opa_bin: str) -> None:
+    second = _run_serve({}, served.data_dir, opa_bin)
+    assert second.returncode == 2
+    assert "is in use by another sessionstate process" in second.stderr
+    assert requests.get(served.url + "/readyz", timeout=5).status_code == 200
+    time.sleep(2.5)  # past a bundle poll: the first service's OPA still has its policies
+    assert requests.get(served.url + "/readyz", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"SESSIONSTATE_JWT_SECRET": "too-short"},
+            "SESSIONSTATE_JWT_SECRET must be at least 32 bytes",
+        ),
+        (
+            {"SESSIONSTATE_OPA_URL": "opa.internal:8181"},
+            "SESSIONSTATE_OPA_URL must be http(s)://host:port",
+        ),
+        (
+            {"SESSIONSTATE_JWT_PUBLIC_KEY_FILE": "/nonexistent/key.pem"},
+            "SESSIONSTATE_JWT_PUBLIC_KEY_FILE cannot be read",
+        ),
+    ],
+)
+def test_bad_configuration_is_refused_before_anything_starts(
+    opa_bin: str, tmp_path: Path, changes: dict[str, str], message: str
+) -> None:
+    refused = _run_serve(changes, tmp_path / "var", opa_bin)
+    assert refused.returncode == 2
+    assert message in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert "too-short" not in refused.stderr
+    assert not (tmp_path / "var" / "opa").exists()  # no OPA was started
+
+
+def test_a_malformed_chunked_body_is_400(served: Served) -> None:
+    host, port = served.url.removeprefix("http://").split(":")
+    request = (
+        f"POST {SESSION}/state/preview HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {_token('model-service')}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nZZZ\r\n{}\r\n0\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(request)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    status_line = answer.split(b"\r\n", 1)[0]
+    assert status_line.split()[1] == b"400", answer[:300]

@@ -67,4 +67,6 @@ def revoke_approval(tenant_id: str, workspace_id: str, approval_id: str) -> Resp
     if revoked is None:
         raise Problem(404, "approval_not_found", decision=trace)
     # 204 has no body: the decision that governed it is named in a header.
-    return Response(status=204, headers={DECISION_ID_HEADER: trace.decision_id})
+    response = Response(status=204, headers={DECISION_ID_HEADER: trace.decision_id})
+    del response.headers["Content-Type"]
+    return response

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from flask import request
 from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException
 
 from service.http.problems import Problem
 from store.violations import violations_of
@@ -36,7 +37,12 @@ def _no_constants(_: str) -> Any:
 
 def json_body(model: type[M], *, optional: bool = False) -> M:
     """The request body as model. With optional, an empty body means the model's defaults."""
-    raw = request.get_data(cache=True)
+    try:
+        raw = request.get_data(cache=True)
+    except HTTPException:
+        raise  # 413 and friends keep their own status
+    except Exception:  # the server's body reader: bad chunking, a cut connection
+        raise Problem(400, "malformed_request") from None
     if optional and not raw:
         return model()
     if request.mimetype != "application/json" and not request.mimetype.endswith("+json"):

@@ -20,13 +20,13 @@ from store.violations import FieldViolation
 PROBLEM_TYPE_BASE = "urn:sessionstate:problem:"
 
 DETAILS: dict[str, str] = {
-    "authentication_failed": "The request needs a valid bearer token.",
     "token_missing": "The request needs an `Authorization: Bearer <token>` header.",
     "token_invalid": "The bearer token is malformed, wrongly signed or of an unaccepted algorithm.",
     "token_expired": "The bearer token has expired.",
     "token_claims_invalid": "The bearer token lacks `sub`, `roles` or `exp`, or has an invalid scope claim.",
     "invalid_scope_id": "A tenant, workspace or session id in the path is not a valid scope id.",
     "invalid_approval_id": "The approval id in the path is not a valid approval id.",
+    "malformed_request": "The request could not be read as HTTP (framing, headers or body).",
     "malformed_json": "The request body is not a single well-formed JSON document.",
     "unsupported_media_type": "The request body must be `application/json`.",
     "validation_failed": "The request body breaks the rules listed in `errors`.",
