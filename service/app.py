@@ -12,10 +12,11 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
-from service.http import approvals, ops, state
+from service.http import approvals, decisions, ops, state
 from service.http.body import MAX_BODY_BYTES
-from service.http.common import CONTEXT_KEY
+from service.http.common import CONTEXT_KEY, journal_decision
 from service.http.problems import Problem
+from service.journal import JournalClosed
 
 log = logging.getLogger("sessionstate.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -32,7 +33,7 @@ def create_app(ctx: ServiceContext) -> Flask:
     app = Flask("sessionstate")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions[CONTEXT_KEY] = ctx
-    for blueprint in (state.bp, approvals.bp, ops.bp):
+    for blueprint in (state.bp, approvals.bp, decisions.bp, ops.bp):
         app.register_blueprint(blueprint)
     app.register_blueprint(
         get_swaggerui_blueprint("/docs", "/openapi.json", config={"app_name": "sessionstate"})
@@ -40,6 +41,7 @@ def create_app(ctx: ServiceContext) -> Flask:
     app.before_request(_begin)
     app.after_request(_finish)
     app.register_error_handler(Problem, _problem)
+    app.register_error_handler(JournalClosed, _journal_closed)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
     return app
@@ -55,6 +57,11 @@ def _begin() -> None:
 
 
 def _finish(response: Response) -> Response:
+    try:
+        journal_decision(response.status_code)
+    except JournalClosed:
+        # A decision that cannot be kept is not answered: compliance needs every one.
+        response = _problem(Problem(503, "decision_log_unavailable"))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     response.headers["X-Request-Id"] = g.get("request_id", "")
     _ctx().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
@@ -85,6 +92,10 @@ def _ctx() -> ServiceContext:
 def _problem(problem: Problem) -> Response:
     g.problem_reason = problem.reason
     return problem.response()
+
+
+def _journal_closed(error: JournalClosed) -> Response:
+    return _problem(Problem(503, "decision_log_unavailable"))
 
 
 def _http_error(error: HTTPException) -> Response:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from service import decision_review
 from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret
+from service.decision_review import DataDirBusy
 from service.opa_sidecar import SidecarError
 from service.settings import Settings
 from service.walkthrough import walkthrough
@@ -32,6 +36,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     token.add_argument("--session")
     token.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
 
+    decisions = commands.add_parser(
+        "decisions", help="review the decision log of a stopped service's data dir"
+    )
+    review = decisions.add_subparsers(dest="review", required=True)
+    verify = review.add_parser("verify", help="verify the hash chain; exit 1 on any break")
+    verify.add_argument("--checkpoint", type=Path, help="a signed checkpoint kept earlier")
+    export = review.add_parser("export", help="NDJSON in OPA's decision log field names")
+    export.add_argument("--tenant", help="only this tenant's entries")
+    tail = review.add_parser("tail", help="the newest entries, one JSON a line")
+    tail.add_argument("-n", type=int, default=10, help="how many (default 10)")
+    review.add_parser("checkpoint", help="print a signed checkpoint of the head, to keep")
+    prune = review.add_parser(
+        "prune", help="delete entries older than N days, keep the rest verifiable"
+    )
+    prune.add_argument("--older-than-days", type=int, required=True)
+
     args = parser.parse_args(argv)
     try:
         settings = Settings()
@@ -48,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             return 0
+        if args.command == "decisions":
+            return _review(settings, args)
         from service.serve import serve as run_service
 
         run_service(
@@ -57,9 +79,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None,
         )
         return 0
-    except (ConfigurationError, SidecarError, ValueError, FileNotFoundError) as error:
+    except (ConfigurationError, SidecarError, DataDirBusy, ValueError, FileNotFoundError) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
+
+
+def _review(settings: Settings, args: argparse.Namespace) -> int:
+    data_dir = settings.data_dir
+    if args.review == "verify":
+        result = decision_review.verify(data_dir, args.checkpoint)
+        print(result.model_dump_json())
+        return 0 if result.ok else 1
+    if args.review == "checkpoint":
+        print(decision_review.checkpoint(data_dir).model_dump_json())
+    elif args.review == "export":
+        for line in decision_review.export_lines(data_dir, args.tenant):
+            print(line)
+    elif args.review == "tail":
+        for entry in decision_review.tail(data_dir, args.n):
+            print(json.dumps(entry))
+    elif args.review == "prune":
+        print(json.dumps({"pruned": decision_review.prune(data_dir, args.older_than_days)}))
+    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from service.approvals import ApprovalStore
 from service.auth import TokenVerifier
+from service.journal import DecisionJournal, RetentionTask
 from service.metrics import ServiceMetrics
 from service.policy_client import PolicyClient
 from service.policy_gate import PolicyGate
@@ -46,6 +47,8 @@ class ServiceContext:
     digest_key: DigestKey
     metrics: ServiceMetrics
     clock: Callable[[], datetime]
+    journal: DecisionJournal
+    retention: RetentionTask | None = None
 
     @classmethod
     def open(
@@ -73,9 +76,18 @@ class ServiceContext:
             digest_key=digest_key(settings),
             metrics=metrics,
             clock=clock,
+            journal=DecisionJournal(lanes, clock=clock),
+            retention=(
+                None
+                if settings.decision_retention_days is None
+                else RetentionTask(lanes, settings.decision_retention_days, clock=clock)
+            ),
         )
 
     def close(self) -> None:
+        if self.retention is not None:
+            self.retention.close()
+        self.journal.close()
         self.gate.client.close()
         self.lanes.close()
 

@@ -26,6 +26,7 @@ FIELDS = (
     "exit_code",
     "restart_in_s",
     "key_digest",
+    "pruned",
     "error_digest",
 )
 

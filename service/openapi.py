@@ -1,22 +1,27 @@
 """The OpenAPI 3.1 document, generated from the pydantic wire models.
 
-Paths are a table of (method, path, model in, model out); every schema comes
-from `models_json_schema`, so a renamed field changes the document with it.
+Paths are a table of operations (method, path, models in and out); every
+schema comes from `models_json_schema`, so a renamed field changes the
+document with it.
 """
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from service.approvals import ApprovalGrantInput
+from service.http.decisions import DecisionQuery
 from service.replay import ReplayPreviewRequest
 from service.wire import (
     ApprovalListResponse,
     ApprovalResponse,
+    DecisionEntryResponse,
+    DecisionListResponse,
+    DecisionVerifyResponse,
     Health,
     ProblemDocument,
     Readiness,
@@ -30,68 +35,54 @@ from store.scope import SCOPE_ID_PATTERN
 SESSION = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}/sessions/{session_id}"
 WORKSPACE = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}"
 REF = "#/components/schemas/{model}"
+PATH_PATTERNS = {"approval_id": r"^appr_[0-9a-f]{24}$", "decision_id": r"^[A-Za-z0-9._:-]{1,64}$"}
 
-Audience = Literal["state", "approvals", "ops"]
 
-# method, path, tag, summary, request model, success status, success model, error statuses
-OPERATIONS: list[tuple[str, str, Audience, str, type[BaseModel] | None, int, type[BaseModel] | None, tuple[int, ...]]] = [
-    ("post", SESSION + "/state/preview", "state", "Preview the sanitized record and what a write would do; never writes", SessionStateInput, 200, SessionStateResponse, (400, 401, 403, 413, 415, 422, 503)),
-    ("put", SESSION + "/state", "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (400, 401, 403, 412, 413, 415, 422, 503)),
-    ("get", SESSION + "/state", "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (400, 401, 403, 404, 503)),
-    ("post", SESSION + "/replay-preview", "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (400, 401, 403, 404, 413, 415, 422, 503)),
-    ("post", WORKSPACE + "/approvals", "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, (400, 401, 403, 413, 415, 422, 503)),
-    ("get", WORKSPACE + "/approvals", "approvals", "List active approvals", None, 200, ApprovalListResponse, (400, 401, 403, 503)),
-    ("delete", WORKSPACE + "/approvals/{approval_id}", "approvals", "Revoke an approval at once", None, 204, None, (400, 401, 403, 404, 503)),
-    ("get", "/healthz", "ops", "Liveness", None, 200, Health, ()),
-    ("get", "/readyz", "ops", "Readiness: OPA answers with a loaded policy, store open", None, 200, Readiness, (503,)),
+class Operation(NamedTuple):
+    method: str
+    path: str
+    tag: str
+    summary: str
+    body: type[BaseModel] | None = None
+    status: int = 200
+    out: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()
+    query: type[BaseModel] | None = None
+    media: str = "application/json"
+
+
+AUTHED = (400, 401, 403, 503)
+WITH_BODY = (413, 415, 422)
+
+OPERATIONS = [
+    Operation("post", SESSION + "/state/preview", "state", "Preview the sanitized record and what a write would do; never writes", SessionStateInput, 200, SessionStateResponse, AUTHED + WITH_BODY),
+    Operation("put", SESSION + "/state", "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (*AUTHED, 412, *WITH_BODY)),
+    Operation("get", SESSION + "/state", "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
+    Operation("post", SESSION + "/replay-preview", "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
+    Operation("post", WORKSPACE + "/approvals", "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
+    Operation("get", WORKSPACE + "/approvals", "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),
+    Operation("delete", WORKSPACE + "/approvals/{approval_id}", "approvals", "Revoke an approval at once", None, 204, None, (*AUTHED, 404)),
+    Operation("get", "/v1/decisions", "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
+    Operation("get", "/v1/decisions/verify", "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422)),
+    Operation("get", "/v1/decisions/export", "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
+    Operation("get", "/v1/decisions/{decision_id}", "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
+    Operation("get", "/healthz", "ops", "Liveness", None, 200, Health),
+    Operation("get", "/readyz", "ops", "Readiness: OPA answers with a loaded policy, store open", None, 200, Readiness, (503,)),
 ]  # fmt: skip
-
-MODELS: list[type[BaseModel]] = [
-    SessionStateInput,
-    ReplayPreviewRequest,
-    ApprovalGrantInput,
-    SessionStateResponse,
-    SessionStateReadResponse,
-    ReplayPreviewResponse,
-    ApprovalResponse,
-    ApprovalListResponse,
-    Health,
-    Readiness,
-    ProblemDocument,
-]
-_REQUESTS = {SessionStateInput, ReplayPreviewRequest, ApprovalGrantInput}
 
 
 @cache
 def openapi_document() -> dict[str, Any]:
+    requests = {op.body for op in OPERATIONS if op.body is not None}
+    responses = {op.out for op in OPERATIONS if op.out is not None} | {ProblemDocument}
     refs, schemas = models_json_schema(
-        [(model, "validation" if model in _REQUESTS else "serialization") for model in MODELS],
+        [(model, "validation") for model in sorted(requests, key=str)]
+        + [(model, "serialization") for model in sorted(responses, key=str)],
         ref_template=REF,
     )
     paths: dict[str, dict[str, Any]] = {}
-    for method, path, tag, summary, body, status, out, errors in OPERATIONS:
-        operation: dict[str, Any] = {
-            "tags": [tag],
-            "summary": summary,
-            "operationId": f"{method}_{path}".replace("/", "_").replace("{", "").replace("}", ""),
-            "parameters": [_path_parameter(name) for name in _path_names(path)],
-            "responses": {str(status): _response(out, refs)},
-        }
-        if body is not None:
-            operation["requestBody"] = {
-                "required": body is not ReplayPreviewRequest,
-                "content": {"application/json": {"schema": refs[(body, "validation")]}},
-            }
-        if tag != "ops":
-            operation["security"] = [{"bearer": []}]
-        for error in errors:
-            operation["responses"][str(error)] = {
-                "description": "problem details (RFC 9457) with a machine-readable `reason`",
-                "content": {
-                    "application/problem+json": {"schema": refs[(ProblemDocument, "serialization")]}
-                },
-            }
-        paths.setdefault(path, {})[method] = operation
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, refs)
     paths["/metrics"] = {"get": {"tags": ["ops"], "summary": "Prometheus metrics", "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}  # fmt: skip
     return {
         "openapi": "3.1.0",
@@ -111,12 +102,37 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
-def _path_names(path: str) -> list[str]:
-    return [part[1:-1] for part in path.split("/") if part.startswith("{")]
+def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
+    names = [part[1:-1] for part in op.path.split("/") if part.startswith("{")]
+    parameters = [_path_parameter(name) for name in names]
+    if op.query is not None:
+        parameters += _query_parameters(op.query)
+    operation: dict[str, Any] = {
+        "tags": [op.tag],
+        "summary": op.summary,
+        "operationId": f"{op.method}_{op.path}".replace("/", "_").replace("{", "").replace("}", ""),
+        "parameters": parameters,
+        "responses": {str(op.status): _success(op, refs)},
+    }
+    if op.body is not None:
+        operation["requestBody"] = {
+            "required": op.body is not ReplayPreviewRequest,
+            "content": {"application/json": {"schema": refs[(op.body, "validation")]}},
+        }
+    if op.tag != "ops":
+        operation["security"] = [{"bearer": []}]
+    for error in op.errors:
+        operation["responses"][str(error)] = {
+            "description": "problem details (RFC 9457) with a machine-readable `reason`",
+            "content": {
+                "application/problem+json": {"schema": refs[(ProblemDocument, "serialization")]}
+            },
+        }
+    return operation
 
 
 def _path_parameter(name: str) -> dict[str, Any]:
-    pattern = r"^appr_[0-9a-f]{24}$" if name == "approval_id" else SCOPE_ID_PATTERN
+    pattern = PATH_PATTERNS.get(name, SCOPE_ID_PATTERN)
     return {
         "name": name,
         "in": "path",
@@ -125,10 +141,31 @@ def _path_parameter(name: str) -> dict[str, Any]:
     }
 
 
-def _response(model: type[BaseModel] | None, refs: dict[Any, Any]) -> dict[str, Any]:
-    if model is None:
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    schema = model.model_json_schema()
+    return [
+        {"name": name, "in": "query", "required": False, "schema": _plain(prop)}
+        for name, prop in schema["properties"].items()
+    ]
+
+
+def _plain(prop: dict[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema: `X | None` is just X (absent means unset)."""
+    options = [option for option in prop.get("anyOf", []) if option != {"type": "null"}]
+    kept = options[0] if len(options) == 1 else {k: v for k, v in prop.items() if k != "anyOf"}
+    return {k: v for k, v in kept.items() if k not in {"title", "default"}} or {"type": "string"}
+
+
+def _success(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
+    if op.media == "application/x-ndjson":
+        return {
+            "description": "one JSON event a line; the governing decision's id is in `Sessionstate-Decision-Id`",
+            "content": {op.media: {"schema": {"type": "string"}}},
+        }
+    if op.out is None:
         return {"description": "done; the governing decision's id is in `Sessionstate-Decision-Id`"}
+    doc = op.out.__doc__
     return {
-        "description": model.__doc__.strip().splitlines()[0] if model.__doc__ else model.__name__,
-        "content": {"application/json": {"schema": refs[(model, "serialization")]}},
+        "description": doc.strip().splitlines()[0] if doc else op.out.__name__,
+        "content": {"application/json": {"schema": refs[(op.out, "serialization")]}},
     }

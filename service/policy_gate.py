@@ -52,7 +52,8 @@ class PolicyGate:
         *,
         record: SessionStateRecord | None = None,
         approval: Approval | None = None,
-    ) -> DecisionTrace:
+    ) -> tuple[DecisionTrace, PolicyInput]:
+        """The decision, and the input it was made on (the decision log keeps both)."""
         policy_input = PolicyInput(
             action=action,
             now=int(self.clock().timestamp()),
@@ -66,7 +67,7 @@ class PolicyGate:
         outcome = "unavailable" if trace.engine_unavailable else "allow" if trace.allow else "deny"
         self.metrics.decisions.labels(action, outcome).inc()
         self.metrics.decision_latency.labels(action).observe(trace.latency_ms / 1000)
-        return trace
+        return trace, policy_input
 
     @staticmethod
     def enforce(

@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     jwt_secret: str | None = Field(default=None, repr=False)
     jwt_public_key_file: Path | None = None
     digest_key: str | None = Field(default=None, repr=False)
+    decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)
     opa_bin: str | None = None
     policy_dir: Path = PROJECT_ROOT / "policies"

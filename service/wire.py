@@ -7,8 +7,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.approvals import Approval
+from service.decision_log import DecisionLogEntry
 from service.decision_trace import DecisionTrace
 from service.replay import SessionReplayPreview
+from store.checkpoints import Checkpoint
 from store.record import SessionStateRecord
 from store.reports import SessionStateReadReport, SessionStateWriteReport
 
@@ -46,6 +48,37 @@ class ApprovalResponse(_Envelope):
 
 class ApprovalListResponse(_Envelope):
     approvals: list[Approval]
+    decision: DecisionTrace
+
+
+class DecisionListResponse(_Envelope):
+    """`GET /v1/decisions`: a page of the auditor's tenant's entries, in chain order."""
+
+    decisions: list[DecisionLogEntry]
+    next_cursor: str | None
+    decision: DecisionTrace
+
+
+class DecisionEntryResponse(_Envelope):
+    """`GET /v1/decisions/{decision_id}`."""
+
+    entry: DecisionLogEntry
+    decision: DecisionTrace
+
+
+class DecisionVerifyResponse(_Envelope):
+    """`GET /v1/decisions/verify`: the chain's state, and a signed checkpoint of its head."""
+
+    ok: bool
+    entries: int
+    head_hash: str
+    first_invalid_seq: int | None
+    problem: str | None = Field(
+        description="what broke at first_invalid_seq, from a fixed vocabulary"
+    )
+    checkpoint: Checkpoint = Field(
+        description="keep it: a later verify against it catches a truncated tail"
+    )
     decision: DecisionTrace
 
 

@@ -44,5 +44,10 @@ def exactly_one_of(first: str, second: str) -> JsonDict:
     }
 
 
-# Rules that span fields, which JSON Schema cannot state; the schema says them in words.
-CROSS_FIELD_RULES = ("max_tokens_exceeds_context_window", "duplicate_id_conflict")
+# Rules JSON Schema cannot state (across fields, or about tokens the service issued);
+# the schema says them in words.
+RULES_BEYOND_SCHEMA = (
+    "max_tokens_exceeds_context_window",
+    "duplicate_id_conflict",
+    "invalid_cursor",
+)

@@ -21,6 +21,8 @@ class TenantResourceLane(StrEnum):
     SESSION_STATE = "session_state"
     APPROVAL_PACKET = "approval_packet"
     TRACE_EVIDENCE = "trace_evidence"
+    TRACE_INDEX = "trace_index"
+    TRACE_META = "trace_meta"
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class SessionStateStore:
         key = state_key(record.scope)
         with self._write_lock:
             stored = self._lanes.get(key)
-            current = None if stored is None else _stored_digest(record.scope, key, stored)
+            current = None if stored is None else stored_version(record.scope, key, stored)
             if not precondition.holds(current):
                 raise PreconditionFailed
             with self._lanes.batch(sync=True) as batch:
@@ -107,7 +107,7 @@ def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionSt
     return SessionStateReadReport(key_digest=key_digest, record=record, corrupt=False)
 
 
-def _stored_digest(scope: TenantScope, key: LaneKey, stored: bytes) -> str:
+def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> str:
     """The version a precondition compares against: a corrupt record's is its `error_digest`."""
     report = read_report(scope, key.digest(), stored)
     if report.record is not None:

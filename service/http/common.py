@@ -10,11 +10,14 @@ from pydantic import BaseModel
 from service.approvals import Approval
 from service.auth import Actor, AuthenticationFailed
 from service.context import ServiceContext
+from service.decision_log import DecisionOutcome, entry_body
 from service.decision_trace import DecisionTrace
 from service.http.problems import Problem
+from service.journal import WriteResult
 from service.policy_input import PolicyAction, PolicyTarget
 from store.record import SessionStateRecord
 from store.scope import TenantScope, is_scope_id
+from store.session_state import Precondition
 
 CONTEXT_KEY = "sessionstate"
 
@@ -64,8 +67,26 @@ def decide(
     record: SessionStateRecord | None = None,
     approval: Approval | None = None,
 ) -> DecisionTrace:
-    """The policy decision for this request, remembered for its log line."""
-    trace = context().gate.decide(action, actor, target, record=record, approval=approval)
+    """The policy decision for this request, remembered for its log line and the decision log."""
+    trace, policy_input = context().gate.decide(
+        action, actor, target, record=record, approval=approval
+    )
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
+    g.decision_entry = entry_body(trace, policy_input, actor, outcome=None)
     return trace
+
+
+def journal_decision(status: int) -> None:
+    """Append this request's decision with its final status, unless a write already did."""
+    body = g.pop("decision_entry", None)
+    if body is None:
+        return
+    body["outcome"] = DecisionOutcome(status=status, applied=False).model_dump(mode="json")
+    context().journal.record(body)
+
+
+def journal_write(record: SessionStateRecord, precondition: Precondition) -> WriteResult:
+    """Commit a durable write and its decision entry together."""
+    body = g.pop("decision_entry")
+    return context().journal.record_write(body, record, precondition)

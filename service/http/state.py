@@ -11,6 +11,7 @@ from service.http.common import (
     authenticate,
     context,
     decide,
+    journal_write,
     json_response,
     session_scope,
     target_of,
@@ -25,7 +26,7 @@ from store.inputs import SessionStateInput
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 from store.scope import TenantScope
-from store.session_state import Precondition, PreconditionFailed, state_key
+from store.session_state import Precondition, state_key
 from store.validation import record_blockers
 from store.violations import InputRejected
 
@@ -64,17 +65,16 @@ def put_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     if blockers:  # the store's own gate, whatever a policy edit allows
         report = _write_report(scope, applied=False, requested=True, blocked=blockers)
         raise Problem(403, blockers[0], decision=trace, write_report=report)
-    try:
-        stored = context().states.write(record, precondition)
-    except PreconditionFailed:
+    written = journal_write(record, precondition)
+    if not written.applied:
         report = _write_report(
             scope, applied=False, requested=True, blocked=["precondition_failed"]
         )
-        raise Problem(412, "precondition_failed", decision=trace, write_report=report) from None
+        raise Problem(412, "precondition_failed", decision=trace, write_report=report)
     report = _write_report(scope, applied=True, requested=True, blocked=[])
     response = json_response(
         SessionStateResponse(record=record, write_report=report, decision=trace),
-        201 if stored.created else 200,
+        201 if written.created else 200,
     )
     response.headers["ETag"] = f'"{record.state_digest}"'
     return response

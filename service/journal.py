@@ -1,0 +1,231 @@
+"""`DecisionJournal`: group commit of decision entries and the durable writes they allow.
+
+Requests hand their entry (and, for a durable write, the record and its
+precondition) to one committer thread and wait. The committer takes whatever
+is pending, checks each write's precondition in order against the stored
+state as the batch leaves it, seals the entries onto the chain, and commits
+records, entries and indexes in one synced LevelDB WriteBatch. So many
+requests share one fsync; the chain stays strictly ordered with no gaps; no
+record exists without the entry that allowed it; and no entry says applied
+unless its record was written.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from service.decision_log import decision_id_key, index_puts, prune_log
+from store.canonical import canonical_json
+from store.evidence_chain import ChainHead, EvidenceChain, format_timestamp, seal
+from store.lanes import LaneStore
+from store.record import SessionStateRecord
+from store.session_state import Precondition, state_key, stored_version
+
+log = logging.getLogger("sessionstate.journal")
+MAX_BATCH = 512
+
+
+class JournalClosed(RuntimeError):
+    """The journal is stopped or failed to commit: nothing of the request was stored."""
+
+
+@dataclass
+class _StateWrite:
+    record: SessionStateRecord
+    precondition: Precondition
+
+
+@dataclass
+class _Pending:
+    body: dict[str, Any]
+    write: _StateWrite | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    entry: dict[str, Any] | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    applied: bool
+    created: bool
+    entry: dict[str, Any]
+
+
+class DecisionJournal:
+    """The one writer of the decision log and of session records."""
+
+    def __init__(
+        self,
+        lanes: LaneStore,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._lanes = lanes
+        self._chain = EvidenceChain(lanes)
+        self._clock = clock
+        self._max_batch = max_batch
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._head: ChainHead = self._chain.head()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="decision-journal", daemon=True)
+        self._thread.start()
+        self.batches = 0  # commits so far (entries / batches shows the grouping)
+
+    @property
+    def chain(self) -> EvidenceChain:
+        return self._chain
+
+    def record(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Append one decision entry; returns it sealed, once it is on disk."""
+        pending = self._submit(_Pending(body))
+        assert pending.entry is not None
+        return pending.entry
+
+    def record_write(
+        self, body: dict[str, Any], record: SessionStateRecord, precondition: Precondition
+    ) -> WriteResult:
+        """Store record if precondition holds at commit, with its entry, in one batch.
+
+        The entry's outcome is set here: 201 created, 200 replaced, or 412 and
+        not applied when the stored version moved on.
+        """
+        pending = self._submit(_Pending(body, _StateWrite(record, precondition)))
+        assert pending.entry is not None
+        outcome = pending.entry["outcome"]
+        return WriteResult(
+            applied=bool(outcome["applied"]), created=outcome["status"] == 201, entry=pending.entry
+        )
+
+    def find(self, decision_id: str) -> dict[str, Any] | None:
+        """The entry of a decision id, through the index written with it."""
+        seq = self._lanes.get(decision_id_key(decision_id))
+        return None if seq is None else self._chain.get(int.from_bytes(seq, "big"))
+
+    def close(self, timeout: float = 10.0) -> None:
+        if not self._closed.is_set():
+            self._queue.put(None)
+            self._thread.join(timeout)
+            self._closed.set()
+
+    def _submit(self, pending: _Pending) -> _Pending:
+        if self._closed.is_set():
+            raise JournalClosed("the decision journal is closed")
+        self._queue.put(pending)
+        pending.done.wait()
+        if pending.error is not None:
+            raise JournalClosed("the decision entry could not be committed") from pending.error
+        return pending
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._commit(batch)
+                    return
+                batch.append(more)
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            sealed_entries, record_puts, head = self._prepare(batch)
+            with self._lanes.batch(sync=True) as writes:
+                for key, value in record_puts:
+                    writes.put(key, value)
+                for sealed in sealed_entries:
+                    writes.put(sealed.key, sealed.value)
+                    for index_key, index_value in index_puts(sealed.entry):
+                        writes.put(index_key, index_value)
+        except Exception as error:  # nothing of this batch was stored; each request fails closed
+            log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
+            for pending in batch:
+                pending.error = error
+                pending.done.set()
+            return
+        self._head = head
+        self.batches += 1
+        for pending, sealed in zip(batch, sealed_entries, strict=True):
+            pending.entry = sealed.entry
+            pending.done.set()
+
+    def _prepare(
+        self, batch: list[_Pending]
+    ) -> tuple[list[Any], list[tuple[Any, bytes]], ChainHead]:
+        """Decide each write against the state as the batch leaves it; date and seal the entries."""
+        versions: dict[bytes, str | None] = {}
+        record_puts = []
+        recorded_at = format_timestamp(self._clock())
+        bodies = []
+        for pending in batch:
+            body = dict(pending.body, recorded_at=recorded_at)
+            if pending.write is not None:
+                record = pending.write.record
+                key = state_key(record.scope)
+                encoded = key.encode()
+                if encoded not in versions:
+                    stored = self._lanes.get(key)
+                    versions[encoded] = (
+                        None if stored is None else stored_version(record.scope, key, stored)
+                    )
+                current = versions[encoded]
+                if pending.write.precondition.holds(current):
+                    record_puts.append((key, canonical_json(record.to_json())))
+                    versions[encoded] = record.state_digest
+                    body["outcome"] = {"status": 201 if current is None else 200, "applied": True}
+                else:
+                    body["outcome"] = {"status": 412, "applied": False}
+            bodies.append(body)
+        sealed_entries, head = seal(bodies, self._head)
+        return sealed_entries, record_puts, head
+
+
+class RetentionTask:
+    """Prunes the decision log by age: once at start, then every `interval` seconds."""
+
+    def __init__(
+        self,
+        lanes: LaneStore,
+        days: int,
+        *,
+        clock: Callable[[], datetime],
+        interval: float = 3600.0,
+    ) -> None:
+        self._lanes = lanes
+        self._age = timedelta(days=days)
+        self._clock = clock
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="decision-retention", daemon=True)
+        self._thread.start()
+
+    def prune_now(self) -> int:
+        return prune_log(self._lanes, self._clock() - self._age)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                pruned = self.prune_now()
+                if pruned:
+                    log.info("decision_log_pruned", extra={"pruned": pruned})
+            except Exception as error:  # retention must never take the service down
+                log.error("decision_log_prune_failed", extra={"error_type": type(error).__name__})
+            if self._stop.wait(self._interval):
+                return

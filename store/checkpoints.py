@@ -1,0 +1,136 @@
+"""Signed checkpoints: a reviewer's proof of how far the evidence chain reached.
+
+A hash chain shows edits, insertions and gaps, but not a cut tail: delete the
+newest entries and what remains still links, and an attacker who rewrites an
+entry can recompute every hash after it. A checkpoint is the chain head (seq and
+hash) signed with an Ed25519 key kept in the data dir. A reviewer who keeps
+checkpoints and the public key can later show the chain still reaches each one
+with the same hash, or that it was cut or rewritten.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from datetime import datetime
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_public_key,
+)
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.canonical import canonical_json
+from store.evidence_chain import HASH_PATTERN, TIMESTAMP_PATTERN, ChainHead, format_timestamp
+from store.secrets import local_secret
+
+KEY_FILE = "checkpoint.key"
+KEY_ID_PATTERN = r"^ed25519:[0-9a-f]{16}$"
+# An Ed25519 signature is 64 bytes: 86 base64url characters, unpadded.
+SIGNATURE_PATTERN = r"^[A-Za-z0-9_-]{86}$"
+_SIGNATURE_RE = re.compile(SIGNATURE_PATTERN)
+_SEED_BYTES = 32
+
+
+class Checkpoint(BaseModel):
+    """A signed chain head, as a reviewer keeps it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    seq: int = Field(ge=0)
+    head_hash: str = Field(pattern=HASH_PATTERN)
+    issued_at: str = Field(pattern=TIMESTAMP_PATTERN, description="RFC 3339 UTC")
+    key_id: str = Field(pattern=KEY_ID_PATTERN, description="names the signing key")
+    signature: str = Field(
+        pattern=SIGNATURE_PATTERN, description="base64url Ed25519 over the checkpoint payload"
+    )
+
+
+def checkpoint_payload(seq: int, head_hash: str, issued_at: str, key_id: str) -> bytes:
+    """The signed bytes: canonical JSON of every field but the signature."""
+    return canonical_json(
+        {"seq": seq, "head_hash": head_hash, "issued_at": issued_at, "key_id": key_id}
+    )
+
+
+def key_id_of(public_key: Ed25519PublicKey) -> str:
+    """`ed25519:` and 16 hex of the sha256 of the raw public key."""
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+class CheckpointSigner:
+    """Signs chain heads with the store's checkpoint key."""
+
+    def __init__(self, private_key_bytes: bytes) -> None:
+        if len(private_key_bytes) != _SEED_BYTES:
+            raise ValueError("a checkpoint key is 32 raw Ed25519 seed bytes")
+        self._key = Ed25519PrivateKey.from_private_bytes(private_key_bytes)
+        public_key = self._key.public_key()
+        self.key_id = key_id_of(public_key)
+        self.public_key_pem = public_key.public_bytes(
+            Encoding.PEM, PublicFormat.SubjectPublicKeyInfo
+        )
+
+    @classmethod
+    def from_data_dir(cls, data_dir: Path) -> CheckpointSigner:
+        """The data dir's checkpoint key, created (mode 0600) on first use."""
+        return cls(local_secret(data_dir, KEY_FILE, nbytes=_SEED_BYTES))
+
+    def sign(self, head: ChainHead, issued_at: datetime) -> Checkpoint:
+        stamp = format_timestamp(issued_at)
+        payload = checkpoint_payload(head.seq, head.hash, stamp, self.key_id)
+        return Checkpoint(
+            seq=head.seq,
+            head_hash=head.hash,
+            issued_at=stamp,
+            key_id=self.key_id,
+            signature=_encode(self._key.sign(payload)),
+        )
+
+    def verifier(self) -> CheckpointVerifier:
+        return CheckpointVerifier(self.public_key_pem)
+
+
+class CheckpointVerifier:
+    """Checks checkpoints against one public key, as a reviewer would."""
+
+    def __init__(self, public_key_pem: bytes) -> None:
+        public_key = load_pem_public_key(public_key_pem)
+        if not isinstance(public_key, Ed25519PublicKey):
+            raise ValueError("checkpoint keys are Ed25519")
+        self._key = public_key
+        self.key_id = key_id_of(public_key)
+
+    def verify(self, checkpoint: Checkpoint) -> bool:
+        """True only for a well-formed checkpoint signed by this key; never raises."""
+        if not isinstance(checkpoint, Checkpoint):
+            return False
+        try:
+            # Re-validate: model_construct and model_copy let malformed values through.
+            valid = Checkpoint.model_validate(dict(checkpoint))
+            signature = _decode(valid.signature)
+            if valid.key_id != self.key_id or signature is None:
+                return False
+            payload = checkpoint_payload(valid.seq, valid.head_hash, valid.issued_at, valid.key_id)
+            self._key.verify(signature, payload)
+        except Exception:  # InvalidSignature, ValidationError: never re-raised
+            return False
+        return True
+
+
+def _encode(signature: bytes) -> str:
+    return base64.urlsafe_b64encode(signature).rstrip(b"=").decode("ascii")
+
+
+def _decode(text: str) -> bytes | None:
+    """The signature bytes, for the one canonical spelling of them only."""
+    if _SIGNATURE_RE.fullmatch(text) is None:
+        return None
+    raw = base64.urlsafe_b64decode(text + "==")
+    # Non-zero spare bits decode to the same bytes; accept one spelling per signature.
+    return raw if _encode(raw) == text else None

@@ -1,0 +1,441 @@
+"""`EvidenceChain`: an append-only, tamper-evident hash chain in the `trace_evidence` lane.
+
+A compliance reviewer must be able to tell that no recorded entry was edited,
+removed, inserted or reordered after the fact. So every entry carries its `seq`,
+the previous entry's `hash`, and its own `hash` (the canonical digest of the
+entry without `hash`): changing any entry breaks it or the link to it. Cutting
+the newest entries leaves a shorter chain that still links; only a checkpoint
+signed earlier (`store.checkpoints`) shows that.
+
+The chain does not know what an entry means. Retention deletes the oldest
+entries and, in the same batch, keeps an anchor (the last deleted entry's seq
+and hash) in the `trace_meta` lane, so what remains is still provable.
+
+Reads fail closed and never repeat stored bytes: a problem is a label from a
+fixed vocabulary and a seq, and an exception carries a fixed message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from store.canonical import canonical_digest, canonical_json
+from store.keys import LaneKey, TenantResourceLane
+from store.lanes import LaneStore
+
+if TYPE_CHECKING:  # checkpoints builds on ChainHead; the chain only reads checkpoints
+    from store.checkpoints import Checkpoint, CheckpointVerifier
+
+GENESIS_HASH = "sha256:" + "0" * 64
+HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
+TIMESTAMP_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$"
+CHAIN_FIELDS = ("seq", "prev_hash", "hash")
+ANCHOR_KEY = LaneKey(TenantResourceLane.TRACE_META, name=b"anchor")
+
+_HASH_RE = re.compile(HASH_PATTERN)
+_TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN)
+_SEQ_BYTES = 8
+_VERIFY_ATTEMPTS = 3
+_UNSCOPED = ("", "", "")  # chain keys name no tenant, workspace or session
+
+ChainProblem = Literal[
+    "entry_unreadable",
+    "seq_gap",
+    "seq_mismatch",
+    "prev_hash_mismatch",
+    "hash_mismatch",
+    "truncated_before_checkpoint",
+    "checkpoint_mismatch",
+    "checkpoint_signature_invalid",
+    "anchor_invalid",
+]
+_Failure = tuple[int | None, ChainProblem]  # the first invalid seq (None: not an entry's fault)
+
+
+class ChainCorrupt(Exception):
+    """The chain cannot be extended or pruned: its newest entry or its anchor does not read."""
+
+
+class ChainHead(BaseModel):
+    """Where the chain ends: the newest entry's seq and hash (the anchor's, or genesis)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    seq: int = Field(ge=0)
+    hash: str = Field(pattern=HASH_PATTERN)
+
+
+GENESIS = ChainHead(seq=0, hash=GENESIS_HASH)
+
+
+class SealedEntry(NamedTuple):
+    """One entry ready to write: its key, its canonical bytes, and the entry those bytes hold."""
+
+    key: LaneKey
+    value: bytes
+    entry: dict[str, Any]
+
+
+class ChainVerification(BaseModel):
+    """The outcome of walking the chain: ok, or the first problem and the seq it is at."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    entries: int = Field(ge=0, description="entries that verified before any problem")
+    head_hash: str = Field(description="hash of the last entry that verified (else the anchor's)")
+    first_invalid_seq: int | None = None
+    problem: ChainProblem | None = None
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 UTC with microseconds and `Z`: the form of `recorded_at` and `issued_at`."""
+    if moment.utcoffset() is None:
+        raise ValueError("timestamp must be timezone-aware")
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def parse_timestamp(value: object) -> datetime | None:
+    """The moment an RFC 3339 UTC `...Z` string names; None for anything else."""
+    if not isinstance(value, str) or _TIMESTAMP_RE.fullmatch(value) is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:  # well-shaped but not a date, e.g. month 13
+        return None
+
+
+def entry_key(seq: int) -> LaneKey:
+    """The key of entry seq: 8 bytes big-endian, so key order is seq order."""
+    return LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=seq.to_bytes(_SEQ_BYTES, "big"))
+
+
+def seal(
+    bodies: Sequence[Mapping[str, Any]], head: ChainHead
+) -> tuple[list[SealedEntry], ChainHead]:
+    """Chain bodies on after head, in order; pure. Raises ValueError for a body it cannot seal."""
+    sealed: list[SealedEntry] = []
+    for index, body in enumerate(bodies):
+        _check_body(index, body)
+        entry = {**body, "seq": head.seq + 1, "prev_hash": head.hash}
+        try:
+            entry["hash"] = canonical_digest(entry)
+            value = canonical_json(entry)
+        except Exception as error:  # rfc8785's message may quote the value
+            raise ValueError(
+                f"body {index} is not canonical JSON ({type(error).__name__})"
+            ) from None
+        # Hand back what a read returns (lists for tuples, canonical numbers), not the input,
+        # and only if it verifies: 2.0**60 is written as an int too large to canonicalise.
+        stored = parse_entry(value)
+        if stored is None or _entry_hash(stored) != entry["hash"]:
+            raise ValueError(f"body {index} does not read back as written (a float beyond 2**53?)")
+        sealed.append(SealedEntry(entry_key(head.seq + 1), value, stored))
+        head = ChainHead(seq=head.seq + 1, hash=entry["hash"])
+    return sealed, head
+
+
+def _check_body(index: int, body: Mapping[str, Any]) -> None:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"body {index} is not a mapping")
+    taken = [name for name in CHAIN_FIELDS if name in body]
+    if taken:
+        raise ValueError(f"body {index} sets {', '.join(taken)}: only the chain sets those")
+    if parse_timestamp(body.get("recorded_at")) is None:
+        raise ValueError(f"body {index} needs recorded_at, an RFC 3339 UTC timestamp ending in Z")
+
+
+def parse_entry(stored: bytes) -> dict[str, Any] | None:
+    """The JSON object stored bytes hold; None if they are not UTF-8 JSON of one, unambiguous."""
+    try:
+        value = json.loads(
+            stored.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
+        )
+    except Exception:  # never re-raised: the message may quote the bytes
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Duplicate keys mean different things to different parsers: not evidence.
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("duplicate key")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("NaN and Infinity are not JSON")
+
+
+def _entry_hash(entry: Mapping[str, Any]) -> str | None:
+    """What entry's `hash` must be; None when its content cannot be canonicalised."""
+    try:
+        return canonical_digest({name: value for name, value in entry.items() if name != "hash"})
+    except Exception:  # never re-raised: the message may quote the content
+        return None
+
+
+def _link_problem(entry: Mapping[str, Any], seq: int, prev_hash: str) -> ChainProblem | None:
+    stored_seq = entry.get("seq")
+    if not isinstance(stored_seq, int) or isinstance(stored_seq, bool) or stored_seq != seq:
+        return "seq_mismatch"
+    if entry.get("prev_hash") != prev_hash:
+        return "prev_hash_mismatch"
+    claimed = entry.get("hash")
+    if not isinstance(claimed, str) or claimed != _entry_hash(entry):
+        return "hash_mismatch"
+    return None
+
+
+@dataclass
+class _Walk:
+    """A walk from the anchor: the seq expected next and the hash it must link to."""
+
+    anchor: ChainHead
+    checkpoint: Checkpoint | None = None
+    expected: int = field(init=False)
+    prev_hash: str = field(init=False)
+    verified: int = 0
+
+    def __post_init__(self) -> None:
+        self.expected = self.anchor.seq + 1
+        self.prev_hash = self.anchor.hash
+
+    def step(self, seq: int | None, stored: bytes) -> _Failure | None:
+        """Check the next stored key; the (seq, problem) it shows, or None when it verifies."""
+        if seq is None:
+            return self.expected, "entry_unreadable"
+        if seq < self.expected:  # an entry retention removed is back, or the anchor moved
+            return seq, "anchor_invalid"
+        if seq > self.expected:
+            return self.expected, "seq_gap"
+        entry = parse_entry(stored)
+        if entry is None:
+            return seq, "entry_unreadable"
+        problem = _link_problem(entry, seq, self.prev_hash)
+        if problem is None and self._contradicts_checkpoint(seq, entry["hash"]):
+            problem = "checkpoint_mismatch"
+        if problem is not None:
+            return seq, problem
+        self.expected, self.prev_hash, self.verified = seq + 1, entry["hash"], self.verified + 1
+        return None
+
+    def finish(self) -> _Failure | None:
+        """After the last key: a checkpoint beyond it means the tail was cut."""
+        if self.checkpoint is not None and self.checkpoint.seq >= self.expected:
+            return self.expected, "truncated_before_checkpoint"
+        return None
+
+    def _contradicts_checkpoint(self, seq: int, hash_: str) -> bool:
+        return (
+            self.checkpoint is not None
+            and self.checkpoint.seq == seq
+            and self.checkpoint.head_hash != hash_
+        )
+
+    def outcome(self, failure: _Failure | None) -> ChainVerification:
+        seq, problem = failure if failure is not None else (None, None)
+        return ChainVerification(
+            ok=failure is None,
+            entries=self.verified,
+            head_hash=self.prev_hash,
+            first_invalid_seq=seq,
+            problem=problem,
+        )
+
+
+_LOCKS: weakref.WeakKeyDictionary[LaneStore, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock(lanes: LaneStore) -> threading.Lock:
+    """One lock per database, so two `EvidenceChain`s over it cannot fork the chain."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(lanes, threading.Lock())
+
+
+class EvidenceChain:
+    """The evidence chain over a `LaneStore`: append, read, verify, prune."""
+
+    def __init__(self, lanes: LaneStore) -> None:
+        self._lanes = lanes
+        self._lock = _write_lock(lanes)
+
+    def head(self) -> ChainHead:
+        """The newest entry's seq and hash, else the anchor, else genesis; read from the store.
+
+        Checks the newest entry's shape only (`verify` checks integrity), and raises
+        `ChainCorrupt` rather than extend a chain whose end it cannot read.
+        """
+        newest = next(self._stored(reverse=True), None)
+        if newest is None:
+            return self.anchor()
+        seq, stored = newest
+        entry = None if seq is None else parse_entry(stored)
+        if seq is None or entry is None or entry.get("seq") != seq:
+            raise ChainCorrupt("the newest evidence entry does not read")
+        hash_ = entry.get("hash")
+        if not isinstance(hash_, str) or _HASH_RE.fullmatch(hash_) is None:
+            raise ChainCorrupt("the newest evidence entry does not read")
+        return ChainHead(seq=seq, hash=hash_)
+
+    def anchor(self) -> ChainHead:
+        """Where retention left the chain's start; genesis if nothing was pruned."""
+        anchor = self._read_anchor()
+        if anchor is None:
+            raise ChainCorrupt("the retention anchor does not read")
+        return anchor
+
+    def append(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Seal bodies after the stored head and write them in one synced batch.
+
+        Serialised per database. A caller that caches the head and writes `seal`ed
+        entries in batches of its own must serialise those writes itself.
+        """
+        if not bodies:
+            return []
+        with self._lock:
+            sealed, _ = seal(bodies, self.head())
+            with self._lanes.batch(sync=True) as batch:
+                for item in sealed:
+                    batch.put(item.key, item.value)
+        return [item.entry for item in sealed]
+
+    def get(self, seq: int) -> dict[str, Any] | None:
+        """Entry seq as stored; None when missing or unreadable (`verify` says which)."""
+        if not 0 < seq < 1 << (8 * _SEQ_BYTES):
+            return None
+        stored = self._lanes.get(entry_key(seq))
+        return None if stored is None else parse_entry(stored)
+
+    def scan(self, *, after_seq: int = 0, reverse: bool = False) -> Iterator[dict[str, Any]]:
+        """Readable entries with seq > after_seq, oldest first (newest first when reverse)."""
+        for seq, stored in self._stored(reverse=reverse):
+            if seq is None:
+                continue
+            if seq <= after_seq:
+                if reverse:
+                    return
+                continue
+            entry = parse_entry(stored)
+            if entry is not None:
+                yield entry
+
+    def verify(
+        self, checkpoint: Checkpoint | None = None, verifier: CheckpointVerifier | None = None
+    ) -> ChainVerification:
+        """Walk the chain from the anchor and report the first problem; never raises on bad bytes.
+
+        Each stored key must be the next seq (else `seq_gap` at the missing one), hold a
+        JSON object (`entry_unreadable`) whose `seq` is its key's (`seq_mismatch`), whose
+        `prev_hash` is the previous entry's `hash` (`prev_hash_mismatch`) and whose `hash`
+        is its canonical digest (`hash_mismatch`). A stored anchor that does not read, or
+        an entry at or below it, is `anchor_invalid`.
+
+        A checkpoint needs the verifier of its key, and one whose signature does not
+        verify is refused before the chain is read (`checkpoint_signature_invalid`).
+        The chain must then reach the checkpoint's seq (else `truncated_before_checkpoint`
+        at the first missing seq) with the same hash there, or at the anchor when the
+        checkpoint is at the anchor's seq (`checkpoint_mismatch`). A checkpoint below the
+        anchor counts as ok: retention removed the evidence it could be checked against.
+
+        Runs without the write lock, so appends go on meanwhile. A LevelDB iterator reads
+        a snapshot, but the anchor is read apart from it: a walk that fails while a prune
+        moved the anchor is walked again.
+        """
+        if checkpoint is not None and verifier is None:
+            raise ValueError("a checkpoint is checked only with its key's verifier")
+        for _ in range(_VERIFY_ATTEMPTS):
+            anchor = self._read_anchor()
+            outcome = self._verify_from(anchor, checkpoint, verifier)
+            if outcome.ok or self._read_anchor() == anchor:
+                break
+        return outcome
+
+    def _verify_from(
+        self,
+        anchor: ChainHead | None,
+        checkpoint: Checkpoint | None,
+        verifier: CheckpointVerifier | None,
+    ) -> ChainVerification:
+        if anchor is None:
+            return _Walk(GENESIS).outcome((None, "anchor_invalid"))
+        walk = _Walk(anchor, checkpoint)
+        if checkpoint is not None and verifier is not None:
+            if not verifier.verify(checkpoint):
+                return walk.outcome((None, "checkpoint_signature_invalid"))
+            if checkpoint.seq == anchor.seq and checkpoint.head_hash != anchor.hash:
+                return walk.outcome((anchor.seq, "checkpoint_mismatch"))
+        try:
+            for seq, stored in self._stored():
+                failure = walk.step(seq, stored)
+                if failure is not None:
+                    return walk.outcome(failure)
+        except ChainCorrupt:
+            return walk.outcome((walk.expected, "entry_unreadable"))
+        return walk.outcome(walk.finish())
+
+    def prune(self, before: datetime) -> int:
+        """Retention: delete the oldest entries recorded before `before`; how many went.
+
+        Stops at the first entry recorded at or after `before`, never deletes the newest
+        (the head must stay provable), and never deletes past an entry that does not
+        verify, so retention cannot erase evidence of tampering. The anchor (seq and
+        hash of the last deleted entry) is written in the same batch as the deletes.
+        """
+        if before.utcoffset() is None:
+            raise ValueError("before must be timezone-aware")
+        with self._lock:
+            newest = self.head().seq
+            walk = _Walk(self.anchor())
+            doomed: list[ChainHead] = []
+            for seq, stored in self._stored():
+                if seq is None or seq >= newest or walk.step(seq, stored) is not None:
+                    break
+                entry = parse_entry(stored) or {}
+                recorded = parse_timestamp(entry.get("recorded_at"))
+                if recorded is None or recorded >= before:
+                    break
+                doomed.append(ChainHead(seq=seq, hash=walk.prev_hash))
+            if not doomed:
+                return 0
+            with self._lanes.batch(sync=True) as batch:
+                for gone in doomed:
+                    batch.delete(entry_key(gone.seq))
+                batch.put(ANCHOR_KEY, canonical_json(doomed[-1].model_dump()))
+        return len(doomed)
+
+    def _read_anchor(self) -> ChainHead | None:
+        """The stored anchor, genesis when none is stored, None when it does not read."""
+        stored = self._lanes.get(ANCHOR_KEY)
+        if stored is None:
+            return GENESIS
+        try:
+            anchor = ChainHead.model_validate_json(stored)
+        except Exception:  # never re-raised: validation errors quote their input
+            return None
+        return anchor if anchor.seq > 0 else None
+
+    def _stored(self, *, reverse: bool = False) -> Iterator[tuple[int | None, bytes]]:
+        """(seq, bytes) per evidence key in key order; seq None for a key the chain never writes.
+
+        Raises `ChainCorrupt` at a key that does not decode (only raw database access makes one).
+        """
+        try:
+            for key, stored in self._lanes.scan(
+                TenantResourceLane.TRACE_EVIDENCE, *_UNSCOPED, reverse=reverse
+            ):
+                seq = int.from_bytes(key.name, "big") if len(key.name) == _SEQ_BYTES else None
+                yield seq, stored
+        except ValueError:
+            raise ChainCorrupt("an evidence key does not decode") from None

@@ -1,0 +1,311 @@
+"""The compliance decision log end to end: every decision kept, chained, scoped to its tenant."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.cli import main
+from store.canonical import canonical_json
+from store.keys import LaneKey, TenantResourceLane
+from tests.factories import state_input
+from tests.live import LiveService
+
+DECISIONS = "/v1/decisions"
+
+
+def auditor(service: LiveService, tenant: str = "tenant-a") -> str:
+    return service.token("auditor", sub="au-1", tenant=tenant, workspace=None, session=None)
+
+
+def listed(service: LiveService, token: str | None = None, **params: Any) -> list[dict[str, Any]]:
+    """Every page of the listing, following next_cursor."""
+    entries: list[dict[str, Any]] = []
+    query = dict(params)
+    while True:
+        answer = service.http.get(
+            service.url + DECISIONS,
+            params=query,
+            headers={"Authorization": f"Bearer {token or auditor(service)}"},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["decision"]["action"] == "decisions.read"
+        entries += body["decisions"]
+        if body["next_cursor"] is None:
+            return entries
+        query["cursor"] = body["next_cursor"]
+
+
+def exercise(service: LiveService) -> None:
+    """One of each: a grant, a preview, a write, a read, a replay, a denial, a bad token."""
+    service.approve()
+    path = service.session_path()
+    assert (
+        service.call(
+            "POST", path + "/state/preview", service.token(), json=state_input()
+        ).status_code
+        == 200
+    )
+    assert (
+        service.call("PUT", path + "/state", service.token(), json=state_input()).status_code == 201
+    )
+    assert service.call("GET", path + "/state", service.token()).status_code == 200
+    assert (
+        service.call("POST", path + "/replay-preview", service.token(), json={}).status_code == 200
+    )
+    assert service.call("GET", path + "/state", service.token(tenant="tenant-b")).status_code == 403
+    assert service.call("GET", path + "/state", "not-a-token").status_code == 401
+
+
+def test_every_decision_is_kept_with_its_outcome(service: LiveService) -> None:
+    exercise(service)
+    entries = listed(service)
+    summary = [
+        (
+            e["decision"]["action"],
+            e["decision"]["allow"],
+            e["outcome"]["status"],
+            e["outcome"]["applied"],
+        )
+        for e in entries
+    ]
+    assert summary == [
+        ("approval.grant", True, 201, False),
+        ("preview", True, 200, False),
+        ("write", True, 201, True),
+        ("read", True, 200, False),
+        ("replay", True, 200, False),
+        ("read", False, 403, False),
+    ]  # the 401 made no decision, so it has no entry
+    assert [e["seq"] for e in entries] == sorted(e["seq"] for e in entries)
+    write = entries[2]
+    assert write["actor"] == {
+        "sub": "svc-1",
+        "roles": ["model-service"],
+        "tenant_id": "tenant-a",
+        "workspace_id": "ws-1",
+        "session_id": "chat-1",
+    }
+    assert write["target"] == {
+        "tenant_id": "tenant-a",
+        "workspace_id": "ws-1",
+        "session_id": "chat-1",
+    }
+    assert write["input"]["record"]["counts"]["turns"] == 2
+    assert write["input"]["approval"]["operator"] == "op-1"
+    assert write["hash"].startswith("sha256:")
+    assert write["prev_hash"] == entries[1]["hash"]
+
+
+def test_every_applied_write_has_its_entry(service: LiveService) -> None:
+    service.approve()
+    path = service.session_path()
+    digests = []
+    for n in range(3):
+        answer = service.call(
+            "PUT", path + "/state", service.token(), json=state_input(state_id=f"s{n}")
+        )
+        digests.append(answer.json()["record"]["state_digest"])
+    stale = service.call(
+        "PUT", path + "/state", service.token(), json=state_input(), headers={"If-None-Match": "*"}
+    )
+    assert stale.status_code == 412
+    writes = listed(service, action="write")
+    applied = [e["input"]["record"]["state_digest"] for e in writes if e["outcome"]["applied"]]
+    assert applied == digests
+    assert [e["outcome"]["status"] for e in writes] == [201, 200, 200, 412]
+
+
+def test_an_auditor_sees_only_its_tenant(service: LiveService) -> None:
+    exercise(service)
+    assert listed(service, auditor(service, "tenant-b")) == []
+    other = service.call("GET", DECISIONS + "?tenant_id=tenant-a", auditor(service, "tenant-b"))
+    assert other.status_code == 403
+    assert other.json()["reason"] == "cross_tenant_scope_rejected"
+    a_entry = listed(service)[0]["decision"]["decision_id"]
+    assert (
+        service.call("GET", f"{DECISIONS}/{a_entry}", auditor(service, "tenant-b")).status_code
+        == 403
+    )
+    export = service.call("GET", DECISIONS + "/export", auditor(service, "tenant-b"))
+    assert "tenant-a" not in export.text.replace('"tenant_id": "tenant-b"', "")
+
+
+def test_only_auditors_read_the_log(service: LiveService) -> None:
+    answer = service.call("GET", DECISIONS, service.operator())
+    assert answer.status_code == 403
+    assert answer.json()["reason"] == "role_not_permitted"
+
+
+def test_filters_and_pagination(service: LiveService) -> None:
+    exercise(service)
+    everything = listed(service, action="read")
+    assert [e["decision"]["allow"] for e in everything] == [True, False]
+    assert [e["decision"]["action"] for e in listed(service, allow="false")] == ["read"]
+    # Reading the log is a decision too: each page adds an entry the later pages may show.
+    paged = [e["seq"] for e in listed(service, limit=2)]
+    assert paged == [e["seq"] for e in listed(service) if e["seq"] <= paged[-1]]
+    first = listed(service)[0]["decision"]["evaluated_at"]
+    assert listed(service, until=first) == []
+    assert listed(service, since=first, action="read") == listed(service, action="read")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=0",
+        "limit=1001",
+        "cursor=bm9wZQ",
+        "action=delete",
+        "allow=yes",
+        "since=yesterday",
+        "since=2026-01-01T00:00:00",
+        "tenant_id=Tenant%20A",
+        "colour=red",
+    ],
+)
+def test_bad_queries_are_422(service: LiveService, query: str) -> None:
+    answer = service.call("GET", f"{DECISIONS}?{query}", auditor(service))
+    assert answer.status_code == 422
+    assert answer.json()["errors"][0]["loc"][0] == "query"
+
+
+def test_one_entry_by_id(service: LiveService) -> None:
+    exercise(service)
+    wanted = listed(service)[2]
+    answer = service.call(
+        "GET", f"{DECISIONS}/{wanted['decision']['decision_id']}", auditor(service)
+    )
+    assert answer.status_code == 200
+    assert answer.json()["entry"] == wanted
+    missing = service.call("GET", f"{DECISIONS}/no-such-decision", auditor(service))
+    assert missing.status_code == 404
+    assert missing.json()["reason"] == "decision_not_found"
+    assert missing.json()["decision"]["allow"] is True
+
+
+def test_verify_and_a_signed_checkpoint(service: LiveService) -> None:
+    exercise(service)
+    answer = service.call("GET", DECISIONS + "/verify", auditor(service))
+    body = answer.json()
+    assert body["ok"] is True
+    assert body["first_invalid_seq"] is None
+    assert body["entries"] >= 6
+    assert body["checkpoint"]["seq"] >= body["entries"] - 1
+    assert body["checkpoint"]["signature"]
+
+
+def test_verify_names_the_first_edited_entry(service: LiveService) -> None:
+    exercise(service)
+    victim = listed(service)[3]
+    edited = dict(victim, outcome={"status": 200, "applied": True})
+    service.context.lanes.put(
+        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=victim["seq"].to_bytes(8, "big")),
+        canonical_json(edited),
+    )
+    body = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
+    assert body["ok"] is False
+    assert body["first_invalid_seq"] == victim["seq"]
+    assert body["problem"] == "hash_mismatch"
+
+
+def test_export_speaks_opa_decision_log_field_names(service: LiveService) -> None:
+    exercise(service)
+    answer = service.call("GET", DECISIONS + "/export?action=write", auditor(service))
+    assert answer.headers["Content-Type"] == "application/x-ndjson"
+    assert answer.headers["Sessionstate-Decision-Id"]
+    (line,) = answer.text.splitlines()
+    event = json.loads(line)
+    assert event["path"] == "sessionstate/write/decision"
+    assert event["result"] == {"allow": True, "reasons": []}
+    assert event["bundles"]["sessionstate"]["revision"].startswith("sha256:")
+    assert event["input"]["action"] == "write"
+    assert event["decision_id"] == event["sessionstate"]["decision"]["decision_id"]
+    assert event["timestamp"].endswith("Z")
+
+
+def test_concurrent_requests_keep_one_gapless_chain(service: LiveService) -> None:
+    service.approve()
+    errors: list[int] = []
+
+    def reader() -> None:
+        for _ in range(10):
+            status = service.call(
+                "GET", service.session_path() + "/state", service.token()
+            ).status_code
+            if status != 404:
+                errors.append(status)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    seqs = [e["seq"] for e in listed(service)]
+    assert seqs == list(range(seqs[0], seqs[0] + 81))
+    assert service.call("GET", DECISIONS + "/verify", auditor(service)).json()["ok"] is True
+
+
+def test_a_decision_that_cannot_be_kept_is_not_acted_on(service: LiveService) -> None:
+    service.approve()
+    service.context.journal.close()
+    answer = service.call(
+        "PUT", service.session_path() + "/state", service.token(), json=state_input()
+    )
+    assert answer.status_code == 503
+    assert answer.json()["reason"] == "decision_log_unavailable"
+    assert (
+        service.context.lanes.get(
+            LaneKey(TenantResourceLane.SESSION_STATE, "tenant-a", "ws-1", "chat-1")
+        )
+        is None
+    )
+    read = service.call("GET", service.session_path() + "/state", service.token())
+    assert read.status_code == 503
+
+
+# --- offline review --------------------------------------------------------------------
+
+
+def test_offline_review_of_a_stopped_service(
+    service: LiveService, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exercise(service)
+    data_dir = Path(service.settings.data_dir)
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(data_dir))
+    assert main(["decisions", "verify"]) == 2  # the service still holds the database
+    assert "stop the service first" in capsys.readouterr().err
+    service.context.close()
+
+    assert main(["decisions", "verify"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["decisions", "checkpoint"]) == 0
+    checkpoint = data_dir.parent / "checkpoint.json"
+    checkpoint.write_text(capsys.readouterr().out)
+    assert main(["decisions", "export", "--tenant", "tenant-a"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 6
+    assert main(["decisions", "tail", "-n", "2"]) == 0
+    tail = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["decision"]["action"] for e in tail] == ["replay", "read"]
+
+    # Truncate the tail: the chain alone still verifies, the kept checkpoint does not.
+    from store.lanes import LaneStore
+
+    lanes = LaneStore(data_dir / "leveldb")
+    lanes.delete(
+        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=tail[-1]["seq"].to_bytes(8, "big"))
+    )
+    lanes.close()
+    assert main(["decisions", "verify"]) == 0
+    capsys.readouterr()
+    assert main(["decisions", "verify", "--checkpoint", str(checkpoint)]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["problem"] == "truncated_before_checkpoint"
+    assert result["first_invalid_seq"] == tail[-1]["seq"]
