@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from werkzeug.serving import make_server
 
 from service.app import create_app
 from service.auth import mint_token
-from service.context import ServiceContext
+from service.context import ServiceContext, utc_now
 from service.opa_sidecar import OpaSidecar
 from service.settings import Settings
 
@@ -98,8 +99,12 @@ def service_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 @contextmanager
-def live_service(sidecar: OpaSidecar, settings: Settings) -> Iterator[LiveService]:
-    context = ServiceContext.open(settings, opa_url=sidecar.url, opa_token=sidecar.token)
+def live_service(
+    sidecar: OpaSidecar, settings: Settings, *, clock: Callable[[], datetime] = utc_now
+) -> Iterator[LiveService]:
+    context = ServiceContext.open(
+        settings, opa_url=sidecar.url, opa_token=sidecar.token, clock=clock
+    )
     server = make_server("127.0.0.1", 0, create_app(context), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -177,6 +177,13 @@ def test_opa_paused_is_503_nothing_written_and_recovers(
         ).status_code
         == 201
     )
+    # The refusal is in the decision log like any other decision.
+    auditor = service.token("auditor", sub="au", tenant="tenant-a", workspace=None, session=None)
+    entries = service.call("GET", "/v1/decisions?action=write", auditor).json()["decisions"]
+    assert [(e["decision"]["reasons"], e["outcome"]) for e in entries] == [
+        (["policy_engine_unavailable"], {"status": 503, "applied": False}),
+        ([], {"status": 201, "applied": True}),
+    ]
 
 
 def test_opa_killed_is_503_and_recovers_without_a_service_restart(

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.cli import main
+from service.opa_sidecar import OpaSidecar
 from store.canonical import canonical_json
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import state_input
-from tests.live import LiveService
+from tests.live import LiveService, live_service, service_settings
 
 DECISIONS = "/v1/decisions"
 
@@ -309,3 +312,28 @@ def test_offline_review_of_a_stopped_service(
     result = json.loads(capsys.readouterr().out)
     assert result["problem"] == "truncated_before_checkpoint"
     assert result["first_invalid_seq"] == tail[-1]["seq"]
+
+
+def test_retention_prunes_old_entries_and_what_remains_verifies(
+    sidecar: OpaSidecar, tmp_path: Path
+) -> None:
+    settings = service_settings(tmp_path / "var")
+    ten_days_ago = lambda: datetime.now(UTC) - timedelta(days=10)  # noqa: E731
+    with live_service(sidecar, settings, clock=ten_days_ago) as old:
+        exercise(old)
+        old_count = len(listed(old))
+    kept = service_settings(tmp_path / "var", decision_retention_days=7)
+    with live_service(sidecar, kept) as service:
+        deadline = time.monotonic() + 10
+        while service.context.journal.chain.anchor().seq == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        anchor = service.context.journal.chain.anchor()
+        assert (
+            anchor.seq >= old_count - 1
+        )  # all old entries but the newest one (the head stays provable)
+        entries = listed(service)
+        assert all(e["seq"] > anchor.seq for e in entries)
+        verify = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
+        assert verify["ok"] is True
+        old_id = "no-longer-kept"
+        assert service.call("GET", f"{DECISIONS}/{old_id}", auditor(service)).status_code == 404
