@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools schema lint-py types lint-rego test-rego test-py bench clean
+.PHONY: help run test install tools browser schema lint-py types lint-rego test-rego test-py bench clean
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
@@ -30,6 +30,19 @@ install: $(STAMP)
 tools:
 	@scripts/tools.sh opa >/dev/null
 	@scripts/tools.sh regal >/dev/null
+
+# Debian's Chromium for the reviewer page's browser test (Playwright drives it; it never
+# downloads a browser of its own). Installed unattended when we are root, as in CI.
+CHROMIUM := /usr/bin/chromium
+browser:
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	else \
+	  echo "$(CHROMIUM) is missing; install Debian's chromium:" >&2; \
+	  echo "  sudo apt-get update && sudo apt-get install -y chromium" >&2; \
+	  exit 1; \
+	fi
 
 # The OPA input schema is generated from service/policy_input.py.
 schema: install
@@ -57,7 +70,7 @@ test-rego: tools install
 	$$opa test $(POLICIES) && \
 	$$opa test --coverage --format json $(POLICIES) | $(PY) scripts/rego_coverage.py
 
-test-py: install tools
+test-py: install tools browser
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest
 
 test: lint-rego test-rego lint-py types test-py

@@ -12,7 +12,7 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
-from service.http import approvals, decisions, ops, state
+from service.http import approvals, decisions, ops, state, ui
 from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, journal_decision
 from service.http.problems import Problem
@@ -33,7 +33,7 @@ def create_app(ctx: ServiceContext) -> Flask:
     app = Flask("sessionstate")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions[CONTEXT_KEY] = ctx
-    for blueprint in (state.bp, approvals.bp, decisions.bp, ops.bp):
+    for blueprint in (state.bp, approvals.bp, decisions.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.register_blueprint(
         get_swaggerui_blueprint("/docs", "/openapi.json", config={"app_name": "sessionstate"})

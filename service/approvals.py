@@ -118,8 +118,21 @@ class ApprovalStore:
         now: datetime,
     ) -> Approval:
         """Store and return a new approval, issued at `now` (whole seconds)."""
+        approval = self.new_approval(tenant_id, workspace_id, grant, operator, now)
+        self._put(approval)
+        return approval
+
+    @staticmethod
+    def new_approval(
+        tenant_id: str,
+        workspace_id: str,
+        grant: ApprovalGrantInput,
+        operator: str,
+        now: datetime,
+    ) -> Approval:
+        """A new approval, not yet stored (the service stores it with its decision entry)."""
         issued_at = now.replace(microsecond=0)
-        approval = Approval(
+        return Approval(
             approval_id="appr_" + secrets.token_hex(12),
             tenant_id=tenant_id,
             workspace_id=workspace_id,
@@ -129,8 +142,6 @@ class ApprovalStore:
             issued_at=issued_at,
             expires_at=issued_at + timedelta(seconds=grant.ttl_seconds),
         )
-        self._put(approval)
-        return approval
 
     def get(self, tenant_id: str, workspace_id: str, approval_id: str) -> Approval | None:
         """The stored approval, revoked or expired alike; None when absent or unreadable."""
@@ -155,7 +166,7 @@ class ApprovalStore:
             approval = self.get(tenant_id, workspace_id, approval_id)
             if approval is None or approval.revoked_at is not None:
                 return approval
-            revoked = Approval.model_validate({**approval.model_dump(), "revoked_at": now})
+            revoked = revoked_copy(approval, now)
             self._put(revoked)
         return revoked
 
@@ -181,8 +192,18 @@ class ApprovalStore:
         return [approval for approval in parsed if approval is not None and approval.active(now)]
 
     def _put(self, approval: Approval) -> None:
-        key = approval_key(approval.tenant_id, approval.workspace_id, approval.approval_id)
-        self._lanes.put(key, canonical_json(approval.model_dump(mode="json")), sync=True)
+        self._lanes.put(*stored_form(approval), sync=True)
+
+
+def revoked_copy(approval: Approval, now: datetime) -> Approval:
+    """The approval revoked at `now`, not yet stored."""
+    return Approval.model_validate({**approval.model_dump(), "revoked_at": now})
+
+
+def stored_form(approval: Approval) -> tuple[LaneKey, bytes]:
+    """Where and how an approval is stored: its key and its canonical JSON."""
+    key = approval_key(approval.tenant_id, approval.workspace_id, approval.approval_id)
+    return key, canonical_json(approval.model_dump(mode="json"))
 
 
 def _parse(key: LaneKey, stored: bytes) -> Approval | None:

@@ -11,10 +11,11 @@ from pathlib import Path
 from service import decision_review
 from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret
-from service.decision_review import DataDirBusy
+from service.decision_review import ReviewError
 from service.opa_sidecar import SidecarError
 from service.settings import Settings
 from service.walkthrough import walkthrough
+from store.evidence_chain import ChainCorrupt
 
 ROLES = ("model-service", "operator", "auditor")
 
@@ -42,15 +43,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     review = decisions.add_subparsers(dest="review", required=True)
     verify = review.add_parser("verify", help="verify the hash chain; exit 1 on any break")
     verify.add_argument("--checkpoint", type=Path, help="a signed checkpoint kept earlier")
+    verify.add_argument(
+        "--public-key", type=Path, help="the checkpoint key's PEM, kept apart (else the data dir's)"
+    )
+    review.add_parser("public-key", help="print the checkpoint key's PEM, to pin and keep apart")
     export = review.add_parser("export", help="NDJSON in OPA's decision log field names")
     export.add_argument("--tenant", help="only this tenant's entries")
     tail = review.add_parser("tail", help="the newest entries, one JSON a line")
-    tail.add_argument("-n", type=int, default=10, help="how many (default 10)")
+    tail.add_argument("-n", type=_positive, default=10, help="how many (default 10)")
     review.add_parser("checkpoint", help="print a signed checkpoint of the head, to keep")
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
     )
-    prune.add_argument("--older-than-days", type=int, required=True)
+    prune.add_argument("--older-than-days", type=_positive, required=True)
 
     args = parser.parse_args(argv)
     try:
@@ -79,18 +84,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None,
         )
         return 0
-    except (ConfigurationError, SidecarError, DataDirBusy, ValueError, FileNotFoundError) as error:
+    except (ConfigurationError, SidecarError, ReviewError, ValueError, OSError) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
+    except ChainCorrupt:
+        print(
+            "sessionstate: the decision log's newest entry or anchor does not read; "
+            "run `sessionstate decisions verify` to find the first bad seq",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
 
 
 def _review(settings: Settings, args: argparse.Namespace) -> int:
     data_dir = settings.data_dir
     if args.review == "verify":
-        result = decision_review.verify(data_dir, args.checkpoint)
+        result = decision_review.verify(data_dir, args.checkpoint, args.public_key)
         print(result.model_dump_json())
         return 0 if result.ok else 1
-    if args.review == "checkpoint":
+    if args.review == "public-key":
+        print(decision_review.public_key(data_dir).decode("ascii"), end="")
+    elif args.review == "checkpoint":
         print(decision_review.checkpoint(data_dir).model_dump_json())
     elif args.review == "export":
         for line in decision_review.export_lines(data_dir, args.tenant):

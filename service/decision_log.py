@@ -30,6 +30,9 @@ class DecisionOutcome(BaseModel):
 
     status: int = Field(ge=100, le=599, description="the HTTP status answered")
     applied: bool = Field(description="whether the request changed stored state")
+    approval_id: str | None = Field(
+        description="the approval an approval.grant or approval.revoke concerned; else null"
+    )
 
 
 class DecisionLogEntry(BaseModel):

@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from service.decision_log import opa_event, prune_log
-from store.checkpoints import Checkpoint, CheckpointSigner
+from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import ChainVerification, EvidenceChain
 from store.lanes import LaneStore
+from store.secrets import SECRETS_DIR
 
 
-class DataDirBusy(RuntimeError):
+class ReviewError(RuntimeError):
+    """A review that cannot be done as asked; the message says why."""
+
+
+class DataDirBusy(ReviewError):
     """The service holds the database; stop it first."""
 
 
@@ -40,13 +45,36 @@ def open_lanes(data_dir: Path) -> Iterator[LaneStore]:
         lanes.close()
 
 
-def verify(data_dir: Path, checkpoint_file: Path | None = None) -> ChainVerification:
-    checkpoint = None
+def verify(
+    data_dir: Path, checkpoint_file: Path | None = None, public_key_file: Path | None = None
+) -> ChainVerification:
+    """Verify the chain; against a kept checkpoint, with a public key kept apart if given.
+
+    Without `public_key_file` the data dir's own key is used, which proves less: whoever
+    can edit the data dir can also re-sign. It is never created here.
+    """
+    checkpoint = verifier = None
     if checkpoint_file is not None:
-        checkpoint = Checkpoint.model_validate_json(checkpoint_file.read_text())
-    verifier = CheckpointSigner.from_data_dir(data_dir).verifier() if checkpoint else None
+        try:
+            checkpoint = Checkpoint.model_validate_json(checkpoint_file.read_text())
+        except ValueError:
+            raise ReviewError(f"{checkpoint_file} is not a sessionstate checkpoint") from None
+        verifier = _verifier(data_dir, public_key_file)
     with open_lanes(data_dir) as lanes:
         return EvidenceChain(lanes).verify(checkpoint, verifier)
+
+
+def public_key(data_dir: Path) -> bytes:
+    """PEM of the checkpoint signing key, for reviewers to pin and keep apart."""
+    if not (data_dir / SECRETS_DIR / KEY_FILE).exists():
+        raise ReviewError("no checkpoint key in the data dir yet: no checkpoint was ever signed")
+    return CheckpointSigner.from_data_dir(data_dir).public_key_pem
+
+
+def _verifier(data_dir: Path, public_key_file: Path | None) -> CheckpointVerifier:
+    if public_key_file is not None:
+        return CheckpointVerifier(public_key_file.read_bytes())
+    return CheckpointVerifier(public_key(data_dir))
 
 
 def checkpoint(data_dir: Path) -> Checkpoint:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from service.decision_log import decision_id_key, index_puts, prune_log
 from store.canonical import canonical_json
 from store.evidence_chain import ChainHead, EvidenceChain, format_timestamp, seal
+from store.keys import LaneKey
 from store.lanes import LaneStore
 from store.record import SessionStateRecord
 from store.session_state import Precondition, state_key, stored_version
@@ -45,6 +46,7 @@ class _StateWrite:
 class _Pending:
     body: dict[str, Any]
     write: _StateWrite | None = None
+    puts: list[tuple[LaneKey, bytes]] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -82,9 +84,31 @@ class DecisionJournal:
     def chain(self) -> EvidenceChain:
         return self._chain
 
+    @property
+    def head(self) -> ChainHead:
+        """The newest committed entry (kept in memory by the one writer)."""
+        return self._head
+
     def record(self, body: dict[str, Any]) -> dict[str, Any]:
         """Append one decision entry; returns it sealed, once it is on disk."""
         pending = self._submit(_Pending(body))
+        assert pending.entry is not None
+        return pending.entry
+
+    def record_effect(
+        self,
+        body: dict[str, Any],
+        *,
+        status: int,
+        puts: Sequence[tuple[LaneKey, bytes]] = (),
+        approval_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Append an entry together with the keys its decision changed, in one batch.
+
+        The outcome says `applied` exactly when there was something to store.
+        """
+        outcome = {"status": status, "applied": bool(puts), "approval_id": approval_id}
+        pending = self._submit(_Pending(dict(body, outcome=outcome), puts=list(puts)))
         assert pending.entry is not None
         return pending.entry
 
@@ -185,9 +209,11 @@ class DecisionJournal:
                 if pending.write.precondition.holds(current):
                     record_puts.append((key, canonical_json(record.to_json())))
                     versions[encoded] = record.state_digest
-                    body["outcome"] = {"status": 201 if current is None else 200, "applied": True}
+                    status, applied = (201 if current is None else 200), True
                 else:
-                    body["outcome"] = {"status": 412, "applied": False}
+                    status, applied = 412, False
+                body["outcome"] = {"status": status, "applied": applied, "approval_id": None}
+            record_puts.extend(pending.puts)
             bodies.append(body)
         sealed_entries, head = seal(bodies, self._head)
         return sealed_entries, record_puts, head

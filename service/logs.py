@@ -27,6 +27,7 @@ FIELDS = (
     "restart_in_s",
     "key_digest",
     "pruned",
+    "seq",
     "error_digest",
 )
 

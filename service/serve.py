@@ -21,6 +21,8 @@ from service.context import ConfigurationError, ServiceContext, check_settings
 from service.logs import configure_logging
 from service.opa_sidecar import OpaSidecar
 from service.settings import Settings
+from store.evidence_chain import EvidenceChain
+from store.lanes import LaneStore
 
 log = logging.getLogger("sessionstate.serve")
 THREADS = 8
@@ -91,6 +93,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = _lock_data_dir(settings.data_dir)
     check_settings(settings)
+    _check_decision_log(settings.data_dir)
     sidecar: OpaSidecar | None = None
     if settings.opa_url:
         opa_url, opa_token = settings.opa_url, settings.opa_token
@@ -113,6 +116,18 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         if sidecar is not None:
             sidecar.stop()
         lock.close()
+
+
+def _check_decision_log(data_dir: Path) -> None:
+    """The journal extends the chain's head: an unreadable head must stop the start-up."""
+    database = data_dir / "leveldb"
+    if not database.is_dir():
+        return
+    lanes = LaneStore(database)
+    try:
+        EvidenceChain(lanes).head()
+    finally:
+        lanes.close()
 
 
 def _lock_data_dir(data_dir: Path) -> TextIO:

@@ -76,8 +76,12 @@ class DecisionVerifyResponse(_Envelope):
     problem: str | None = Field(
         description="what broke at first_invalid_seq, from a fixed vocabulary"
     )
-    checkpoint: Checkpoint = Field(
-        description="keep it: a later verify against it catches a truncated tail"
+    checkpoint: Checkpoint | None = Field(
+        description="a signed checkpoint of the verified head (none when the chain is broken); "
+        "keep it outside the service: a later verify against it catches a truncated tail"
+    )
+    checkpoint_public_key: str = Field(
+        description="PEM of the Ed25519 key checkpoints are signed with; pin it once, keep it apart"
     )
     decision: DecisionTrace
 

@@ -57,6 +57,7 @@ ChainProblem = Literal[
     "checkpoint_mismatch",
     "checkpoint_signature_invalid",
     "anchor_invalid",
+    "checkpoint_before_anchor",
 ]
 _Failure = tuple[int | None, ChainProblem]  # the first invalid seq (None: not an entry's fault)
 
@@ -93,6 +94,7 @@ class ChainVerification(BaseModel):
     ok: bool
     entries: int = Field(ge=0, description="entries that verified before any problem")
     head_hash: str = Field(description="hash of the last entry that verified (else the anchor's)")
+    head_seq: int = Field(default=0, ge=0, description="seq of that entry (else the anchor's)")
     first_invalid_seq: int | None = None
     problem: ChainProblem | None = None
 
@@ -249,6 +251,7 @@ class _Walk:
             ok=failure is None,
             entries=self.verified,
             head_hash=self.prev_hash,
+            head_seq=self.expected - 1,
             first_invalid_seq=seq,
             problem=problem,
         )
@@ -347,7 +350,8 @@ class EvidenceChain:
         The chain must then reach the checkpoint's seq (else `truncated_before_checkpoint`
         at the first missing seq) with the same hash there, or at the anchor when the
         checkpoint is at the anchor's seq (`checkpoint_mismatch`). A checkpoint below the
-        anchor counts as ok: retention removed the evidence it could be checked against.
+        anchor fails (`checkpoint_before_anchor`): retention removed the evidence it
+        could be checked against, so it proves nothing, and a reviewer must hear that.
 
         Runs without the write lock, so appends go on meanwhile. A LevelDB iterator reads
         a snapshot, but the anchor is read apart from it: a walk that fails while a prune
@@ -376,6 +380,8 @@ class EvidenceChain:
                 return walk.outcome((None, "checkpoint_signature_invalid"))
             if checkpoint.seq == anchor.seq and checkpoint.head_hash != anchor.hash:
                 return walk.outcome((anchor.seq, "checkpoint_mismatch"))
+            if checkpoint.seq < anchor.seq:
+                return walk.outcome((None, "checkpoint_before_anchor"))
         try:
             for seq, stored in self._stored():
                 failure = walk.step(seq, stored)

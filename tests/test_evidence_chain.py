@@ -531,10 +531,19 @@ def test_a_checkpoint_from_before_pruning_still_verifies(lanes: LaneStore) -> No
     chain, entries = old_and_new(lanes)
     at_kept = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
     at_anchor = SIGNER.sign(ChainHead(seq=3, hash=entries[2]["hash"]), T0)
+    chain.prune(T0 + timedelta(days=5))
+    for checkpoint in (at_kept, at_anchor):
+        assert chain.verify(checkpoint, VERIFIER).ok
+
+
+def test_a_checkpoint_older_than_the_anchor_proves_nothing_and_says_so(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
     at_pruned = SIGNER.sign(ChainHead(seq=2, hash=entries[1]["hash"]), T0)
     chain.prune(T0 + timedelta(days=5))
-    for checkpoint in (at_kept, at_anchor, at_pruned):
-        assert chain.verify(checkpoint, VERIFIER).ok
+    result = chain.verify(at_pruned, VERIFIER)
+    assert result.ok is False
+    assert result.problem == "checkpoint_before_anchor"
+    assert result.first_invalid_seq is None
 
 
 def test_a_checkpoint_contradicting_the_anchor_fails(lanes: LaneStore) -> None:

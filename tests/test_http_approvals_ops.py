@@ -181,8 +181,8 @@ def test_opa_paused_is_503_nothing_written_and_recovers(
     auditor = service.token("auditor", sub="au", tenant="tenant-a", workspace=None, session=None)
     entries = service.call("GET", "/v1/decisions?action=write", auditor).json()["decisions"]
     assert [(e["decision"]["reasons"], e["outcome"]) for e in entries] == [
-        (["policy_engine_unavailable"], {"status": 503, "applied": False}),
-        ([], {"status": 201, "applied": True}),
+        (["policy_engine_unavailable"], {"status": 503, "applied": False, "approval_id": None}),
+        ([], {"status": 201, "applied": True, "approval_id": None}),
     ]
 
 

@@ -79,7 +79,7 @@ def test_every_decision_is_kept_with_its_outcome(service: LiveService) -> None:
         for e in entries
     ]
     assert summary == [
-        ("approval.grant", True, 201, False),
+        ("approval.grant", True, 201, True),
         ("preview", True, 200, False),
         ("write", True, 201, True),
         ("read", True, 200, False),
@@ -104,6 +104,42 @@ def test_every_decision_is_kept_with_its_outcome(service: LiveService) -> None:
     assert write["input"]["approval"]["operator"] == "op-1"
     assert write["hash"].startswith("sha256:")
     assert write["prev_hash"] == entries[1]["hash"]
+
+
+def test_approvals_commit_with_the_entry_that_names_them(service: LiveService) -> None:
+    approval = service.approve()
+    first = service.call(
+        "DELETE",
+        f"/v1/tenants/tenant-a/workspaces/ws-1/approvals/{approval['approval_id']}",
+        service.operator(),
+    )
+    again = service.call(
+        "DELETE",
+        f"/v1/tenants/tenant-a/workspaces/ws-1/approvals/{approval['approval_id']}",
+        service.operator(),
+    )
+    assert (first.status_code, again.status_code) == (204, 204)
+    outcomes = [
+        e["outcome"] for e in listed(service) if e["decision"]["action"].startswith("approval.")
+    ]
+    assert outcomes == [
+        {"status": 201, "applied": True, "approval_id": approval["approval_id"]},
+        {"status": 204, "applied": True, "approval_id": approval["approval_id"]},
+        {"status": 204, "applied": False, "approval_id": approval["approval_id"]},
+    ]
+
+
+def test_an_approval_whose_entry_cannot_be_kept_is_not_granted(service: LiveService) -> None:
+    service.context.journal.close()
+    answer = service.call(
+        "POST",
+        "/v1/tenants/tenant-a/workspaces/ws-1/approvals",
+        service.operator(),
+        json={"ttl_seconds": 60, "reason": "x"},
+    )
+    assert answer.status_code == 503
+    assert answer.json()["reason"] == "decision_log_unavailable"
+    assert list(service.context.lanes.scan(TenantResourceLane.APPROVAL_PACKET)) == []
 
 
 def test_every_applied_write_has_its_entry(service: LiveService) -> None:
@@ -200,7 +236,9 @@ def test_verify_and_a_signed_checkpoint(service: LiveService) -> None:
     assert body["ok"] is True
     assert body["first_invalid_seq"] is None
     assert body["entries"] >= 6
-    assert body["checkpoint"]["seq"] >= body["entries"] - 1
+    assert body["checkpoint"]["seq"] == body["entries"]
+    assert body["checkpoint"]["head_hash"] == body["head_hash"]
+    assert body["checkpoint_public_key"].startswith("-----BEGIN PUBLIC KEY-----")
     assert body["checkpoint"]["signature"]
 
 
@@ -216,6 +254,7 @@ def test_verify_names_the_first_edited_entry(service: LiveService) -> None:
     assert body["ok"] is False
     assert body["first_invalid_seq"] == victim["seq"]
     assert body["problem"] == "hash_mismatch"
+    assert body["checkpoint"] is None  # a broken chain gets no checkpoint to vouch for it
 
 
 def test_export_speaks_opa_decision_log_field_names(service: LiveService) -> None:
@@ -313,6 +352,50 @@ def test_offline_review_of_a_stopped_service(
     assert result["problem"] == "truncated_before_checkpoint"
     assert result["first_invalid_seq"] == tail[-1]["seq"]
 
+    # A reviewer pins the public key apart from the data dir and verifies with it.
+    assert main(["decisions", "public-key"]) == 0
+    pinned = data_dir.parent / "checkpoint.pub.pem"
+    pinned.write_text(capsys.readouterr().out)
+    assert (
+        main(["decisions", "verify", "--checkpoint", str(checkpoint), "--public-key", str(pinned)])
+        == 1
+    )
+    assert json.loads(capsys.readouterr().out)["problem"] == "truncated_before_checkpoint"
+    from store.checkpoints import CheckpointSigner
+
+    other = data_dir.parent / "other.pub.pem"
+    other.write_bytes(CheckpointSigner(b"\x01" * 32).public_key_pem)
+    assert (
+        main(["decisions", "verify", "--checkpoint", str(checkpoint), "--public-key", str(other)])
+        == 1
+    )
+    assert json.loads(capsys.readouterr().out)["problem"] == "checkpoint_signature_invalid"
+
+
+@pytest.mark.parametrize(
+    "argv", [["tail", "-n", "0"], ["prune", "--older-than-days", "0"], ["tail", "-n", "-3"]]
+)
+def test_review_counts_must_be_positive(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["decisions", *argv])
+    assert "must be 1 or more" in capsys.readouterr().err
+
+
+def test_verify_without_a_key_never_creates_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "leveldb").mkdir()
+    checkpoint = tmp_path / "cp.json"
+    checkpoint.write_text("{}")
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(tmp_path))
+    assert main(["decisions", "verify", "--checkpoint", str(checkpoint)]) == 2
+    assert "not a sessionstate checkpoint" in capsys.readouterr().err
+    assert main(["decisions", "public-key"]) == 2
+    assert "no checkpoint key" in capsys.readouterr().err
+    assert not (tmp_path / "secrets" / "checkpoint.key").exists()
+
 
 def test_retention_prunes_old_entries_and_what_remains_verifies(
     sidecar: OpaSidecar, tmp_path: Path
@@ -337,3 +420,31 @@ def test_retention_prunes_old_entries_and_what_remains_verifies(
         assert verify["ok"] is True
         old_id = "no-longer-kept"
         assert service.call("GET", f"{DECISIONS}/{old_id}", auditor(service)).status_code == 404
+
+
+def test_paging_ends_at_the_head_the_first_page_saw(service: LiveService) -> None:
+    """Each page read is itself logged; following cursors must still come to an end."""
+    exercise(service)
+    first = service.call("GET", DECISIONS + "?limit=1", auditor(service)).json()
+    seen = [e["seq"] for e in first["decisions"]]
+    cursor = first["next_cursor"]
+    while cursor is not None:
+        page = service.call("GET", f"{DECISIONS}?limit=1&cursor={cursor}", auditor(service)).json()
+        seen += [e["seq"] for e in page["decisions"]]
+        cursor = page["next_cursor"]
+    assert seen == list(range(1, 7))  # the six entries `exercise` made, none of the reads
+
+
+def test_a_listing_survives_a_tampered_entry_and_verify_names_it(service: LiveService) -> None:
+    exercise(service)
+    victim = listed(service)[3]
+    mangled = {k: v for k, v in victim.items() if k != "decision"}
+    service.context.lanes.put(
+        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=victim["seq"].to_bytes(8, "big")),
+        canonical_json(mangled),
+    )
+    seqs = [e["seq"] for e in listed(service)]
+    assert victim["seq"] not in seqs
+    assert len(seqs) >= 5
+    body = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
+    assert (body["ok"], body["first_invalid_seq"]) == (False, victim["seq"])

@@ -6,9 +6,16 @@ import re
 
 from flask import Blueprint, Response
 
-from service.approvals import ApprovalGrantInput
+from service.approvals import ApprovalGrantInput, ApprovalStore, revoked_copy, stored_form
 from service.http.body import json_body
-from service.http.common import authenticate, checked_ids, context, decide, json_response
+from service.http.common import (
+    authenticate,
+    checked_ids,
+    context,
+    decide,
+    journal_effect,
+    json_response,
+)
 from service.http.problems import Problem
 from service.policy_gate import PolicyGate
 from service.policy_input import PolicyTarget
@@ -30,9 +37,11 @@ def grant_approval(tenant_id: str, workspace_id: str) -> Response:
     )
     trace = decide("approval.grant", actor, target)
     PolicyGate.enforce(trace)
-    approval = context().approvals.grant(
+    approval = ApprovalStore.new_approval(
         tenant_id, workspace_id, grant, operator=actor.sub, now=context().clock()
     )
+    # The approval and the entry that allowed it commit together.
+    journal_effect(201, [stored_form(approval)], approval_id=approval.approval_id)
     response = json_response(ApprovalResponse(approval=approval, decision=trace), 201)
     response.headers["Location"] = (
         f"/v1/tenants/{tenant_id}/workspaces/{workspace_id}/approvals/{approval.approval_id}"
@@ -63,9 +72,14 @@ def revoke_approval(tenant_id: str, workspace_id: str, approval_id: str) -> Resp
         "approval.revoke", actor, PolicyTarget(tenant_id=tenant_id, workspace_id=workspace_id)
     )
     PolicyGate.enforce(trace)
-    revoked = context().approvals.revoke(tenant_id, workspace_id, approval_id, context().clock())
-    if revoked is None:
+    current = context().approvals.get(tenant_id, workspace_id, approval_id)
+    if current is None:
         raise Problem(404, "approval_not_found", decision=trace)
+    if current.revoked_at is None:  # revoking twice keeps the first revoked_at
+        revoked = revoked_copy(current, context().clock())
+        journal_effect(204, [stored_form(revoked)], approval_id=approval_id)
+    else:
+        journal_effect(204, approval_id=approval_id)
     # 204 has no body: the decision that governed it is named in a header.
     response = Response(status=204, headers={DECISION_ID_HEADER: trace.decision_id})
     del response.headers["Content-Type"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 from flask import Response, current_app, g, request
@@ -15,6 +16,7 @@ from service.decision_trace import DecisionTrace
 from service.http.problems import Problem
 from service.journal import WriteResult
 from service.policy_input import PolicyAction, PolicyTarget
+from store.keys import LaneKey
 from store.record import SessionStateRecord
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
@@ -82,8 +84,18 @@ def journal_decision(status: int) -> None:
     body = g.pop("decision_entry", None)
     if body is None:
         return
-    body["outcome"] = DecisionOutcome(status=status, applied=False).model_dump(mode="json")
+    body["outcome"] = DecisionOutcome(status=status, applied=False, approval_id=None).model_dump(
+        mode="json"
+    )
     context().journal.record(body)
+
+
+def journal_effect(
+    status: int, puts: Sequence[tuple[LaneKey, bytes]] = (), *, approval_id: str | None = None
+) -> None:
+    """Commit what an allowed decision changes, with its entry, in one batch."""
+    body = g.pop("decision_entry")
+    context().journal.record_effect(body, status=status, puts=puts, approval_id=approval_id)
 
 
 def journal_write(record: SessionStateRecord, precondition: Precondition) -> WriteResult:

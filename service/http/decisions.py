@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Literal
@@ -25,11 +26,13 @@ from service.policy_gate import PolicyGate
 from service.policy_input import PolicyAction, PolicyTarget
 from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
 from store.checkpoints import CheckpointSigner
+from store.evidence_chain import ChainHead
 from store.keys import TenantResourceLane
 from store.scope import ScopeId
 from store.violations import FieldViolation, violations_of
 
 bp = Blueprint("decisions", __name__)
+log = logging.getLogger("sessionstate.decisions")
 DECISION_ID_HEADER = "Sessionstate-Decision-Id"
 MAX_LIMIT = 1000
 
@@ -63,8 +66,9 @@ class DecisionQuery(BaseModel):
                 ) from None
         return value
 
-    def after_seq(self) -> int:
-        return 0 if self.cursor is None else decode_cursor(self.cursor)
+    def window(self) -> tuple[int, int | None]:
+        """The seqs a page may show: after the cursor, up to the head the first page saw."""
+        return (0, None) if self.cursor is None else decode_cursor(self.cursor)
 
     def matches(self, entry: dict[str, Any]) -> bool:
         decision = entry["decision"]
@@ -78,19 +82,23 @@ class DecisionQuery(BaseModel):
         return self.until is None or evaluated < self.until
 
 
-def encode_cursor(seq: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"after": seq}).encode()).decode().rstrip("=")
+def encode_cursor(after: int, until: int) -> str:
+    """Where the next page starts, and the head the first page saw (reading the log adds
+    to it, so without a fixed end a reader following cursors would never finish)."""
+    document = json.dumps({"after": after, "until": until}).encode()
+    return base64.urlsafe_b64encode(document).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> int:
+def decode_cursor(cursor: str) -> tuple[int, int]:
     try:
         document = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        after = document["after"]
+        after, until = document["after"], document["until"]
     except (ValueError, KeyError, TypeError):
         raise ValueError("not a cursor of this service") from None
-    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-        raise ValueError("not a cursor of this service")
-    return after
+    for value in (after, until):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError("not a cursor of this service")
+    return after, until
 
 
 def _query() -> DecisionQuery:
@@ -102,7 +110,7 @@ def _query() -> DecisionQuery:
         ) from None
 
 
-def _audit(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace, str]:
+def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace, str]:
     """Decide on the tenant an auditor asks about (its own by default)."""
     tenant = query_tenant or actor.tenant_id
     if tenant is None:  # a token without a tenant must name one to be judged on
@@ -114,30 +122,69 @@ def _audit(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace
     return trace, tenant
 
 
-def tenant_entries(tenant: str, query: DecisionQuery) -> Iterator[dict[str, Any]]:
-    """The tenant's entries after the cursor, in chain order, that pass the filters."""
+def tenant_entries(
+    tenant: str, query: DecisionQuery, until: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """The tenant's entries in the query's window, in chain order, that pass the filters."""
     chain = context().journal.chain
-    start = seq_name(query.after_seq() + 1)
+    after, cursor_until = query.window()
+    until = cursor_until if until is None else until
+    start = seq_name(after + 1)
     for key, _ in context().lanes.scan(TenantResourceLane.TRACE_INDEX, tenant):
         if key.name < start:
             continue
-        entry = chain.get(int.from_bytes(key.name, "big"))
+        seq = int.from_bytes(key.name, "big")
+        if until is not None and seq > until:
+            return
+        entry = _readable(chain.get(seq), seq)
         if entry is not None and query.matches(entry):
             yield entry
+
+
+def _readable(entry: dict[str, Any] | None, seq: int) -> dict[str, Any] | None:
+    """An entry that has the shape of one, else None: a listing shows what it can,
+    and `verify` (shown beside every listing in the UI) names what was tampered with."""
+    if entry is None:
+        return None
+    try:
+        DecisionLogEntry.model_validate(entry)
+    except ValidationError:
+        log.warning("unreadable_decision_entry", extra={"seq": seq})
+        return None
+    return entry
+
+
+def tenant_page(tenant: str, query: DecisionQuery) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of the tenant's entries, and the cursor of the next (None at the end)."""
+    cursor_until = query.window()[1]
+    until = context().journal.head.seq if cursor_until is None else cursor_until
+    page: list[dict[str, Any]] = []
+    for entry in tenant_entries(tenant, query, until):
+        if len(page) == query.limit:
+            return page, encode_cursor(page[-1]["seq"], until)
+        page.append(entry)
+    return page, None
+
+
+def decision_entry(actor: Actor, decision_id: str) -> tuple[DecisionTrace, dict[str, Any]]:
+    """One entry, decided on the tenant it is about; 404 or 403 problems otherwise."""
+    entry = context().journal.find(decision_id) if len(decision_id) <= 64 else None
+    tenant = entry["target"]["tenant_id"] if entry is not None else actor.tenant_id
+    if tenant is None:
+        raise Problem(404, "decision_not_found")
+    trace = decide("decisions.read", actor, PolicyTarget(tenant_id=tenant))
+    PolicyGate.enforce(trace)
+    if entry is None:
+        raise Problem(404, "decision_not_found", decision=trace)
+    return trace, entry
 
 
 @bp.get("/v1/decisions")
 def list_decisions() -> Response:
     actor = authenticate()
     query = _query()
-    trace, tenant = _audit(actor, query.tenant_id)
-    page: list[dict[str, Any]] = []
-    next_cursor = None
-    for entry in tenant_entries(tenant, query):
-        if len(page) == query.limit:
-            next_cursor = encode_cursor(page[-1]["seq"])
-            break
-        page.append(entry)
+    trace, tenant = audit_decision(actor, query.tenant_id)
+    page, next_cursor = tenant_page(tenant, query)
     body = DecisionListResponse(
         decisions=[DecisionLogEntry.model_validate(entry) for entry in page],
         next_cursor=next_cursor,
@@ -148,11 +195,14 @@ def list_decisions() -> Response:
 
 @bp.get("/v1/decisions/verify")
 def verify_decisions() -> Response:
-    """Verify the whole chain, and hand out a signed checkpoint of its head to keep."""
-    trace, _ = _audit(authenticate())
+    """Verify the whole chain; when it holds, hand out a signed checkpoint of that head."""
+    trace, _ = audit_decision(authenticate())
     result = context().journal.chain.verify()
     signer = CheckpointSigner.from_data_dir(context().settings.data_dir)
-    checkpoint = signer.sign(context().journal.chain.head(), context().clock())
+    checkpoint = None
+    if result.ok:  # a checkpoint vouches for a head; a broken chain gets none
+        verified = ChainHead(seq=result.head_seq, hash=result.head_hash)
+        checkpoint = signer.sign(verified, context().clock())
     return json_response(
         DecisionVerifyResponse(
             ok=result.ok,
@@ -161,6 +211,7 @@ def verify_decisions() -> Response:
             first_invalid_seq=result.first_invalid_seq,
             problem=result.problem,
             checkpoint=checkpoint,
+            checkpoint_public_key=signer.public_key_pem.decode("ascii"),
             decision=trace,
         )
     )
@@ -171,7 +222,7 @@ def export_decisions() -> Response:
     """NDJSON, one OPA-style decision log event a line, with our entry beside it."""
     actor = authenticate()
     query = _query()
-    trace, tenant = _audit(actor, query.tenant_id)
+    trace, tenant = audit_decision(actor, query.tenant_id)
     lines = [json.dumps(opa_event(entry)) + "\n" for entry in tenant_entries(tenant, query)]
     return Response(
         "".join(lines),
@@ -182,15 +233,7 @@ def export_decisions() -> Response:
 
 @bp.get("/v1/decisions/<decision_id>")
 def get_decision(decision_id: str) -> Response:
-    actor = authenticate()
-    entry = context().journal.find(decision_id) if len(decision_id) <= 64 else None
-    tenant = entry["target"]["tenant_id"] if entry is not None else actor.tenant_id
-    if tenant is None:
-        raise Problem(404, "decision_not_found")
-    trace = decide("decisions.read", actor, PolicyTarget(tenant_id=tenant))
-    PolicyGate.enforce(trace)
-    if entry is None:
-        raise Problem(404, "decision_not_found", decision=trace)
+    trace, entry = decision_entry(authenticate(), decision_id)
     return json_response(
         DecisionEntryResponse(entry=DecisionLogEntry.model_validate(entry), decision=trace)
     )

@@ -1,0 +1,359 @@
+"""The compliance reviewer's pages: the decision log in a browser, rendered on the server.
+
+Browsers send no bearer header, so a reviewer pastes an auditor token once and
+the page keeps it in a cookie only `/ui` sees (HttpOnly, SameSite=Strict, gone
+when the token expires). Every page view authenticates from that cookie and is
+decided and logged like the API's `decisions.read`: the same audit policy, the
+same decision log. The pages run no script and load nothing from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, get_args
+from urllib.parse import urlencode, urlsplit
+
+import jwt
+from flask import Blueprint, Response, g, render_template, request, url_for
+from pydantic import ValidationError
+
+from service.auth import Actor, AuthenticationFailed
+from service.decision_log import DecisionLogEntry
+from service.http.common import context, journal_decision
+from service.http.decisions import (
+    MAX_LIMIT,
+    DecisionQuery,
+    audit_decision,
+    decision_entry,
+    tenant_entries,
+    tenant_page,
+)
+from service.http.problems import DETAILS, Problem
+from service.http.ui_chart import decision_chart
+from service.journal import JournalClosed
+from service.policy_input import PolicyAction
+from store.violations import violations_of
+
+bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="../templates")
+
+COOKIE = "sessionstate_ui"
+ACTIONS: tuple[str, ...] = get_args(PolicyAction)
+PAGE_SIZE = 50
+MAX_COOKIE_BYTES = 4000  # browsers drop cookies over ~4 KiB without a word
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+_DECISION_ID = re.compile(r"[A-Za-z0-9._~:-]{1,64}")
+_PAGE_DETAILS = {  # what the API's problem details say, in a reviewer's words
+    "validation_failed": "This token names no tenant, and the page shows the decision log "
+    "of the token's own tenant only.",
+    "role_not_permitted": "The audit policy lets only auditors read the decision log. "
+    "Sign out and sign in with an auditor token.",
+    "cross_tenant_scope_rejected": "The audit policy lets an auditor read the decisions "
+    "of its own tenant only.",
+    "cross_site_request_rejected": "Sign-in and sign-out are accepted from this page only.",
+}
+_FILTER_HINTS = {
+    "action": "one of the listed actions",
+    "allow": "any, allowed or denied",
+    "since": "a date and time (UTC)",
+    "until": "a date and time (UTC), after since",
+    "limit": f"a whole number from 1 to {MAX_LIMIT}",
+    "cursor": "only the next-page link of this page",
+}
+
+
+# --- sign-in -----------------------------------------------------------------------------
+
+
+@bp.get("")
+@bp.get("/")
+def index() -> Response:
+    return _see_other(url_for("ui.decisions"))
+
+
+@bp.get("/login")
+def login_form() -> Response:
+    return _see_other(url_for("ui.decisions"))
+
+
+@bp.post("/login")
+def login() -> Response:
+    """Verify a pasted token and keep it in the page's cookie until the token expires."""
+    _same_site_only()
+    token = request.form.get("token", "").strip()
+    after = _safe_next(request.form.get("next"))
+    try:
+        actor = context().verifier.verify("Bearer " + token)
+    except AuthenticationFailed as failure:
+        g.problem_reason = failure.reason.value
+        return _sign_in(after, error="That token was not accepted.", status=401)
+    if len(COOKIE) + len(token) > MAX_COOKIE_BYTES:
+        return _sign_in(after, error="That token is too long to keep in a browser.", status=401)
+    g.actor_sub = actor.sub
+    expires = jwt.decode(token, options={"verify_signature": False})["exp"]
+    response = _see_other(after)
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=max(0, int(expires - time.time())),
+        path=bp.url_prefix,
+        secure=request.is_secure,
+        httponly=True,
+        samesite="Strict",
+    )
+    return response
+
+
+@bp.post("/logout")
+def logout() -> Response:
+    _same_site_only()
+    response = _see_other(url_for("ui.decisions"))
+    _forget(response)
+    return response
+
+
+# --- pages -------------------------------------------------------------------------------
+
+
+@bp.get("/decisions")
+def decisions() -> Response:
+    """The tenant's decisions: chain status, filters, a chart over time, one page of entries."""
+    actor = _signed_in()
+    if actor is None:
+        return _sign_in_again()
+    trace, tenant = audit_decision(actor)
+    filters = Filters.from_args(request.args)
+    query, problems = filters.query()
+    page: list[DecisionLogEntry] = []
+    next_url = None
+    chart = None
+    if query is not None:
+        rows, next_cursor = tenant_page(tenant, query)
+        page = [DecisionLogEntry.model_validate(entry) for entry in rows]
+        if next_cursor is not None:
+            next_url = url_for("ui.decisions") + "?" + urlencode(filters.with_cursor(next_cursor))
+        chart = decision_chart(tenant_entries(tenant, query.model_copy(update={"cursor": None})))
+    body = render_template(
+        "ui/decisions.html",
+        actor=actor,
+        tenant=tenant,
+        trace=trace,
+        chain=context().journal.chain.verify(),
+        filters=filters,
+        actions=ACTIONS,
+        problems=problems,
+        page=page,
+        next_url=next_url,
+        chart=chart,
+    )
+    return Response(body, status=200 if query is not None else 422)
+
+
+@bp.get("/decisions/<decision_id>")
+def decision(decision_id: str) -> Response:
+    """One entry, decided on the tenant it is about, as `GET /v1/decisions/<id>` is."""
+    actor = _signed_in()
+    if actor is None:
+        return _sign_in_again()
+    trace, entry = decision_entry(actor, decision_id)
+    body = render_template(
+        "ui/entry.html",
+        actor=actor,
+        tenant=entry["target"]["tenant_id"],
+        trace=trace,
+        entry=DecisionLogEntry.model_validate(entry),
+        policy_input=json.dumps(entry["input"], indent=2, sort_keys=True),
+    )
+    return Response(body)
+
+
+@bp.context_processor
+def _page_helpers() -> dict[str, Any]:
+    return {"when": _when, "stamp": _stamp, "max_limit": MAX_LIMIT}
+
+
+# --- errors and headers ------------------------------------------------------------------
+
+
+@bp.errorhandler(Problem)
+def _problem_page(problem: Problem) -> Response:
+    g.problem_reason = problem.reason
+    detail = _PAGE_DETAILS.get(problem.reason) or DETAILS.get(
+        problem.reason, "The audit policy did not allow this page."
+    )
+    body = render_template("ui/error.html", problem=problem, detail=detail, actor=_signed_in())
+    return Response(body, status=problem.status, headers=problem.headers)
+
+
+@bp.after_request
+def _keep_decision(response: Response) -> Response:
+    """Log the page view's decision here, so a log that cannot keep it fails as a page."""
+    if "decision_entry" not in g:
+        return response
+    try:
+        journal_decision(response.status_code)
+    except JournalClosed:
+        return _problem_page(Problem(503, "decision_log_unavailable"))
+    return response
+
+
+@bp.after_app_request
+def _security_headers(response: Response) -> Response:
+    # App-wide, so that /ui paths no route matches (404, 405) carry them too.
+    if request.path == bp.url_prefix or request.path.startswith(f"{bp.url_prefix}/"):
+        response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _see_other(location: str) -> Response:
+    return Response(status=303, headers={"Location": location})
+
+
+def _signed_in() -> Actor | None:
+    """The actor of the page's cookie; None without a valid one."""
+    token = request.cookies.get(COOKIE)
+    if not token:
+        return None
+    try:
+        actor = context().verifier.verify("Bearer " + token)
+    except AuthenticationFailed:
+        return None
+    g.actor_sub = actor.sub
+    return actor
+
+
+def _sign_in_again() -> Response:
+    """The sign-in page, dropping a cookie that no longer authenticates."""
+    stale = COOKIE in request.cookies
+    response = _sign_in(
+        _safe_next(request.path),
+        notice="Your sign-in has expired or is no longer valid." if stale else None,
+    )
+    if stale:
+        _forget(response)
+    return response
+
+
+def _sign_in(
+    after: str, *, error: str | None = None, notice: str | None = None, status: int = 200
+) -> Response:
+    body = render_template("ui/sign_in.html", next=after, error=error, notice=notice)
+    headers = {"WWW-Authenticate": 'Bearer realm="sessionstate"'} if status == 401 else {}
+    return Response(body, status=status, headers=headers)
+
+
+def _forget(response: Response) -> None:
+    response.delete_cookie(
+        COOKIE, path=bp.url_prefix, secure=request.is_secure, httponly=True, samesite="Strict"
+    )
+
+
+def _same_site_only() -> None:
+    """Refuse a sign-in or sign-out posted from another site (login CSRF).
+
+    Browsers say where a request comes from in Sec-Fetch-Site; older ones only in
+    Origin, which is "null" under this page's no-referrer policy, and refused then.
+    """
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    origin = request.headers.get("Origin")
+    if fetch_site is not None:
+        cross_site = fetch_site not in ("same-origin", "none")
+    else:
+        cross_site = origin is not None and urlsplit(origin).netloc != request.host
+    if cross_site:
+        raise Problem(403, "cross_site_request_rejected")
+
+
+def _safe_next(path: str | None) -> str:
+    """Where to go after signing in: this page's own paths only, never another site."""
+    prefix = f"{bp.url_prefix}/decisions"
+    if path is not None and path.startswith(prefix + "/"):
+        decision_id = path.removeprefix(prefix + "/")
+        if _DECISION_ID.fullmatch(decision_id):
+            return url_for("ui.decision", decision_id=decision_id)
+    return url_for("ui.decisions")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The filter form as sent, kept as text so the form shows back what was typed."""
+
+    action: str = ""
+    allow: str = ""
+    since: str = ""
+    until: str = ""
+    limit: str = str(PAGE_SIZE)
+    cursor: str = ""
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, str]) -> Filters:
+        names = ("action", "allow", "since", "until", "limit", "cursor")
+        return cls(**{name: args[name] for name in names if name in args})
+
+    def query(self) -> tuple[DecisionQuery | None, list[str]]:
+        """The API's query for these filters, or None and what to fix (field hints, no values)."""
+        values: dict[str, Any] = {
+            name: text
+            for name in ("action", "allow", "limit", "cursor")
+            if (text := getattr(self, name))
+        }
+        values.setdefault("limit", PAGE_SIZE)
+        broken: list[str] = []
+        for name in ("since", "until"):
+            if text := getattr(self, name):
+                moment = _utc(text)
+                values[name] = moment
+                if moment is None:
+                    broken.append(name)
+        if broken:
+            return None, [f"{name}: {_FILTER_HINTS[name]}" for name in broken]
+        try:
+            query = DecisionQuery.model_validate(values)
+        except ValidationError as error:
+            names = dict.fromkeys(str(v.loc[0]) for v in violations_of(error))
+            return None, [f"{name}: {_FILTER_HINTS.get(name, 'invalid')}" for name in names]
+        if query.since is not None and query.until is not None and query.since >= query.until:
+            return None, [f"until: {_FILTER_HINTS['until']}"]
+        return query, []
+
+    def with_cursor(self, cursor: str) -> dict[str, str]:
+        """Query parameters of the next page: these filters, that cursor."""
+        kept = {name: getattr(self, name) for name in ("action", "allow", "since", "until")}
+        return {**{k: v for k, v in kept.items() if v}, "limit": self.limit, "cursor": cursor}
+
+
+def _when(evaluated_at: str) -> str:
+    """An RFC 3339 UTC time as the table shows it: date, time to the millisecond."""
+    try:
+        return _stamp(datetime.fromisoformat(evaluated_at))
+    except ValueError:
+        return evaluated_at
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _utc(text: str) -> datetime | None:
+    """A `datetime-local` value (no zone: taken as UTC), or an ISO 8601 time with one."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
