@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser schema lint-py types lint-rego test-rego test-py bench clean
+.PHONY: help run test install tools browser schema lint-py types lint-rego test-rego test-py bench clean policy-manifest
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
@@ -48,6 +48,10 @@ browser:
 schema: install
 	$(PY) -m service.policy_input > $(SCHEMAS)/policy_input.json
 
+# After a policy edit: the bundle manifest's revision is the policies' content hash.
+policy-manifest: install
+	$(PY) deploy/policy_manifest.py
+
 # Starts OPA and the service on 127.0.0.1:8080 (data in ./var), then prints a walk-through.
 run: install
 	@SESSIONSTATE_OPA_BIN=$${SESSIONSTATE_OPA_BIN:-$$(scripts/tools.sh opa)} $(VENV)/bin/sessionstate serve --walkthrough
@@ -59,11 +63,12 @@ lint-py: install
 types: install
 	$(VENV)/bin/mypy
 
-lint-rego: tools
+lint-rego: tools install
 	@opa=$$(scripts/tools.sh opa); regal=$$(scripts/tools.sh regal); set -x; \
 	$$opa fmt --list --fail $(POLICIES) && \
 	$$opa check --strict --schema $(SCHEMAS) $(POLICIES) && \
-	$$regal lint $(POLICIES)
+	$$regal lint $(POLICIES) && \
+	$(PY) deploy/policy_manifest.py --check
 
 test-rego: tools install
 	@opa=$$(scripts/tools.sh opa); set -x; \

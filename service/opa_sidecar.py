@@ -184,7 +184,7 @@ class OpaSidecar:
             f"127.0.0.1:{self.port}",
             "--authentication=token",
             "--authorization=basic",
-            "--disable-telemetry",
+            "--skip-version-check",
             "--config-file",
             str(self.work_dir / "opa-config.json"),
         ]

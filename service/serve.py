@@ -59,6 +59,8 @@ class SessionStateServer(BaseApplication):  # type: ignore[misc]
             "graceful_timeout": 10,
             "accesslog": None,
             "loglevel": "warning",
+            # gunicorn's control socket could add workers; LevelDB admits one process.
+            "control_socket_disable": True,
             "when_ready": self._when_ready,
             "on_exit": self._on_exit,
             "worker_exit": self._worker_exit,
