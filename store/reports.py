@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from store.digests import Digest
 from store.reasons import CorruptionLabel
@@ -22,12 +23,22 @@ class SessionStateWriteReport(BaseModel):
     blocked_reasons: list[str] = Field(default_factory=list)
     read_only: Literal[True] = True
     report_only: Literal[True] = True
+    preview_only: bool = Field(
+        default=True, description="true unless the record was written: always `not applied`"
+    )
 
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def preview_only(self) -> bool:
-        """A report is preview-only unless the record was written."""
-        return not self.applied
+    @model_validator(mode="before")
+    @classmethod
+    def _preview_only_follows_applied(cls, data: Any) -> Any:
+        """Derived when absent, checked when given: one model reads what it writes."""
+        if isinstance(data, dict) and isinstance(data.get("applied"), bool):
+            expected = not data["applied"]
+            data = {"preview_only": expected, **data}
+            if data["preview_only"] != expected:
+                raise PydanticCustomError(
+                    "preview_only_contradicts_applied", "preview_only must be `not applied`"
+                )
+        return data
 
 
 class SessionStateReadReport(BaseModel):

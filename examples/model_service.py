@@ -1,0 +1,154 @@
+"""A tiny local model service: an echo "model" that chats through sessionstate.
+
+Each prompt goes through the design note's five steps with the Python client:
+load the session's state, preview the replay inputs, build the runtime request
+from them and the prompt, run the model, and commit the user and assistant
+turns. Only digests of the turns are stored, and only if the deployment, an
+operator's approval and the policy allow; otherwise the chat goes on
+preview-only. The transcript itself (step 5) stays in this process.
+
+    SVC=$(.venv/bin/sessionstate token --sub demo-model --role model-service \\
+          --tenant acme --workspace support --session chat-1)
+    SESSIONSTATE_URL=http://127.0.0.1:8080 SESSIONSTATE_TOKEN=$SVC \\
+      .venv/bin/python examples/model_service.py "hello" "what did I just say?"
+
+The scope comes from the token's claims unless --tenant, --workspace and
+--session name it. Replies go to stdout, one a line; what happened to the state
+at each turn goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import jwt
+
+from service.client import (
+    CommitResult,
+    ModelServiceSession,
+    RuntimeRequest,
+    SessionStateClient,
+    SessionStateError,
+)
+from store.inputs import SessionStateInput
+from store.scope import TenantScope
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+# What a new session starts from: how the model runs, and its anchors. The evidence is
+# the model service's own configuration; sessionstate keeps only its digests.
+TEMPLATE = SessionStateInput.model_validate(
+    {
+        "runtime_profile": {
+            "task_profile": "general",
+            "model_id": "echo-1",
+            "tokenizer": "utf8-bytes",
+            "context_window": 4096,
+            "max_tokens": 256,
+            "streaming": False,
+        },
+        "memory_anchors": [{"anchor_id": "memory:style", "evidence": "answers briefly"}],
+        "gene_anchors": [{"anchor_id": "gene:echo", "evidence": "echo model, no tools"}],
+        "routing_evidence": [{"anchor_id": "route:chat", "evidence": "small talk"}],
+        "source_trace_ids": ["trace:examples/model_service"],
+    }
+)
+
+
+def echo_model(request: RuntimeRequest) -> str:
+    """The "model": says the prompt back, with what it was given besides."""
+    return (
+        f"echo: {request.prompt} "
+        f"[{len(request.retrieval_inputs)} memory, {len(request.routing_inputs)} routing, "
+        f"{len(request.gene_inputs)} gene inputs; {request.history_turns} turns before]"
+    )
+
+
+class EchoModelService:
+    """One conversation of the echo model, its state kept in sessionstate."""
+
+    def __init__(self, client: SessionStateClient, scope: TenantScope) -> None:
+        self.session = ModelServiceSession(client, scope, TEMPLATE)
+        self.transcript: list[tuple[str, str]] = []  # step 5: raw text stays here
+        self.last_commit: CommitResult | None = None
+
+    def reply(self, prompt: str) -> str:
+        self.session.load()  # 1. load (or start) the state
+        preview = self.session.replay()  # 2. replay preview from digests
+        request = self.session.runtime_request(prompt, preview)  # 3. local, never sent
+        answer = echo_model(request)
+        self.last_commit = self.session.commit_turns(  # 4. sanitized turns, if allowed
+            [self.session.turn("user", prompt), self.session.turn("assistant", answer)]
+        )
+        self.transcript.append((prompt, answer))
+        return answer
+
+
+def chat(prompts: Sequence[str], *, base_url: str, token: str, scope: TenantScope) -> list[str]:
+    """The echo model's replies to prompts, one conversation, its state in sessionstate."""
+    with SessionStateClient(base_url, token) as client:
+        service = EchoModelService(client, scope)
+        replies = []
+        for prompt in prompts:
+            replies.append(service.reply(prompt))
+            print(describe(service.last_commit), file=sys.stderr)
+        return replies
+
+
+def describe(commit: CommitResult | None) -> str:
+    if commit is None:
+        return "state: untouched"
+    turns = len(commit.record.turns)
+    if commit.applied:
+        return f"state: stored {commit.state_digest} ({turns} turns)"
+    return f"state: preview-only ({turns} turns held); blocked: {', '.join(commit.blocked_reasons)}"
+
+
+def scope_of(token: str, args: argparse.Namespace) -> TenantScope:
+    """The scope from the flags, else from the token's own claims (read, not verified)."""
+    claims = jwt.decode(token, options={"verify_signature": False})
+    return TenantScope(
+        tenant_id=args.tenant or claims.get("tenant"),
+        workspace_id=args.workspace or claims.get("workspace"),
+        session_id=args.session or claims.get("session"),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("prompts", nargs="*", help="the prompts; none: one a line from stdin")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("SESSIONSTATE_URL", DEFAULT_URL),
+        help=f"the service (default: SESSIONSTATE_URL, else {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("SESSIONSTATE_TOKEN"),
+        help="a model-service token (default: SESSIONSTATE_TOKEN, which keeps it out of `ps`)",
+    )
+    for level in ("tenant", "workspace", "session"):
+        parser.add_argument(f"--{level}", help=f"the {level} id (default: the token's claim)")
+    args = parser.parse_args(argv)
+    if not args.token:
+        parser.error("a model-service token is needed: --token or SESSIONSTATE_TOKEN")
+    try:
+        scope = scope_of(args.token, args)
+    except (jwt.PyJWTError, ValueError):
+        parser.error("no scope: give --tenant, --workspace and --session, or a scoped token")
+    prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    try:
+        replies = chat(prompts, base_url=args.url, token=args.token, scope=scope)
+    except SessionStateError as error:  # its message names status and reason, nothing else
+        print(f"sessionstate: {error}", file=sys.stderr)
+        return 1
+    for reply in replies:
+        print(reply)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

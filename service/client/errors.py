@@ -1,0 +1,195 @@
+"""Typed exceptions of the client: one per status and reason the contract fixes.
+
+A message names the status, the reason and, for a denial, the reason codes;
+never a token, a body, a payload or a stored value (a problem document holds
+none of those either, so keeping it whole is safe).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from service.decision_trace import DecisionTrace
+from service.wire import FieldError, ProblemDocument
+from store.reports import SessionStateReadReport, SessionStateWriteReport
+
+
+class SessionStateError(Exception):
+    """Any failed call. `status` is None when no HTTP answer came back."""
+
+    def __init__(
+        self,
+        status: int | None,
+        reason: str,
+        problem: ProblemDocument | None = None,
+        *,
+        request_id: str | None = None,
+        attempts: int = 1,
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.problem = problem
+        self.request_id = request_id
+        self.attempts = attempts
+        super().__init__(self._message())
+
+    @property
+    def decision(self) -> DecisionTrace | None:
+        """The decision that governed the refused call, once the policy was asked."""
+        return None if self.problem is None else self.problem.decision
+
+    @property
+    def write_report(self) -> SessionStateWriteReport | None:
+        return None if self.problem is None else self.problem.write_report
+
+    def _message(self) -> str:
+        status = "no answer" if self.status is None else f"HTTP {self.status}"
+        text = f"{status}: {self.reason}"
+        if self.request_id:
+            text += f" (request id {self.request_id})"
+        return text
+
+
+class AuthenticationFailed(SessionStateError):
+    """401: the token is missing, malformed, wrongly signed, expired or lacks claims."""
+
+
+class PolicyDenied(SessionStateError):
+    """403: the policy (or the store's own record check) refused; nothing was done."""
+
+    def __init__(
+        self,
+        status: int | None,
+        reason: str,
+        problem: ProblemDocument | None = None,
+        *,
+        request_id: str | None = None,
+        attempts: int = 1,
+    ) -> None:
+        if problem is None or problem.decision is None:
+            raise ValueError("a policy denial carries its decision")
+        self._decision = problem.decision
+        super().__init__(status, reason, problem, request_id=request_id, attempts=attempts)
+
+    @property
+    def decision(self) -> DecisionTrace:
+        return self._decision
+
+    @property
+    def reasons(self) -> list[str]:
+        """Every reason code: the write report's blockers if any, else the decision's."""
+        if self.write_report is not None and self.write_report.blocked_reasons:
+            return list(self.write_report.blocked_reasons)
+        return list(self._decision.reasons)
+
+    def _message(self) -> str:
+        return super()._message() + f"; reasons: {', '.join(self.reasons) or 'none given'}"
+
+
+class NotFound(SessionStateError):
+    """404: no record for the session, no such approval or decision, or no such path."""
+
+
+class PreconditionFailed(SessionStateError):
+    """412: the stored version is not the one `If-Match` / `If-None-Match` named."""
+
+
+class InvalidRequest(SessionStateError):
+    """400, 405, 413, 415 or 422: the request itself is wrong; resending it cannot help."""
+
+    @property
+    def errors(self) -> list[FieldError]:
+        """On a 422: each broken rule as a field path and a rule name (never a value)."""
+        return [] if self.problem is None or self.problem.errors is None else self.problem.errors
+
+    def _message(self) -> str:
+        text = super()._message()
+        if self.errors:
+            text += "; " + "; ".join(
+                f"{'.'.join(str(part) for part in error.loc)}: {error.rule}"
+                for error in self.errors
+            )
+        return text
+
+
+class PolicyEngineUnavailable(SessionStateError):
+    """503 `policy_engine_unavailable`: OPA did not answer; nothing was done."""
+
+
+class DecisionLogUnavailable(SessionStateError):
+    """503 `decision_log_unavailable`: the decision could not be logged; nothing was done."""
+
+
+class ServiceUnavailable(SessionStateError):
+    """No usable answer: connection failures or timeouts (after any retries), or another 503.
+
+    `status` is None when no answer came back at all. A call that is not safe
+    to repeat (granting an approval, an unconditional write) is never retried
+    on a connection failure, so it may or may not have taken effect.
+    """
+
+
+class UnexpectedResponse(SessionStateError):
+    """The service answered something the contract does not describe (or a 500)."""
+
+
+_BY_STATUS: dict[int, type[SessionStateError]] = {
+    400: InvalidRequest,
+    401: AuthenticationFailed,
+    403: PolicyDenied,
+    404: NotFound,
+    405: InvalidRequest,
+    412: PreconditionFailed,
+    413: InvalidRequest,
+    415: InvalidRequest,
+    422: InvalidRequest,
+}
+_BY_503_REASON: dict[str, type[SessionStateError]] = {
+    "policy_engine_unavailable": PolicyEngineUnavailable,
+    "decision_log_unavailable": DecisionLogUnavailable,
+}
+
+
+def error_from_response(response: httpx.Response, *, attempts: int = 1) -> SessionStateError:
+    """The typed exception for an error answer (the response body must have been read)."""
+    status = response.status_code
+    problem = parse_problem(response.content)
+    reason = problem.reason if problem is not None else f"http_{status}"
+    request_id = response.headers.get("X-Request-Id")
+    if status == 503:
+        kind = _BY_503_REASON.get(reason, ServiceUnavailable)
+    elif status == 403 and (problem is None or problem.decision is None):
+        kind = UnexpectedResponse  # a denial without its decision is not this service's
+    else:
+        kind = _BY_STATUS.get(status, UnexpectedResponse)
+    return kind(status, reason, problem, request_id=request_id, attempts=attempts)
+
+
+def parse_problem(content: bytes) -> ProblemDocument | None:
+    """The problem document in content, or None when it is not one."""
+    try:
+        document = json.loads(content)
+        if not isinstance(document, dict):
+            return None
+        return ProblemDocument.model_validate(document)
+    except ValueError:  # not JSON, or not a problem document (ValidationError is one)
+        return None
+
+
+class CorruptState(SessionStateError):
+    """`GET S/state` found a record it cannot trust: `read_report` has its label and digest.
+
+    The session does not start over on its own: replacing the record loses the
+    evidence an operator may need. `ModelServiceSession(replace_corrupt=True)`
+    replaces it with `If-Match: "<error_digest>"`, as the contract describes.
+    """
+
+    def __init__(self, read_report: SessionStateReadReport, *, request_id: str | None = None):
+        self.read_report = read_report
+        label = read_report.redacted_error.value if read_report.redacted_error else "corrupt"
+        super().__init__(200, label, request_id=request_id)
+
+    def _message(self) -> str:
+        return super()._message() + f"; error digest {self.read_report.error_digest}"

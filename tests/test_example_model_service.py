@@ -1,0 +1,119 @@
+"""examples/model_service.py against the real `sessionstate serve`: state advances, no prompt stays."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from examples.model_service import EchoModelService, chat
+from service.auth import mint_token
+from service.client import NotFound, SessionStateClient
+from store.record import SessionStateRecord
+from tests.factories import scope
+from tests.live import JWT_SECRET
+from tests.test_serve import ROOT, Served, start
+
+SCOPE = scope()
+
+
+def token(role: str) -> str:
+    session = role == "model-service"
+    return mint_token(
+        JWT_SECRET.encode(),
+        sub="example",
+        roles=[role],
+        tenant="tenant-a",
+        workspace="ws-1" if session else None,
+        session="chat-1" if session else None,
+        ttl_seconds=600,
+    )
+
+
+@pytest.fixture
+def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
+    """`sessionstate serve` as a process, durable writes on (see tests/test_serve.py)."""
+    running = start(opa_bin, tmp_path / "var", tmp_path)
+    yield running
+    if running.process.poll() is None:
+        os.killpg(running.process.pid, signal.SIGKILL)
+        running.process.wait()
+
+
+def stored(client: SessionStateClient) -> SessionStateRecord | None:
+    try:
+        return client.get_state(SCOPE).read_report.record
+    except NotFound:
+        return None
+
+
+def stop(served: Served) -> bytes:
+    """SIGTERM the service; then every byte it left: the data dir's files and its log."""
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(20) == 0
+    files = [path for path in served.data_dir.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".log" for path in files)  # LevelDB's write-ahead log is there
+    return b"".join(path.read_bytes() for path in files) + served.log.read_bytes()
+
+
+def test_a_chat_stores_two_turn_digests_a_turn_and_no_prompt(served: Served) -> None:
+    canaries = [f"PROMPT-CANARY-{uuid.uuid4().hex}" for _ in range(4)]
+    with SessionStateClient(served.url, token("operator")) as operator:
+        operator.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 600, "reason": "example"})
+    with SessionStateClient(served.url, token("model-service")) as client:
+        model_service = EchoModelService(client, SCOPE)
+        digests: list[str] = []
+        for turn, canary in enumerate(canaries[:3], start=1):
+            reply = model_service.reply(f"tell me about {canary}")
+            assert canary in reply  # the model saw the prompt
+            record = stored(client)
+            assert record is not None
+            assert len(record.turns) == 2 * turn
+            assert [t.role for t in record.turns[-2:]] == ["user", "assistant"]
+            assert record.state_digest not in digests
+            digests.append(record.state_digest)
+        # The command line, from the environment, goes on with the same conversation.
+        env = {
+            **os.environ,
+            "SESSIONSTATE_URL": served.url,
+            "SESSIONSTATE_TOKEN": token("model-service"),
+        }
+        cli = subprocess.run(
+            [sys.executable, "examples/model_service.py", f"and {canaries[3]}?"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert f"echo: and {canaries[3]}?" in cli.stdout
+        assert "6 turns before" in cli.stdout
+        assert "state: stored sha256:" in cli.stderr
+        record = stored(client)
+        assert record is not None and len(record.turns) == 8
+    left_behind = stop(served)
+    assert record.turns[-1].turn_id.encode() in left_behind  # the scan does see stored bytes
+    for canary in canaries:
+        assert canary.encode() not in left_behind
+
+
+def test_without_an_approval_the_chat_goes_on_preview_only(served: Served) -> None:
+    canary = f"PROMPT-CANARY-{uuid.uuid4().hex}"
+    replies = chat(
+        [f"first {canary}", "second"],
+        base_url=served.url,
+        token=token("model-service"),
+        scope=SCOPE,
+    )
+    assert replies[0].startswith(f"echo: first {canary}")
+    assert "2 turns before" in replies[1]  # the turns were held, as digests
+    with SessionStateClient(served.url, token("model-service")) as client:
+        assert stored(client) is None
+    assert canary.encode() not in stop(served)
