@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.session_state import SessionStateStore
 from tests.live import LiveService, live_service, service_settings
+from tests.served import Served, start
 
 settings.register_profile(
     "sessionstate",
@@ -80,3 +83,27 @@ def default_service(sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService
     """The service with the deployment defaults: durable writes off."""
     with live_service(sidecar, service_settings(tmp_path / "var", durable_writes=False)) as live:
         yield live
+
+
+@pytest.fixture
+def fragile(opa_bin: str, tmp_path: Path) -> Iterator[tuple[LiveService, OpaSidecar]]:
+    """A service with an OPA of its own, which the test may pause or kill."""
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICY_DIR, policies)
+    sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa", max_backoff_seconds=0.5)
+    sidecar.start()
+    try:
+        with live_service(sidecar, service_settings(tmp_path / "var", opa_timeout_ms=250)) as live:
+            yield live, sidecar
+    finally:
+        sidecar.stop()
+
+
+@pytest.fixture
+def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
+    """`sessionstate serve` as a real process (gunicorn and its sidecar), durable writes on."""
+    running = start(opa_bin, tmp_path / "var", tmp_path)
+    yield running
+    if running.process.poll() is None:
+        os.killpg(running.process.pid, signal.SIGKILL)
+        running.process.wait()

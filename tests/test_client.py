@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,9 +33,8 @@ from service.wire import SessionStateResponse
 from store.digests import DigestKey
 from store.inputs import SessionStateInput
 from store.keys import LaneKey, TenantResourceLane
-from tests.conftest import POLICY_DIR
 from tests.factories import scope, state_input
-from tests.live import JWT_SECRET, LiveService, live_service, service_settings
+from tests.live import JWT_SECRET, LiveService
 
 CANARY = "CLIENT-CANARY-5f0c"
 SCOPE = scope()
@@ -293,20 +290,6 @@ def test_operations_endpoints(service: LiveService) -> None:
 
 
 # --- retries -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fragile(opa_bin: str, tmp_path: Path) -> Iterator[tuple[LiveService, OpaSidecar]]:
-    """A service with an OPA of its own, which the test pauses."""
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICY_DIR, policies)
-    sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa", max_backoff_seconds=0.5)
-    sidecar.start()
-    try:
-        with live_service(sidecar, service_settings(tmp_path / "var", opa_timeout_ms=250)) as live:
-            yield live, sidecar
-    finally:
-        sidecar.stop()
 
 
 def read_outcomes(service: LiveService) -> list[int]:

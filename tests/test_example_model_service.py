@@ -7,10 +7,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from examples.model_service import EchoModelService, chat
 from service.auth import mint_token
@@ -18,7 +14,7 @@ from service.client import NotFound, SessionStateClient
 from store.record import SessionStateRecord
 from tests.factories import scope
 from tests.live import JWT_SECRET
-from tests.test_serve import ROOT, Served, start
+from tests.served import ROOT, Served
 
 SCOPE = scope()
 
@@ -34,16 +30,6 @@ def token(role: str) -> str:
         session="chat-1" if session else None,
         ttl_seconds=600,
     )
-
-
-@pytest.fixture
-def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
-    """`sessionstate serve` as a process, durable writes on (see tests/test_serve.py)."""
-    running = start(opa_bin, tmp_path / "var", tmp_path)
-    yield running
-    if running.process.poll() is None:
-        os.killpg(running.process.pid, signal.SIGKILL)
-        running.process.wait()
 
 
 def stored(client: SessionStateClient) -> SessionStateRecord | None:

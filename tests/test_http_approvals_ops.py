@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.opa_sidecar import OpaSidecar, send_signal
-from tests.conftest import POLICY_DIR
 from tests.factories import state_input
-from tests.live import LiveService, live_service, service_settings
+from tests.live import LiveService
 
 APPROVALS = "/v1/tenants/tenant-a/workspaces/ws-1/approvals"
 
@@ -130,21 +126,6 @@ def test_openapi_document_and_docs(service: LiveService) -> None:
 
 
 # --- failing closed when OPA fails ---------------------------------------------------------
-
-
-@pytest.fixture
-def fragile(opa_bin: str, tmp_path: Path) -> Iterator[tuple[LiveService, OpaSidecar]]:
-    """A service with an OPA of its own, which the test may pause or kill."""
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICY_DIR, policies)
-    sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa", max_backoff_seconds=0.5)
-    sidecar.start()
-    settings = service_settings(tmp_path / "var", opa_timeout_ms=250)
-    try:
-        with live_service(sidecar, settings) as live:
-            yield live, sidecar
-    finally:
-        sidecar.stop()
 
 
 def _assert_unavailable(answer: Any) -> None:

@@ -8,8 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,86 +16,10 @@ import requests
 from service.auth import mint_token
 from tests.factories import state_input
 from tests.live import DIGEST_KEY, JWT_SECRET
+from tests.served import ROOT, Served, free_port, processes_using, start
 
-ROOT = Path(__file__).resolve().parent.parent
 CANARY = "SERVE-CANARY-9d2e"
 SESSION = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1"
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    url: str
-    data_dir: Path
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _processes_using(marker: Path) -> list[int]:
-    """Pids whose command line or open files name the data dir (service, worker, OPA)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if str(marker).encode() in cmdline + environ:
-            found.append(int(entry.name))
-    return found
-
-
-def start(opa_bin: str, data_dir: Path, tmp: Path) -> Served:
-    port = _free_port()
-    env = {
-        **os.environ,
-        "SESSIONSTATE_DATA_DIR": str(data_dir),
-        "SESSIONSTATE_PORT": str(port),
-        "SESSIONSTATE_DURABLE_WRITES": "true",
-        "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
-        "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
-        "SESSIONSTATE_OPA_BIN": opa_bin,
-    }
-    log = tmp / f"serve-{port}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--walkthrough"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    served = Served(process, f"http://127.0.0.1:{port}", data_dir, log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(served.url + "/readyz", timeout=1).status_code == 200:
-                return served
-        except requests.RequestException:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError("service did not become ready:\n" + log.read_text()[-3000:])
-
-
-@pytest.fixture
-def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
-    running = start(opa_bin, tmp_path / "var", tmp_path)
-    yield running
-    if running.process.poll() is None:
-        os.killpg(running.process.pid, signal.SIGKILL)
-        running.process.wait()
 
 
 def _token(role: str) -> str:
@@ -124,13 +46,13 @@ def _write(url: str) -> requests.Response:
 
 
 def test_sigterm_stops_the_service_and_its_sidecar(served: Served) -> None:
-    assert len(_processes_using(served.data_dir)) >= 3  # master, worker, OPA
+    assert len(processes_using(served.data_dir)) >= 3  # master, worker, OPA
     served.process.send_signal(signal.SIGTERM)
     assert served.process.wait(20) == 0
     deadline = time.monotonic() + 10
-    while _processes_using(served.data_dir) and time.monotonic() < deadline:
+    while processes_using(served.data_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes_using(served.data_dir) == []
+    assert processes_using(served.data_dir) == []
     # OPA was stopped once, by the service; nothing restarted it on the way down.
     assert "opa_exited" not in served.log.read_text()
 
@@ -143,9 +65,9 @@ def test_a_sigkilled_service_loses_no_acknowledged_write(
     os.killpg(served.process.pid, signal.SIGKILL)
     served.process.wait()
     deadline = time.monotonic() + 10
-    while _processes_using(served.data_dir) and time.monotonic() < deadline:
+    while processes_using(served.data_dir) and time.monotonic() < deadline:
         time.sleep(0.1)  # the worker and OPA die with their parents
-    assert _processes_using(served.data_dir) == []
+    assert processes_using(served.data_dir) == []
     again = start(opa_bin, served.data_dir, tmp_path)
     try:
         read = requests.get(
@@ -184,7 +106,7 @@ def _run_serve(
     env = {
         **os.environ,
         "SESSIONSTATE_DATA_DIR": str(data_dir),
-        "SESSIONSTATE_PORT": str(_free_port()),
+        "SESSIONSTATE_PORT": str(free_port()),
         "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
         "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
         "SESSIONSTATE_OPA_BIN": opa_bin,

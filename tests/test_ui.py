@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,7 @@ from service.http.ui_chart import CHART_BUCKETS, decision_chart
 from service.opa_sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_json
 from store.keys import LaneKey, TenantResourceLane
-from tests.conftest import POLICY_DIR
-from tests.live import JWT_SECRET, LiveService, live_service, service_settings
+from tests.live import JWT_SECRET, LiveService
 from tests.test_http_decisions import auditor, exercise, listed
 
 UI = "/ui/decisions"
@@ -395,24 +393,10 @@ def test_page_views_are_logged_decisions(service: LiveService) -> None:
     assert [(e["decision"]["allow"], e["outcome"]["status"]) for e in refused] == [(False, 403)]
 
 
-@pytest.fixture
-def own_opa(opa_bin: str, tmp_path: Path) -> Iterator[tuple[LiveService, OpaSidecar]]:
-    """A service with an OPA of its own, which the test may pause."""
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICY_DIR, policies)
-    sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa", max_backoff_seconds=0.5)
-    sidecar.start()
-    try:
-        with live_service(sidecar, service_settings(tmp_path / "var", opa_timeout_ms=250)) as live:
-            yield live, sidecar
-    finally:
-        sidecar.stop()
-
-
 def test_an_unavailable_policy_engine_shows_no_log(
-    own_opa: tuple[LiveService, OpaSidecar],
+    fragile: tuple[LiveService, OpaSidecar],
 ) -> None:
-    service, sidecar = own_opa
+    service, sidecar = fragile
     exercise(service)
     browser = sign_in(service, auditor(service))
     send_signal(sidecar, signal.SIGSTOP)
