@@ -36,6 +36,7 @@ DETAILS: dict[str, str] = {
     "session_state_not_found": "No session state is stored for this scope.",
     "decision_not_found": "No decision with this id is in the decision log.",
     "approval_not_found": "No such approval in this workspace.",
+    "cross_site_request_rejected": "A sign-in or sign-out posted from another site is refused.",
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
     "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
     "not_found": "No such resource.",
