@@ -63,7 +63,9 @@ def write_body() -> dict[str, Any]:
         workspace_id="ws-1",
         session_id="chat-1",
     )
-    return entry_body(trace, policy_input, actor, DecisionOutcome(status=201, applied=True, approval_id=None))
+    return entry_body(
+        trace, policy_input, actor, DecisionOutcome(status=201, applied=True, approval_id=None)
+    )
 
 
 def fresh(template: dict[str, Any]) -> dict[str, Any]:
