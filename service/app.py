@@ -7,14 +7,14 @@ import re
 import secrets
 import time
 
-from flask import Flask, Response, current_app, g, request
+from flask import Flask, Response, g, request
 from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
 from service.http import approvals, decisions, ops, state, ui
 from service.http.body import MAX_BODY_BYTES
-from service.http.common import CONTEXT_KEY, journal_decision
+from service.http.common import CONTEXT_KEY, context, journal_decision
 from service.http.problems import Problem
 from service.journal import JournalClosed
 
@@ -64,7 +64,7 @@ def _finish(response: Response) -> Response:
         response = _problem(Problem(503, "decision_log_unavailable"))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     response.headers["X-Request-Id"] = g.get("request_id", "")
-    _ctx().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+    context().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
     log.info(
         "request",
         extra={
@@ -82,11 +82,6 @@ def _finish(response: Response) -> Response:
         },
     )
     return response
-
-
-def _ctx() -> ServiceContext:
-    ctx: ServiceContext = current_app.extensions[CONTEXT_KEY]
-    return ctx
 
 
 def _problem(problem: Problem) -> Response:

@@ -164,9 +164,9 @@ class ApprovalStore:
         """Revoke at once; revoking twice keeps the first `revoked_at`. None when absent."""
         with self._write_lock:
             approval = self.get(tenant_id, workspace_id, approval_id)
-            if approval is None or approval.revoked_at is not None:
+            revoked = None if approval is None else revocation(approval, now)
+            if revoked is None:
                 return approval
-            revoked = revoked_copy(approval, now)
             self._put(revoked)
         return revoked
 
@@ -195,8 +195,11 @@ class ApprovalStore:
         self._lanes.put(*stored_form(approval), sync=True)
 
 
-def revoked_copy(approval: Approval, now: datetime) -> Approval:
-    """The approval revoked at `now`, not yet stored."""
+def revocation(approval: Approval, now: datetime) -> Approval | None:
+    """The approval revoked at `now`, not yet stored; None when it already was revoked
+    (revoking twice keeps the first `revoked_at`)."""
+    if approval.revoked_at is not None:
+        return None
     return Approval.model_validate({**approval.model_dump(), "revoked_at": now})
 
 

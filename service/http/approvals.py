@@ -6,7 +6,7 @@ import re
 
 from flask import Blueprint, Response
 
-from service.approvals import ApprovalGrantInput, ApprovalStore, revoked_copy, stored_form
+from service.approvals import ApprovalGrantInput, ApprovalStore, revocation, stored_form
 from service.http.body import json_body
 from service.http.common import (
     authenticate,
@@ -75,11 +75,9 @@ def revoke_approval(tenant_id: str, workspace_id: str, approval_id: str) -> Resp
     current = context().approvals.get(tenant_id, workspace_id, approval_id)
     if current is None:
         raise Problem(404, "approval_not_found", decision=trace)
-    if current.revoked_at is None:  # revoking twice keeps the first revoked_at
-        revoked = revoked_copy(current, context().clock())
-        journal_effect(204, [stored_form(revoked)], approval_id=approval_id)
-    else:
-        journal_effect(204, approval_id=approval_id)
+    revoked = revocation(current, context().clock())
+    changes = [] if revoked is None else [stored_form(revoked)]
+    journal_effect(204, changes, approval_id=approval_id)
     # 204 has no body: the decision that governed it is named in a header.
     response = Response(status=204, headers={DECISION_ID_HEADER: trace.decision_id})
     del response.headers["Content-Type"]
