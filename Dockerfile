@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The sessionstate service: Flask under gunicorn (one worker with threads: LevelDB
+# The sessionstate service: Flask served by hypercorn in one process (LevelDB
 # admits one process), its data on a volume, running as an unprivileged user.
 # docs/deployment.md explains how to build and run it; docker-compose.yml runs it
 # with the official OPA image as a sidecar in its network namespace.
@@ -58,5 +58,5 @@ EXPOSE 8080
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('SESSIONSTATE_PORT', '8080'), timeout=4)"]
 
-# `sessionstate serve` is gunicorn's master: one gthread worker, 8 threads.
+# `sessionstate serve`: one process, hypercorn reading requests, 16 threads running them.
 CMD ["sessionstate", "serve"]

@@ -1,6 +1,6 @@
 """End-to-end latency of the served process beside its floor, measured in the same run.
 
-Starts the real `sessionstate serve` (gunicorn gthread, 1 worker, 8 threads,
+Starts the real `sessionstate serve` (hypercorn, one process, 16 threads,
 its own OPA sidecar, LevelDB in a temporary dir, durable writes enabled),
 grants a workspace approval, stores one record, then drives four operations
 over loopback HTTP: preview (POST S/state/preview), write (PUT S/state with a
@@ -370,7 +370,7 @@ def main() -> None:
             sys.exit(f"service exited with {code} after SIGTERM:\n{served.log_tail()}")
 
     print(
-        f"served: gunicorn gthread 1 worker x 8 threads, OPA sidecar, durable writes; "
+        f"served: hypercorn, one process x 16 threads, OPA sidecar, durable writes; "
         f"record {size} bytes; {os.cpu_count()} CPUs shared by clients, service and OPA"
     )
     print(

@@ -36,5 +36,13 @@ class ServiceMetrics:
             registry=self.registry,
         )
 
+        self.refused_before_app = Counter(
+            "sessionstate_http_refused_before_app",
+            "Requests answered by the HTTP front before the app ran, by reason "
+            "(body_too_large, request_timeout, malformed_request).",
+            ["reason"],
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

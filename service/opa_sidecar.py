@@ -86,7 +86,7 @@ class OpaSidecar:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
-        # A forked child (a gunicorn worker) inherits this object; only the owner may stop OPA.
+        # A forked child inherits this object; only the owner may stop OPA.
         self._owner_pid = os.getpid()
 
     @property

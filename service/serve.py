@@ -1,23 +1,31 @@
-"""`sessionstate serve`: the OPA sidecar and the app under gunicorn.
+"""`sessionstate serve`: the OPA sidecar, the store and the app, in one process.
 
-One gunicorn worker with threads: LevelDB admits one process. The master
-starts the sidecar (unless SESSIONSTATE_OPA_URL names an OPA already running)
-and stops it on exit, so SIGTERM leaves no process behind.
+The process holds the data dir (a flock), starts the sidecar (unless
+SESSIONSTATE_OPA_URL names an OPA already running), opens the store, and
+serves HTTP with hypercorn (`service.http_front`): requests are read on an
+event loop and handed whole to a pool of threads that run the Flask app.
+SIGTERM or SIGINT stops it gracefully; the sidecar stops with it, and dies
+with it even on SIGKILL (PR_SET_PDEATHSIG, see `service.opa_sidecar`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
+import resource
+import signal
+import socket
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from flask import Flask
-from gunicorn.app.base import BaseApplication
+from hypercorn.asyncio.run import worker_serve
 
 from service.app import create_app
 from service.context import ConfigurationError, ServiceContext, check_settings
+from service.http_front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
 from service.opa_sidecar import OpaSidecar
 from service.settings import Settings
@@ -25,68 +33,9 @@ from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore
 
 log = logging.getLogger("sessionstate.serve")
-THREADS = 8
+THREADS = 16  # requests run at once; reading them costs no thread
 LOCK_FILE = "sessionstate.lock"
-
-
-class SessionStateServer(BaseApplication):  # type: ignore[misc]
-    """gunicorn, embedded: its config from `Settings`, its app from `create_app`."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        opa_url: str,
-        opa_token: str | None,
-        on_ready: Callable[[], None] | None = None,
-        on_exit: Callable[[], None] | None = None,
-    ) -> None:
-        self.settings = settings
-        self.opa_url = opa_url
-        self.opa_token = opa_token
-        self.on_ready = on_ready
-        self.on_exit = on_exit
-        self.context: ServiceContext | None = None
-        super().__init__()
-
-    def load_config(self) -> None:
-        options: dict[str, Any] = {
-            "bind": f"{self.settings.host}:{self.settings.port}",
-            "workers": 1,
-            "worker_class": "gthread",
-            "threads": THREADS,
-            "timeout": 30,
-            "graceful_timeout": 10,
-            "accesslog": None,
-            "loglevel": "warning",
-            # gunicorn's control socket could add workers; LevelDB admits one process.
-            "control_socket_disable": True,
-            "when_ready": self._when_ready,
-            "on_exit": self._on_exit,
-            "worker_exit": self._worker_exit,
-        }
-        for key, value in options.items():
-            self.cfg.set(key, value)
-
-    def _when_ready(self, server: object) -> None:
-        if self.on_ready is not None:
-            self.on_ready()
-
-    def _on_exit(self, server: object) -> None:
-        if self.on_exit is not None:
-            self.on_exit()
-
-    def _worker_exit(self, server: object, worker: object) -> None:
-        """In the worker: close LevelDB so the next worker can open it."""
-        if self.context is not None:
-            self.context.close()
-
-    def load(self) -> Flask:
-        configure_logging()
-        self.context = ServiceContext.open(
-            self.settings, opa_url=self.opa_url, opa_token=self.opa_token
-        )
-        return create_app(self.context)
+GRACEFUL_SECONDS = 10.0
 
 
 def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> None:
@@ -94,30 +43,79 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
     configure_logging()
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = _lock_data_dir(settings.data_dir)
-    check_settings(settings)
-    _check_decision_log(settings.data_dir)
     sidecar: OpaSidecar | None = None
-    if settings.opa_url:
-        opa_url, opa_token = settings.opa_url, settings.opa_token
-    else:
-        sidecar = OpaSidecar(
-            settings.resolved_opa_bin(), settings.policy_dir, settings.data_dir / "opa"
-        )
-        sidecar.start()
-        opa_url, opa_token = sidecar.url, sidecar.token
-        log.info("opa_sidecar_ready")
+    context: ServiceContext | None = None
     try:
-        SessionStateServer(
-            settings,
-            opa_url=opa_url,
-            opa_token=opa_token,
-            on_ready=on_ready,
-            on_exit=sidecar.stop if sidecar else None,
-        ).run()
+        check_settings(settings)
+        _check_decision_log(settings.data_dir)
+        listener = _listen(settings.host, settings.port)
+        if settings.opa_url:
+            opa_url, opa_token = settings.opa_url, settings.opa_token
+        else:
+            sidecar = OpaSidecar(
+                settings.resolved_opa_bin(), settings.policy_dir, settings.data_dir / "opa"
+            )
+            sidecar.start()
+            opa_url, opa_token = sidecar.url, sidecar.token
+            log.info("opa_sidecar_ready")
+        context = ServiceContext.open(settings, opa_url=opa_url, opa_token=opa_token)
+        _raise_open_file_limit()
+        asyncio.run(_serve_http(settings, context, listener, on_ready))
     finally:
+        if context is not None:
+            context.close()
         if sidecar is not None:
             sidecar.stop()
         lock.close()
+
+
+async def _serve_http(
+    settings: Settings,
+    context: ServiceContext,
+    listener: socket.socket,
+    on_ready: Callable[[], None] | None,
+) -> None:
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    app = BoundedWSGIWrapper(
+        create_app(context),
+        body_timeout=settings.body_timeout_seconds,
+        refused=context.metrics.refused_before_app,
+    )
+    config = front_config(
+        # hypercorn takes the socket over (and closes it when it stops).
+        bind=f"fd://{listener.detach()}",
+        read_timeout=settings.read_timeout_seconds,
+        keep_alive_timeout=settings.keep_alive_seconds,
+        graceful_timeout=GRACEFUL_SECONDS,
+    )
+    if on_ready is not None:
+        # The socket already listens: connections wait in its backlog until hypercorn accepts.
+        loop.call_soon(on_ready)
+    await worker_serve(app, config, shutdown_trigger=stop.wait)
+    log.info("service_stopped")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before anything starts, so a taken port is a clear error, not a half-started service."""
+    try:
+        return socket.create_server((host, port), backlog=1024, reuse_port=False)
+    except OSError as error:
+        raise ConfigurationError(
+            f"cannot listen on {host}:{port} (SESSIONSTATE_HOST/SESSIONSTATE_PORT): "
+            f"{error.strerror or 'address unavailable'}"
+        ) from None
+
+
+def _raise_open_file_limit() -> None:
+    """Idle and slow clients cost a socket each: allow as many as the hard limit admits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 65_536 if hard == resource.RLIM_INFINITY else hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
 
 
 def _check_decision_log(data_dir: Path) -> None:
@@ -133,10 +131,10 @@ def _check_decision_log(data_dir: Path) -> None:
 
 
 def _lock_data_dir(data_dir: Path) -> TextIO:
-    """Hold the data dir for this service: a second one would fight over OPA's files.
+    """Hold the data dir for this service: a second one would fight over its files.
 
-    The lock lives as long as the returned file stays open (the gunicorn worker
-    inherits it), and the kernel drops it when the process dies, however it dies.
+    The lock lives as long as the returned file stays open, and the kernel
+    drops it when the process dies, however it dies.
     """
     handle = open(data_dir / LOCK_FILE, "a")  # noqa: SIM115 - held for the process's life
     try:

@@ -101,7 +101,7 @@ def fragile(opa_bin: str, tmp_path: Path) -> Iterator[tuple[LiveService, OpaSide
 
 @pytest.fixture
 def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
-    """`sessionstate serve` as a real process (gunicorn and its sidecar), durable writes on."""
+    """`sessionstate serve` as a real process (hypercorn and its sidecar), durable writes on."""
     running = start(opa_bin, tmp_path / "var", tmp_path)
     yield running
     if running.process.poll() is None:

@@ -1,4 +1,4 @@
-"""A real `sessionstate serve` process for tests: gunicorn, the OPA sidecar, a data dir."""
+"""A real `sessionstate serve` process for tests: hypercorn, the OPA sidecar, a data dir."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def processes_using(marker: Path) -> list[int]:
     return found
 
 
-def start(opa_bin: str, data_dir: Path, tmp: Path) -> Served:
+def start(
+    opa_bin: str, data_dir: Path, tmp: Path, extra_env: dict[str, str] | None = None
+) -> Served:
     port = free_port()
     env = {
         **os.environ,
@@ -58,6 +60,7 @@ def start(opa_bin: str, data_dir: Path, tmp: Path) -> Served:
         "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
         "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
         "SESSIONSTATE_OPA_BIN": opa_bin,
+        **(extra_env or {}),
     }
     log = tmp / f"serve-{port}.log"
     with open(log, "wb") as out:

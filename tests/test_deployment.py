@@ -212,7 +212,7 @@ def test_image_runs_as_a_non_root_user_it_creates() -> None:
     )
 
 
-def test_image_runs_gunicorn_through_sessionstate_serve() -> None:
+def test_image_runs_sessionstate_serve() -> None:
     cmd = final("CMD")
     assert len(cmd) == 1 and exec_form(cmd[0]) == ["sessionstate", "serve"]
     assert not final("ENTRYPOINT")

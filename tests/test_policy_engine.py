@@ -403,7 +403,7 @@ def test_a_policy_edit_that_does_not_compile_keeps_the_last_good_bundle(
 
 
 def test_a_forked_child_cannot_stop_the_sidecar(sidecar: OpaSidecar) -> None:
-    """A gunicorn worker inherits the sidecar object; its exit must leave OPA running."""
+    """A forked child inherits the sidecar object; its exit must leave OPA running."""
     import os
 
     child = os.fork()

@@ -1,0 +1,144 @@
+"""The HTTP front: hypercorn reads every request on an event loop, then a thread runs the app.
+
+Why hypercorn and not gunicorn's threads: a gthread worker hands a connection
+to a thread as soon as its first byte arrives, and that thread then blocks
+until the client has sent its headers and body, however slowly. Eight slow
+clients took all eight threads. Here headers and body are read on the event
+loop, where a slow client costs a socket and a coroutine, and a thread is
+taken only for a request that has fully arrived. Reads are bounded three ways:
+an idle timeout between reads (headers and body), a total deadline for the
+body, limits on the request target (8 KiB) and
+headers (16 KiB), and the 1 MiB body limit, which answers 413 before the app runs whatever
+the framing (Content-Length, chunked, or neither).
+
+Answers given here, before the app, are the same problem documents the app
+gives; hypercorn's own answers to malformed HTTP are bare (status, no body),
+so no part of a request is ever echoed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from hypercorn.app_wrappers import WSGIWrapper, _build_environ
+from hypercorn.config import Config
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
+from prometheus_client import Counter
+
+from service.http.body import MAX_BODY_BYTES
+from service.http.problems import Problem
+
+MAX_TARGET_BYTES = 8 * 1024  # path and query
+MAX_HEADER_BYTES = 16 * 1024  # all header lines together
+_ANSWER_HEADERS = [
+    (b"content-type", b"application/problem+json"),
+    (b"cache-control", b"no-store"),
+    (b"connection", b"close"),
+]
+
+
+class BoundedWSGIWrapper(WSGIWrapper):
+    """hypercorn's WSGI wrapper with the service's body limit and body deadline."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        body_timeout: float,
+        refused: Counter | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        super().__init__(app, max_body_bytes)
+        self.body_timeout = body_timeout
+        self.refused = refused
+
+    async def handle_http(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        sync_spawn: Callable[..., Any],
+        call_soon: Callable[..., Any],
+    ) -> None:
+        if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_TARGET_BYTES:
+            await self._answer(send, Problem(414, "request_target_too_long"))
+            return
+        if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEADER_BYTES:
+            await self._answer(send, Problem(431, "request_headers_too_large"))
+            return
+        if _declared_length(scope) > self.max_body_size:
+            await self._answer(send, Problem(413, "body_too_large"))
+            return
+        body = bytearray()
+        deadline = asyncio.get_running_loop().time() + self.body_timeout
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), max(remaining, 0.0))
+            except TimeoutError:
+                await self._answer(send, Problem(408, "request_timeout"))
+                return
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            body.extend(chunk if isinstance(chunk, bytes) else b"")
+            if len(body) > self.max_body_size:
+                await self._answer(send, Problem(413, "body_too_large"))
+                return
+            if not message.get("more_body"):
+                break
+        try:
+            environ = _build_environ(scope, bytes(body))
+        except Exception:  # a path outside the root path, or undecodable
+            await self._answer(send, Problem(400, "malformed_request"))
+            return
+        # The body is whole: say how long it is, whatever the framing, so the app reads all of it.
+        environ["CONTENT_LENGTH"] = str(len(body))
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
+        await sync_spawn(self.run_app, environ, partial(call_soon, send))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _answer(self, send: ASGISendCallable, problem: Problem) -> None:
+        if self.refused is not None:
+            self.refused.labels(problem.reason).inc()
+        body = json.dumps(problem.document()).encode()
+        headers = [*_ANSWER_HEADERS, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _declared_length(scope: HTTPScope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # h11 refuses a malformed Content-Length before we get here
+    return 0
+
+
+def front_config(
+    *,
+    bind: str,
+    read_timeout: int,
+    keep_alive_timeout: float,
+    graceful_timeout: float,
+) -> Config:
+    """hypercorn's settings for the service: bounded reads, no banner, our logging."""
+    config = Config()
+    config.bind = [bind]
+    config.read_timeout = read_timeout
+    config.keep_alive_timeout = keep_alive_timeout
+    config.graceful_timeout = graceful_timeout
+    config.h11_max_incomplete_size = 16 * 1024  # request line and headers together
+    config.include_server_header = False
+    config.include_date_header = True
+    config.backlog = 1024
+    config.accesslog = None
+    config.errorlog = None
+    config.alpn_protocols = ["http/1.1"]
+    return config
