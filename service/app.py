@@ -14,9 +14,10 @@ from werkzeug.exceptions import HTTPException
 from service.context import ServiceContext
 from service.http import approvals, decisions, ops, state, ui
 from service.http.body import MAX_BODY_BYTES
-from service.http.common import CONTEXT_KEY, context, journal_decision
+from service.http.common import CONTEXT_KEY, context, journal_decision, unkept_decision
 from service.http.problems import Problem
 from service.journal import JournalClosed
+from store.lanes import StoreUnavailable
 
 log = logging.getLogger("sessionstate.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -41,7 +42,8 @@ def create_app(ctx: ServiceContext) -> Flask:
     app.before_request(_begin)
     app.after_request(_finish)
     app.register_error_handler(Problem, _problem)
-    app.register_error_handler(JournalClosed, _journal_closed)
+    app.register_error_handler(JournalClosed, _unkept)
+    app.register_error_handler(StoreUnavailable, _unkept)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
     return app
@@ -59,9 +61,9 @@ def _begin() -> None:
 def _finish(response: Response) -> Response:
     try:
         journal_decision(response.status_code)
-    except JournalClosed:
+    except (JournalClosed, StoreUnavailable) as error:
         # A decision that cannot be kept is not answered: compliance needs every one.
-        response = _problem(Problem(503, "decision_log_unavailable"))
+        response = _problem(unkept_decision(error))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     response.headers["X-Request-Id"] = g.get("request_id", "")
     context().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
@@ -89,8 +91,9 @@ def _problem(problem: Problem) -> Response:
     return problem.response()
 
 
-def _journal_closed(error: JournalClosed) -> Response:
-    return _problem(Problem(503, "decision_log_unavailable"))
+def _unkept(error: Exception) -> Response:
+    g.pop("decision_entry", None)  # nothing was done, and the log cannot take it now
+    return _problem(unkept_decision(error))
 
 
 def _http_error(error: HTTPException) -> Response:

@@ -62,6 +62,7 @@ class ServiceContext:
         data_dir = settings.data_dir
         metrics = ServiceMetrics()
         lanes = LaneStore(data_dir / "leveldb")
+        metrics.watch_store(lanes)
         client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
         return cls(
             settings=settings,

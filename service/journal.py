@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,16 +25,21 @@ from service.decision_log import decision_id_key, index_puts, prune_log
 from store.canonical import canonical_json
 from store.evidence_chain import ChainHead, EvidenceChain, format_timestamp, seal
 from store.keys import LaneKey
-from store.lanes import LaneStore
+from store.lanes import LaneStore, StoreUnavailable
 from store.record import SessionStateRecord
 from store.session_state import Precondition, state_key, stored_version
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
+RECOVERY_INTERVAL_SECONDS = 1.0
 
 
 class JournalClosed(RuntimeError):
     """The journal is stopped or failed to commit: nothing of the request was stored."""
+
+
+class JournalStoreUnavailable(JournalClosed, StoreUnavailable):
+    """The store cannot write (it failed and is not reopened yet): nothing was stored."""
 
 
 @dataclass
@@ -68,11 +74,14 @@ class DecisionJournal:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_batch: int = MAX_BATCH,
+        on_reopened: Callable[[LaneStore], None] | None = None,
     ) -> None:
         self._lanes = lanes
         self._chain = EvidenceChain(lanes)
         self._clock = clock
         self._max_batch = max_batch
+        self._on_reopened = on_reopened
+        self._last_recovery = 0.0
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._head: ChainHead = self._chain.head()
         self._closed = threading.Event()
@@ -143,13 +152,21 @@ class DecisionJournal:
             raise JournalClosed("the decision journal is closed")
         self._queue.put(pending)
         pending.done.wait()
+        if isinstance(pending.error, StoreUnavailable):
+            raise JournalStoreUnavailable("the store cannot write now") from pending.error
         if pending.error is not None:
             raise JournalClosed("the decision entry could not be committed") from pending.error
         return pending
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            try:
+                # While the store is latched, wake up now and then to reopen it without traffic.
+                wait = None if self._lanes.writable else RECOVERY_INTERVAL_SECONDS
+                first = self._queue.get(timeout=wait)
+            except queue.Empty:
+                self._recover()
+                continue
             if first is None:
                 return
             batch = [first]
@@ -164,7 +181,32 @@ class DecisionJournal:
                 batch.append(more)
             self._commit(batch)
 
+    def _recover(self) -> bool:
+        """Reopen a latched store when there is room; at most once a second. True if writable."""
+        if self._lanes.writable:
+            return True
+        now = time.monotonic()
+        if (
+            now - self._last_recovery < RECOVERY_INTERVAL_SECONDS
+            or not self._lanes.room_to_reopen()
+        ):
+            return False
+        self._last_recovery = now
+        try:
+            self._lanes.reopen()
+            self._head = self._chain.head()
+        except Exception as error:  # still no room, or worse: stay latched, try again later
+            log.error("store_reopen_failed", extra={"error_type": type(error).__name__})
+            return False
+        log.warning("store_reopened", extra={"seq": self._head.seq})
+        if self._on_reopened is not None:
+            self._on_reopened(self._lanes)
+        return True
+
     def _commit(self, batch: list[_Pending]) -> None:
+        if not self._recover():
+            self._fail(batch, StoreUnavailable("the store is latched after a failed write"))
+            return
         try:
             sealed_entries, record_puts, head = self._prepare(batch)
             with self._lanes.batch(sync=True) as writes:
@@ -174,16 +216,20 @@ class DecisionJournal:
                     writes.put(sealed.key, sealed.value)
                     for index_key, index_value in index_puts(sealed.entry):
                         writes.put(index_key, index_value)
-        except Exception as error:  # nothing of this batch was stored; each request fails closed
+        except Exception as error:  # nothing of this batch was acknowledged; each fails closed
             log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
-            for pending in batch:
-                pending.error = error
-                pending.done.set()
+            self._fail(batch, error)
             return
         self._head = head
         self.batches += 1
         for pending, sealed in zip(batch, sealed_entries, strict=True):
             pending.entry = sealed.entry
+            pending.done.set()
+
+    @staticmethod
+    def _fail(batch: list[_Pending], error: BaseException) -> None:
+        for pending in batch:
+            pending.error = error
             pending.done.set()
 
     def _prepare(

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from store.lanes import LaneStore
 
 
 class ServiceMetrics:
@@ -44,5 +50,33 @@ class ServiceMetrics:
             registry=self.registry,
         )
 
+    def watch_store(self, lanes: LaneStore) -> None:
+        """Export the store's health, read from it at each scrape."""
+        self.registry.register(_StoreHealth(lanes))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _StoreHealth(Collector):
+    """Whether the store accepts writes, and how often it failed and was reopened."""
+
+    def __init__(self, lanes: LaneStore) -> None:
+        self._lanes = lanes
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily(
+            "sessionstate_store_writable",
+            "1 while the store accepts writes; 0 after a failed write until it is reopened.",
+            value=1.0 if self._lanes.writable else 0.0,
+        )
+        yield CounterMetricFamily(
+            "sessionstate_store_write_failures",
+            "Writes that failed (each latched the store read-only until a reopen).",
+            value=self._lanes.write_failures,
+        )
+        yield CounterMetricFamily(
+            "sessionstate_store_reopens",
+            "Reopens of the store after a failed write.",
+            value=self._lanes.reopens,
+        )

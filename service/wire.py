@@ -113,3 +113,10 @@ class Readiness(_Envelope):
     opa_reachable: bool
     policy_revision: str | None = Field(description="content hash of the loaded policy set")
     store_open: bool
+    store_writable: bool = Field(
+        description="false after a failed write (a full disk, say) until the store is reopened"
+    )
+    reasons: list[str] = Field(
+        description="why it is not ready: opa_unreachable, policy_not_loaded, store_closed, "
+        "store_unwritable; empty when ready"
+    )

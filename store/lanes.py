@@ -2,10 +2,20 @@
 
 It knows nothing of HTTP or policy. Writes are synced by default, and keys that
 change together go through one `WriteBatch`.
+
+A failed write latches the store read-only. LevelDB makes only a failed sync
+sticky: after a failed append (a full disk, say) it keeps appending behind the
+torn record, and at the next open it drops the torn record together with the
+acknowledged writes that landed behind it. So after any failed write nothing
+more is written through this handle; `reopen()` closes it and opens the
+database again, which drops the torn tail (an unacknowledged write) and keeps
+every acknowledged one, and only then are writes accepted again.
 """
 
 from __future__ import annotations
 
+import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +24,18 @@ from typing import Any, Protocol
 import plyvel
 
 from store.keys import LaneKey, TenantResourceLane, decode_key, scope_prefix
+
+# Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
+REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
+READER_WAIT_SECONDS = 10.0
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot be read or written now; nothing of the operation happened."""
+
+
+class StoreUnwritable(StoreUnavailable):
+    """A write failed; the store refuses writes until it has been reopened."""
 
 
 class LaneBatch(Protocol):
@@ -38,38 +60,128 @@ class LaneStore:
     def __init__(self, path: Path) -> None:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = path
+        self._db: Any = self._open()
+        self._write_failed = False
+        self.write_failures = 0  # failed writes so far (each latched the store)
+        self.reopens = 0  # successful reopens after a failed write
+        # Readers in flight, so a reopen never closes the database under one of them.
+        self._gate = threading.Condition()
+        self._readers = 0
+        self._reopening = False
+
+    def _open(self) -> Any:
         # No compression: stored bytes stay greppable, so "no raw text on disk" can be audited.
-        self._db: Any = plyvel.DB(
-            str(path), create_if_missing=True, paranoid_checks=True, compression=None
+        return plyvel.DB(
+            str(self.path), create_if_missing=True, paranoid_checks=True, compression=None
         )
 
-    def get(self, key: LaneKey) -> bytes | None:
-        value: bytes | None = self._db.get(key.encode())
-        return value
-
-    def put(self, key: LaneKey, value: bytes, *, sync: bool = True) -> None:
-        self._db.put(key.encode(), value, sync=sync)
-
-    def delete(self, key: LaneKey, *, sync: bool = True) -> None:
-        self._db.delete(key.encode(), sync=sync)
+    # -- reads ---------------------------------------------------------------
 
     @contextmanager
-    def batch(self, *, sync: bool = True) -> Iterator[LaneBatch]:
-        """All puts and deletes inside commit together, or not at all on error."""
-        with self._db.write_batch(transaction=True, sync=sync) as batch:
-            yield _PlyvelBatch(batch)
+    def _reading(self) -> Iterator[Any]:
+        with self._gate:
+            if self._reopening or self._db.closed:
+                raise StoreUnavailable("the store is being reopened or is closed")
+            self._readers += 1
+        try:
+            yield self._db
+        finally:
+            with self._gate:
+                self._readers -= 1
+                if not self._readers:
+                    self._gate.notify_all()
+
+    def get(self, key: LaneKey) -> bytes | None:
+        with self._reading() as db:
+            value: bytes | None = db.get(key.encode())
+            return value
 
     def scan(
         self, lane: TenantResourceLane, *scope: str, reverse: bool = False
     ) -> Iterator[tuple[LaneKey, bytes]]:
         """Keys and values of lane under the leading scope components, in key order."""
-        for raw_key, value in self._db.iterator(prefix=scope_prefix(lane, *scope), reverse=reverse):
-            yield decode_key(raw_key), value
+        with self._reading() as db:
+            for raw_key, value in db.iterator(prefix=scope_prefix(lane, *scope), reverse=reverse):
+                yield decode_key(raw_key), value
+
+    # -- writes --------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        """False from a failed write until a successful `reopen()`."""
+        return not self._write_failed and not self._db.closed
+
+    def put(self, key: LaneKey, value: bytes, *, sync: bool = True) -> None:
+        with self._writing() as db:
+            db.put(key.encode(), value, sync=sync)
+
+    def delete(self, key: LaneKey, *, sync: bool = True) -> None:
+        with self._writing() as db:
+            db.delete(key.encode(), sync=sync)
+
+    @contextmanager
+    def batch(self, *, sync: bool = True) -> Iterator[LaneBatch]:
+        """All puts and deletes inside commit together, or not at all on error."""
+        with self._reading() as db:
+            if self._write_failed:
+                raise StoreUnwritable("a write failed; the store has not been reopened since")
+            batch = db.write_batch(sync=sync)
+            yield _PlyvelBatch(batch)  # an error in the body leaves the batch unwritten
+            try:
+                batch.write()
+            except Exception as error:
+                self._latch(error)
+
+    @contextmanager
+    def _writing(self) -> Iterator[Any]:
+        with self._reading() as db:
+            if self._write_failed:
+                raise StoreUnwritable("a write failed; the store has not been reopened since")
+            try:
+                yield db
+            except Exception as error:
+                self._latch(error)
+
+    def _latch(self, error: Exception) -> None:
+        self._write_failed = True
+        self.write_failures += 1
+        raise StoreUnwritable("the write failed; nothing of it was acknowledged") from error
+
+    # -- recovery ------------------------------------------------------------
+
+    def room_to_reopen(self) -> bool:
+        """Whether the file system has room to replay the write-ahead log into a table."""
+        logs = sum(log.stat().st_size for log in self.path.glob("*.log"))
+        return shutil.disk_usage(self.path).free >= logs + REOPEN_MARGIN_BYTES
+
+    def reopen(self) -> None:
+        """Close and open the database again; writes are accepted again once it opened.
+
+        Waits for readers in flight; new ones get `StoreUnavailable` meanwhile. If
+        the open fails (no room yet, say), the store stays closed and unwritable,
+        and `reopen()` may be called again.
+        """
+        with self._gate:
+            self._reopening = True
+            if not self._gate.wait_for(lambda: self._readers == 0, timeout=READER_WAIT_SECONDS):
+                self._reopening = False
+                raise StoreUnavailable("readers did not finish; the store was not reopened")
+        try:
+            if not self._db.closed:
+                self._db.close()
+            self._db = self._open()
+            self._write_failed = False
+            self.reopens += 1
+        finally:
+            with self._gate:
+                self._reopening = False
 
     @property
     def closed(self) -> bool:
         return bool(self._db.closed)
 
     def close(self) -> None:
-        if not self._db.closed:
-            self._db.close()
+        with self._gate:
+            self._gate.wait_for(lambda: self._readers == 0, timeout=10)
+            if not self._db.closed:
+                self._db.close()

@@ -17,11 +17,20 @@ from service.http.problems import Problem
 from service.journal import WriteResult
 from service.policy_input import PolicyAction, PolicyTarget
 from store.keys import LaneKey
+from store.lanes import StoreUnavailable
 from store.record import SessionStateRecord
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
 
 CONTEXT_KEY = "sessionstate"
+STORE_RETRY_AFTER = {"Retry-After": "5"}
+
+
+def unkept_decision(error: Exception) -> Problem:
+    """The answer when a decision cannot be kept: the store's fault, or the journal's."""
+    if isinstance(error, StoreUnavailable):
+        return Problem(503, "store_unavailable", headers=STORE_RETRY_AFTER)
+    return Problem(503, "decision_log_unavailable")
 
 
 def context() -> ServiceContext:

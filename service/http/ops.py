@@ -36,9 +36,22 @@ def readyz() -> Response:
     reachable = not probe.engine_unavailable
     revision = probe.policy_revision if reachable else None
     store_open = not ctx.lanes.closed
-    ready = reachable and revision not in (None, "unknown") and store_open
+    store_writable = ctx.lanes.writable
+    failing = {
+        "opa_unreachable": not reachable,
+        "policy_not_loaded": reachable and revision in (None, "unknown"),
+        "store_closed": not store_open,
+        "store_unwritable": store_open and not store_writable,
+    }
+    reasons = [reason for reason, failed in failing.items() if failed]
+    ready = not reasons
     body = Readiness(
-        ready=ready, opa_reachable=reachable, policy_revision=revision, store_open=store_open
+        ready=ready,
+        reasons=reasons,
+        opa_reachable=reachable,
+        policy_revision=revision,
+        store_open=store_open,
+        store_writable=store_writable,
     )
     return json_response(body, 200 if ready else 503)
 

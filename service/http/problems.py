@@ -41,6 +41,7 @@ DETAILS: dict[str, str] = {
     "approval_not_found": "No such approval in this workspace.",
     "cross_site_request_rejected": "A sign-in or sign-out posted from another site is refused.",
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
+    "store_unavailable": "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
     "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
     "not_found": "No such resource.",
     "method_not_allowed": "The resource does not support this method.",

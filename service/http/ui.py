@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from service.auth import Actor, AuthenticationFailed
 from service.decision_log import DecisionLogEntry
-from service.http.common import context, journal_decision
+from service.http.common import context, journal_decision, unkept_decision
 from service.http.decisions import (
     MAX_LIMIT,
     DecisionQuery,
@@ -37,6 +37,7 @@ from service.http.problems import DETAILS, Problem
 from service.http.ui_chart import decision_chart
 from service.journal import JournalClosed
 from service.policy_input import PolicyAction
+from store.lanes import StoreUnavailable
 from store.violations import violations_of
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="../templates")
@@ -205,8 +206,8 @@ def _keep_decision(response: Response) -> Response:
         return response
     try:
         journal_decision(response.status_code)
-    except JournalClosed:
-        return _problem_page(Problem(503, "decision_log_unavailable"))
+    except (JournalClosed, StoreUnavailable) as error:
+        return _problem_page(unkept_decision(error))
     return response
 
 
