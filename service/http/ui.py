@@ -326,7 +326,7 @@ class Filters:
         try:
             query = DecisionQuery.model_validate(values)
         except ValidationError as error:
-            names = dict.fromkeys(str(v.loc[0]) for v in violations_of(error))
+            names = dict.fromkeys(str(v.loc[0]) for v in violations_of(error, DecisionQuery))
             return None, [f"{name}: {_FILTER_HINTS.get(name, 'invalid')}" for name in names]
         if query.since is not None and query.until is not None and query.since >= query.until:
             return None, [f"until: {_FILTER_HINTS['until']}"]
