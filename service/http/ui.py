@@ -45,6 +45,7 @@ COOKIE = "sessionstate_ui"
 ACTIONS: tuple[str, ...] = get_args(PolicyAction)
 PAGE_SIZE = 50
 MAX_COOKIE_BYTES = 4000  # browsers drop cookies over ~4 KiB without a word
+# `Cache-Control: no-store` is set app-wide, with every other answer that carries decisions.
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
@@ -52,7 +53,6 @@ SECURITY_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
 }
 _DECISION_ID = re.compile(r"[A-Za-z0-9._~:-]{1,64}")
