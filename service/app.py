@@ -21,6 +21,8 @@ from store.lanes import StoreUnavailable
 
 log = logging.getLogger("sessionstate.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+DOCS_PATH = "/docs"
+OPENAPI_PATH = "/openapi.json"
 _HTTP_REASONS = {
     400: "malformed_request",
     404: "not_found",
@@ -37,7 +39,7 @@ def create_app(ctx: ServiceContext) -> Flask:
     for blueprint in (state.bp, approvals.bp, decisions.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.register_blueprint(
-        get_swaggerui_blueprint("/docs", "/openapi.json", config={"app_name": "sessionstate"})
+        get_swaggerui_blueprint(DOCS_PATH, OPENAPI_PATH, config={"app_name": "sessionstate"})
     )
     app.before_request(_begin)
     app.after_request(_finish)
@@ -66,6 +68,10 @@ def _finish(response: Response) -> Response:
         response = _problem(unkept_decision(error))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     response.headers["X-Request-Id"] = g.get("request_id", "")
+    if not _is_public_document(request.path):
+        # State, records, approvals and decisions (problems carry decisions too) must not
+        # sit in a browser's or a proxy's cache; one rule for every answer keeps it so.
+        response.headers["Cache-Control"] = "no-store"
     context().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
     log.info(
         "request",
@@ -84,6 +90,11 @@ def _finish(response: Response) -> Response:
         },
     )
     return response
+
+
+def _is_public_document(path: str) -> bool:
+    """The OpenAPI document and the Swagger UI's static assets: the same for everyone."""
+    return path in (OPENAPI_PATH, DOCS_PATH) or path.startswith(DOCS_PATH + "/")
 
 
 def _problem(problem: Problem) -> Response:

@@ -6,23 +6,30 @@ one algorithm only. Letting the token pick both the algorithm and how a key is
 read is the classic algorithm-confusion hole: an HS256 token "signed" with the
 public key as its secret would then verify.
 
+The dates (`exp`, `nbf`, `iat`) are checked here rather than by PyJWT, which
+takes `int()` of whatever it finds: `"1234"` passes as a date there. Here they
+must be JSON numbers, and a token may live at most the configured maximum, so
+a leaked token with `exp` 10^30 is not good forever.
+
 Failures carry a reason from a fixed vocabulary and a message built from it
 alone: never the token, never a claim value, never PyJWT's own message.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from jwt import exceptions as jwt_errors
 from jwt.algorithms import HMACAlgorithm
+from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.policy_input import PolicyActor
@@ -31,7 +38,13 @@ from store.scope import ScopeId, is_scope_id
 MIN_HS256_SECRET_BYTES = 32  # RFC 7518 §3.2: at least the size of the hash output
 MIN_RSA_KEY_BITS = 2048
 MAX_ROLES = 16  # as many as `PolicyActor` admits
+MAX_SUB_CHARS = 128  # claim values reach the decision log: bounded well below a page
+MAX_ROLE_CHARS = 64
 MAX_TTL_SECONDS = 31_536_000
+DEFAULT_MAX_LIFETIME_SECONDS = 86_400
+# Clock skew allowed between the token's issuer and this service when judging how far
+# ahead `exp` lies. Not applied to `exp - iat`, which both come from the issuer.
+LIFETIME_LEEWAY_SECONDS = 60
 
 # RFC 6750 §2.1: one space, then a b64token; no other scheme, no extra parts.
 _BEARER_RE = re.compile(r"Bearer ([A-Za-z0-9\-._~+/]+=*)")
@@ -45,6 +58,7 @@ class AuthFailureReason(StrEnum):
     INVALID = "token_invalid"
     EXPIRED = "token_expired"
     CLAIMS_INVALID = "token_claims_invalid"
+    LIFETIME_TOO_LONG = "token_lifetime_too_long"
 
 
 class AuthenticationFailed(Exception):
@@ -60,8 +74,10 @@ class Actor(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
 
-    sub: str = Field(min_length=1, max_length=256)
-    roles: tuple[str, ...] = Field(max_length=MAX_ROLES)
+    sub: str = Field(min_length=1, max_length=MAX_SUB_CHARS)
+    roles: tuple[Annotated[str, Field(max_length=MAX_ROLE_CHARS)], ...] = Field(
+        max_length=MAX_ROLES
+    )
     tenant_id: ScopeId | None = None
     workspace_id: ScopeId | None = None
     session_id: ScopeId | None = None
@@ -81,12 +97,17 @@ class Actor(BaseModel):
 _CLAIM_ERRORS = (
     jwt_errors.MissingRequiredClaimError,
     jwt_errors.InvalidSubjectError,
-    jwt_errors.ImmatureSignatureError,
-    jwt_errors.InvalidIssuedAtError,
     jwt_errors.InvalidAudienceError,
     jwt_errors.InvalidIssuerError,
     jwt_errors.InvalidJTIError,
 )
+# PyJWT checks everything but the dates, which `_check_dates` does with stricter types.
+_DECODE_OPTIONS: Options = {
+    "require": ["exp"],
+    "verify_exp": False,
+    "verify_nbf": False,
+    "verify_iat": False,
+}
 
 
 class TokenVerifier:
@@ -98,17 +119,23 @@ class TokenVerifier:
         rs256_public_key_pem: bytes | None = None,
         *,
         max_token_bytes: int = 8192,
+        max_lifetime_seconds: int = DEFAULT_MAX_LIFETIME_SECONDS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._keys: dict[str, bytes | RSAPublicKey] = {"HS256": _hs256_secret(hs256_secret)}
         if rs256_public_key_pem is not None:
             self._keys["RS256"] = _rs256_public_key(rs256_public_key_pem)
         self._max_token_bytes = max_token_bytes
+        self._max_lifetime = max_lifetime_seconds
+        self._clock = clock
 
     def verify(self, authorization_header: str | None) -> Actor:
         """The actor of a valid bearer token; raises `AuthenticationFailed` otherwise."""
         token = self._bearer_token(authorization_header)
         claims = self._verified_claims(token)
-        return _actor(claims)
+        actor = _actor(claims)
+        _check_dates(claims, now=self._clock(), max_lifetime=self._max_lifetime)
+        return actor
 
     def _bearer_token(self, header: str | None) -> str:
         if not header:
@@ -124,14 +151,43 @@ class TokenVerifier:
             if not isinstance(algorithm, str) or algorithm not in self._keys:
                 raise AuthenticationFailed(AuthFailureReason.INVALID)
             key = self._keys[algorithm]
-            return jwt.decode(token, key, algorithms=[algorithm], options={"require": ["exp"]})
-        except jwt_errors.ExpiredSignatureError:
-            raise AuthenticationFailed(AuthFailureReason.EXPIRED) from None
+            return jwt.decode(token, key, algorithms=[algorithm], options=_DECODE_OPTIONS)
         except _CLAIM_ERRORS:
             raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID) from None
-        except jwt_errors.PyJWTError:
-            # Bad encoding, bad signature, non-numeric exp/nbf (PyJWT calls that undecodable).
+        except jwt_errors.PyJWTError:  # bad encoding, bad signature
             raise AuthenticationFailed(AuthFailureReason.INVALID) from None
+
+
+def _numeric_date(claims: Mapping[str, Any], name: str) -> int | float | None:
+    """RFC 7519's NumericDate: a JSON number. Not a string of digits, not a bool, not NaN."""
+    if name not in claims:
+        return None
+    value = claims[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+    return value
+
+
+def _check_dates(claims: Mapping[str, Any], *, now: float, max_lifetime: int) -> None:
+    """Expired, not yet valid, or living longer than allowed: refused.
+
+    Only comparisons: `exp` may be an integer too large to subtract a float from.
+    """
+    exp = _numeric_date(claims, "exp")
+    nbf = _numeric_date(claims, "nbf")
+    iat = _numeric_date(claims, "iat")
+    if exp is None:  # `require` has already refused this; kept for the type checker
+        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+    if exp <= now:
+        raise AuthenticationFailed(AuthFailureReason.EXPIRED)
+    if (nbf is not None and nbf > now) or (iat is not None and iat > now):
+        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+    if exp > now + max_lifetime + LIFETIME_LEEWAY_SECONDS or (
+        iat is not None and exp > iat + max_lifetime
+    ):
+        raise AuthenticationFailed(AuthFailureReason.LIFETIME_TOO_LONG)
 
 
 def _actor(claims: Mapping[str, Any]) -> Actor:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from service import decision_review
 from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret
@@ -18,6 +20,7 @@ from service.walkthrough import walkthrough
 from store.evidence_chain import ChainCorrupt
 
 ROLES = ("model-service", "operator", "auditor")
+DEFAULT_TOKEN_TTL = 3600
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,7 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     token.add_argument("--tenant")
     token.add_argument("--workspace")
     token.add_argument("--session")
-    token.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
+    token.add_argument(
+        "--ttl",
+        type=int,
+        help="seconds (default 3600, or SESSIONSTATE_JWT_MAX_LIFETIME_SECONDS when lower)",
+    )
 
     decisions = commands.add_parser(
         "decisions", help="review the decision log of a stopped service's data dir"
@@ -59,8 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
-        settings = Settings()
+        settings = _settings()
         if args.command == "token":
+            longest = settings.jwt_max_lifetime_seconds
+            ttl = min(DEFAULT_TOKEN_TTL, longest) if args.ttl is None else args.ttl
+            if ttl > longest:
+                print(
+                    f"sessionstate: --ttl {ttl} is over SESSIONSTATE_JWT_MAX_LIFETIME_SECONDS "
+                    f"({longest}); the service would refuse that token",
+                    file=sys.stderr,
+                )
+                return 2
             print(
                 mint_token(
                     jwt_secret(settings),
@@ -69,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tenant=args.tenant,
                     workspace=args.workspace,
                     session=args.session,
-                    ttl_seconds=args.ttl,
+                    ttl_seconds=ttl,
                 )
             )
             return 0
@@ -94,6 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _settings() -> Settings:
+    """The settings from the environment; a bad one is named with its rule, never its value."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        broken = ", ".join(
+            f"SESSIONSTATE_{'_'.join(str(part) for part in detail['loc']).upper()} "
+            f"({detail['type']})"
+            for detail in error.errors(include_url=False, include_input=False)
+        )
+        raise ConfigurationError(f"invalid setting: {broken}") from None
 
 
 def _positive(text: str) -> int:

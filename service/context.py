@@ -73,7 +73,11 @@ class ServiceContext:
             gate=PolicyGate(
                 client, durable_writes=settings.durable_writes, metrics=metrics, clock=clock
             ),
-            verifier=TokenVerifier(jwt_secret(settings), _public_key(settings.jwt_public_key_file)),
+            verifier=TokenVerifier(
+                jwt_secret(settings),
+                _public_key(settings.jwt_public_key_file),
+                max_lifetime_seconds=settings.jwt_max_lifetime_seconds,
+            ),
             digest_key=digest_key(settings),
             metrics=metrics,
             clock=clock,

@@ -90,7 +90,8 @@ def openapi_document() -> dict[str, Any]:
             "title": "sessionstate",
             "version": "1",
             "description": "Policy-governed sanitized session state for model services. "
-            "Every authorised response carries the policy `decision` that governed it.",
+            "Every authorised response carries the policy `decision` that governed it. "
+            "Every response but this document and `/docs` carries `Cache-Control: no-store`.",
         },
         "paths": paths,
         "components": {

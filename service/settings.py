@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     durable_writes: bool = False
     jwt_secret: str | None = Field(default=None, repr=False)
     jwt_public_key_file: Path | None = None
+    # Tokens that would live longer (by `exp` from now, or `exp - iat`) are refused.
+    jwt_max_lifetime_seconds: int = Field(default=86_400, ge=60, le=31_536_000)
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)

@@ -87,8 +87,12 @@ class DecisionVerifyResponse(_Envelope):
 
 
 class FieldError(_Envelope):
-    loc: list[str | int]
-    rule: str
+    loc: list[str | int] = Field(
+        description="path to the field: the model's own field names and list indexes; "
+        'a member the model does not know is "(unknown member)", an unknown query '
+        'parameter "(unknown parameter)", never the name that was sent'
+    )
+    rule: str = Field(description="the rule broken, e.g. int_type, extra_forbidden")
 
 
 class ProblemDocument(_Envelope):

@@ -173,7 +173,8 @@ def test_not_yet_valid_token_is_rejected(verifier: TokenVerifier) -> None:
         {"sub": ...},
         {"sub": ""},
         {"sub": 42},
-        {"sub": "s" * 257},
+        {"sub": "s" * 129},
+        {"roles": ["r" * 65]},
         {"roles": ...},
         {"roles": "model-service"},
         {"roles": [1]},
@@ -194,9 +195,128 @@ def test_missing_or_malformed_claims_are_rejected(
     assert failure_of(verifier, bearer(token)).reason == "token_claims_invalid"
 
 
-def test_non_numeric_exp_is_an_undecodable_token(verifier: TokenVerifier) -> None:
-    token = hs256(claims(exp="tomorrow"))
-    assert failure_of(verifier, bearer(token)).reason == "token_invalid"
+# --- dates and lifetime, against a fixed clock ---------------------------------------------
+
+NOW = 1_700_000_000
+DAY = 86_400
+
+
+def at_now(**overrides: Any) -> dict[str, Any]:
+    """Claims of a token issued at NOW for five minutes, with overrides."""
+    return claims(**({"iat": NOW, "exp": NOW + 300} | overrides))
+
+
+@pytest.fixture
+def fixed(public_pem: bytes) -> TokenVerifier:
+    return TokenVerifier(SECRET, public_pem, clock=lambda: NOW)
+
+
+def test_sub_and_role_names_at_their_bounds_authenticate(fixed: TokenVerifier) -> None:
+    token = hs256(at_now(sub="s" * 128, roles=["r" * 64, "model-service"]))
+    actor = fixed.verify(bearer(token))
+    assert (len(actor.sub), len(actor.roles[0])) == (128, 64)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"exp": str(NOW + 300)},  # PyJWT alone takes int() of this
+        {"exp": "tomorrow"},
+        {"exp": True},
+        {"exp": [NOW + 300]},
+        {"exp": {"at": NOW + 300}},
+        {"exp": float("nan")},
+        {"exp": float("inf")},
+        {"nbf": str(NOW - 10)},
+        {"nbf": False},
+        {"nbf": float("nan")},
+        {"iat": str(NOW)},
+        {"iat": True},
+        {"iat": None},
+        {"iat": float("-inf")},
+    ],
+    ids=repr,
+)
+def test_dates_must_be_json_numbers(fixed: TokenVerifier, overrides: dict[str, Any]) -> None:
+    token = hand_signed({"alg": "HS256", "typ": "JWT"}, at_now(**overrides), SECRET)
+    assert failure_of(fixed, bearer(token)).reason == "token_claims_invalid"
+
+
+def test_fractional_dates_are_numbers_too(fixed: TokenVerifier) -> None:
+    token = hs256(at_now(iat=NOW - 0.5, nbf=NOW - 1.5, exp=NOW + 300.25))
+    assert fixed.verify(bearer(token)).sub == SUB
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"exp": NOW}, "token_expired"),
+        ({"exp": NOW - 0.5}, "token_expired"),
+        ({"nbf": NOW + 1}, "token_claims_invalid"),
+        ({"iat": NOW + 1}, "token_claims_invalid"),
+    ],
+    ids=repr,
+)
+def test_the_validity_window_is_judged_on_the_clock(
+    fixed: TokenVerifier, overrides: dict[str, Any], reason: str
+) -> None:
+    assert failure_of(fixed, bearer(hs256(at_now(**overrides)))).reason == reason
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"iat": ..., "exp": NOW + DAY + 61},  # beyond the maximum and the 60 s leeway
+        {"iat": ..., "exp": 10**30},
+        {"iat": ..., "exp": 10**400},  # too large to subtract a float from
+        {"iat": ..., "exp": 1e300},
+        {"iat": NOW - 100, "exp": NOW - 100 + DAY + 1},  # within reach of now, but too long
+        {"iat": 0, "exp": NOW + 300},
+    ],
+    ids=repr,
+)
+def test_tokens_living_longer_than_the_maximum_are_refused(
+    fixed: TokenVerifier, overrides: dict[str, Any]
+) -> None:
+    token = hand_signed({"alg": "HS256", "typ": "JWT"}, at_now(**overrides), SECRET)
+    failure = failure_of(fixed, bearer(token))
+    assert failure.reason == "token_lifetime_too_long"
+    assert str(failure) == "authentication failed: token_lifetime_too_long"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"iat": ..., "exp": NOW + DAY + 60},  # the leeway, without iat to bound it
+        {"iat": NOW - 100, "exp": NOW - 100 + DAY},
+        {"iat": NOW, "exp": NOW + DAY},
+    ],
+    ids=repr,
+)
+def test_tokens_at_the_maximum_lifetime_authenticate(
+    fixed: TokenVerifier, overrides: dict[str, Any]
+) -> None:
+    assert fixed.verify(bearer(hs256(at_now(**overrides)))).sub == SUB
+
+
+def test_the_maximum_lifetime_is_configurable(public_pem: bytes) -> None:
+    short = TokenVerifier(SECRET, max_lifetime_seconds=600, clock=lambda: NOW)
+    assert short.verify(bearer(hs256(at_now(exp=NOW + 600)))).sub == SUB
+    assert failure_of(short, bearer(hs256(at_now(exp=NOW + 601)))).reason == (
+        "token_lifetime_too_long"
+    )
+
+
+def test_a_minted_token_of_the_maximum_lifetime_authenticates(fixed: TokenVerifier) -> None:
+    token = mint_token(SECRET, sub=SUB, roles=["auditor"], ttl_seconds=DAY, now=NOW)
+    assert fixed.verify(bearer(token)).roles == ("auditor",)
+
+
+def test_rs256_tokens_are_held_to_the_same_lifetime(
+    fixed: TokenVerifier, rsa_key: rsa.RSAPrivateKey
+) -> None:
+    token = jwt.encode(at_now(exp=10**30), rsa_key, algorithm="RS256")
+    assert failure_of(fixed, bearer(token)).reason == "token_lifetime_too_long"
 
 
 @pytest.mark.parametrize("header", [None, ""])
@@ -229,6 +349,8 @@ def test_failures_never_reveal_the_token_or_a_claim(verifier: TokenVerifier) -> 
         hs256(claims(exp=int(time.time()) - 1)),
         hs256(claims(tenant="Tenant A")),
         hs256(claims(roles="role-canary-0b2d")),
+        hs256(claims(exp=10**30)),
+        hs256(claims(sub=SUB * 20)),
         hs256(claims(), secret=b"x" * 32),
         hand_signed({"alg": "none"}, claims(), secret=None),
     ]

@@ -14,7 +14,7 @@ import pytest
 
 from service.opa_sidecar import OpaSidecar
 from tests.factories import state_input
-from tests.live import JWT_SECRET, LiveService
+from tests.live import JWT_SECRET, LiveService, live_service, service_settings
 
 CANARY = "RAW-CANARY-51c9"
 PROBLEM = "application/problem+json"
@@ -183,6 +183,59 @@ def test_bad_tokens_are_401(service: LiveService, token: str | None, reason: str
     body = problem(answer, 401, reason)
     assert "decision" not in body
     assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def _signed(**claims: Any) -> str:
+    """A model-service token for chat-1, issued now for five minutes, with overrides."""
+    now = int(time.time())
+    body = {
+        "sub": "svc-1",
+        "roles": ["model-service"],
+        "tenant": "tenant-a",
+        "workspace": "ws-1",
+        "session": "chat-1",
+        "iat": now,
+        "exp": now + 300,
+    } | claims
+    return jwt.encode({k: v for k, v in body.items() if v is not ...}, JWT_SECRET, "HS256")
+
+
+@pytest.mark.parametrize(
+    ("claims", "reason"),
+    [
+        ({"exp": "4102444800"}, "token_claims_invalid"),  # digits, but a string
+        ({"nbf": "0"}, "token_claims_invalid"),
+        ({"iat": True}, "token_claims_invalid"),
+        ({"exp": 10**30, "iat": ...}, "token_lifetime_too_long"),
+        ({"exp": 10**30}, "token_lifetime_too_long"),
+        ({"iat": 0}, "token_lifetime_too_long"),  # exp - iat is decades
+        ({"sub": "s" * 129}, "token_claims_invalid"),
+        ({"roles": ["model-service", "r" * 65]}, "token_claims_invalid"),
+    ],
+    ids=repr,
+)
+def test_token_dates_lifetime_and_claim_lengths_are_checked(
+    service: LiveService, claims: dict[str, Any], reason: str
+) -> None:
+    head = service.context.journal.head.seq
+    answer = service.call("GET", service.session_path() + "/state", _signed(**claims))
+    body = problem(answer, 401, reason)
+    assert "decision" not in body
+    assert service.context.journal.head.seq == head  # refused before any decision is logged
+
+
+def test_the_longest_sub_and_role_names_are_accepted(service: LiveService) -> None:
+    token = _signed(sub="s" * 128, roles=["model-service", "r" * 64])
+    answer = service.call("GET", service.session_path() + "/state", token)
+    assert answer.status_code == 404  # authenticated; nothing stored yet
+
+
+def test_the_maximum_token_lifetime_is_a_setting(sidecar: OpaSidecar, tmp_path: Path) -> None:
+    settings = service_settings(tmp_path / "var", jwt_max_lifetime_seconds=600)
+    with live_service(sidecar, settings) as short:
+        path = short.session_path() + "/state"
+        assert short.call("GET", path, short.token(ttl=600)).status_code == 404
+        problem(short.call("GET", path, short.token(ttl=601)), 401, "token_lifetime_too_long")
 
 
 # --- raw text canaries -------------------------------------------------------------------

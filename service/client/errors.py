@@ -53,7 +53,7 @@ class SessionStateError(Exception):
 
 
 class AuthenticationFailed(SessionStateError):
-    """401: the token is missing, malformed, wrongly signed, expired or lacks claims."""
+    """401: the token is missing, malformed, wrongly signed, expired, lacks claims or lives too long."""
 
 
 class PolicyDenied(SessionStateError):

@@ -1,7 +1,8 @@
 """Reading a request body into its pydantic model: 415, 400 or 422, never a 500.
 
 JSON is parsed strictly: one document, no duplicate keys, no NaN or Infinity.
-Errors carry paths and rule names, never values.
+Errors carry paths and rule names, never values, and never the name of a member
+the model does not know (that is reported as "(unknown member)").
 """
 
 from __future__ import annotations
@@ -58,4 +59,4 @@ def json_body(model: type[M], *, optional: bool = False) -> M:
     try:
         return model.model_validate(document)
     except ValidationError as error:
-        raise Problem(422, "validation_failed", errors=violations_of(error)) from None
+        raise Problem(422, "validation_failed", errors=violations_of(error, model)) from None

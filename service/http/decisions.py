@@ -29,7 +29,7 @@ from store.checkpoints import CheckpointSigner
 from store.evidence_chain import ChainHead
 from store.keys import TenantResourceLane
 from store.scope import ScopeId
-from store.violations import FieldViolation, violations_of
+from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
 
 bp = Blueprint("decisions", __name__)
 log = logging.getLogger("sessionstate.decisions")
@@ -105,9 +105,11 @@ def _query() -> DecisionQuery:
     try:
         return DecisionQuery.model_validate(request.args.to_dict())
     except ValidationError as error:
-        raise Problem(
-            422, "validation_failed", errors=violations_of(error, prefix=("query",))
-        ) from None
+        # An unknown parameter is reported as one, never by its name.
+        violations = violations_of(
+            error, DecisionQuery, prefix=("query",), unknown=UNKNOWN_PARAMETER
+        )
+        raise Problem(422, "validation_failed", errors=violations) from None
 
 
 def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace, str]:

@@ -23,7 +23,11 @@ DETAILS: dict[str, str] = {
     "token_missing": "The request needs an `Authorization: Bearer <token>` header.",
     "token_invalid": "The bearer token is malformed, wrongly signed or of an unaccepted algorithm.",
     "token_expired": "The bearer token has expired.",
-    "token_claims_invalid": "The bearer token lacks `sub`, `roles` or `exp`, or has an invalid scope claim.",
+    "token_claims_invalid": "The bearer token lacks `sub`, `roles` or `exp`, has a claim out of "
+    "bounds or of the wrong type (dates must be numbers), is not yet valid, "
+    "or has an invalid scope claim.",
+    "token_lifetime_too_long": "The bearer token lives longer than this service accepts; "
+    "ask for one with a shorter lifetime.",
     "invalid_scope_id": "A tenant, workspace or session id in the path is not a valid scope id.",
     "invalid_approval_id": "The approval id in the path is not a valid approval id.",
     "malformed_request": "The request could not be read as HTTP (framing, headers or body).",

@@ -46,6 +46,7 @@ COOKIE = "sessionstate_ui"
 ACTIONS: tuple[str, ...] = get_args(PolicyAction)
 PAGE_SIZE = 50
 MAX_COOKIE_BYTES = 4000  # browsers drop cookies over ~4 KiB without a word
+# `Cache-Control: no-store` is set app-wide, with every other answer that carries decisions.
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
@@ -53,7 +54,6 @@ SECURITY_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
 }
 _DECISION_ID = re.compile(r"[A-Za-z0-9._~:-]{1,64}")
@@ -327,7 +327,7 @@ class Filters:
         try:
             query = DecisionQuery.model_validate(values)
         except ValidationError as error:
-            names = dict.fromkeys(str(v.loc[0]) for v in violations_of(error))
+            names = dict.fromkeys(str(v.loc[0]) for v in violations_of(error, DecisionQuery))
             return None, [f"{name}: {_FILTER_HINTS.get(name, 'invalid')}" for name in names]
         if query.since is not None and query.until is not None and query.since >= query.until:
             return None, [f"until: {_FILTER_HINTS['until']}"]
