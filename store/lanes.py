@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-import plyvel
-
-from store.keys import LaneKey, TenantResourceLane, decode_key, scope_prefix
+from store.integrity import check_tables, open_leveldb
+from store.keys import LaneKey, TenantResourceLane, decode_key, lane_prefix, scope_prefix
+from store.log_tail import forget_log_drops, remember_log_drop, torn_log_tail
 
 
 class LaneBatch(Protocol):
@@ -33,15 +33,32 @@ class _PlyvelBatch:
 
 
 class LaneStore:
-    """One LevelDB database under `path`. LevelDB admits a single process."""
+    """One LevelDB database under `path`. LevelDB admits a single process.
 
-    def __init__(self, path: Path) -> None:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    Opening raises `StoreBusy`, `StoreCorrupt` or `StoreUnavailable` (store.integrity)
+    with a one-line message. `read_every_block` also reads every stored block once,
+    checksums verified, so a flipped byte anywhere fails the open rather than a read.
+    `dropped_log_bytes` is what LevelDB dropped from its write-ahead log at this open
+    and at earlier ones that no service has reported yet (store.log_tail).
+    """
+
+    def __init__(self, path: Path, *, read_every_block: bool = False) -> None:
         self.path = path
-        # No compression: stored bytes stay greppable, so "no raw text on disk" can be audited.
-        self._db: Any = plyvel.DB(
-            str(path), create_if_missing=True, paranoid_checks=True, compression=None
-        )
+        torn = torn_log_tail(path)
+        db = open_leveldb(path)
+        # Remembered before anything else can fail: the open has already dropped them.
+        self.dropped_log_bytes = remember_log_drop(path, torn)
+        try:
+            check_tables(db, path, read_every_block=read_every_block)
+        except BaseException:
+            db.close()
+            raise
+        self._db: Any = db
+
+    def acknowledge_dropped_log_bytes(self) -> None:
+        """The dropped bytes were reported; later opens no longer carry them."""
+        forget_log_drops(self.path)
+        self.dropped_log_bytes = 0
 
     def get(self, key: LaneKey) -> bytes | None:
         value: bytes | None = self._db.get(key.encode())
@@ -65,6 +82,10 @@ class LaneStore:
         """Keys and values of lane under the leading scope components, in key order."""
         for raw_key, value in self._db.iterator(prefix=scope_prefix(lane, *scope), reverse=reverse):
             yield decode_key(raw_key), value
+
+    def count(self, lane: TenantResourceLane) -> int:
+        """Keys in lane."""
+        return sum(1 for _ in self._db.iterator(prefix=lane_prefix(lane), include_value=False))
 
     @property
     def closed(self) -> bool:
