@@ -9,7 +9,9 @@ every block, and verifies the decision chain: what was dropped from the middle
 of the chain shows as a gap there.
 
 Its log reader does not check record checksums: a log record with a flipped
-payload byte is kept as it reads (the chain, or a record's digest, finds it).
+payload byte is kept as it reads. So the logs' checksums are checked here
+first, and the report counts the records that fail (the chain, or a record's
+digest, then finds what they changed).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from store.evidence_chain import ChainVerification, EvidenceChain
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
 from store.lanes import LaneStore
-from store.log_tail import torn_log_tail
+from store.log_tail import checksum_failures, torn_log_tail
 
 LogDropReason = Literal[
     "checksum_mismatch",
@@ -119,6 +121,9 @@ class RepairReport(BaseModel):
 
     database: str
     torn_log_tail_bytes: int = Field(ge=0, description="dropped silently at the last open")
+    log_records_failing_checksum: int = Field(
+        ge=0, description="log records whose crc32c fails; the repairer keeps them as they read"
+    )
     records_before: dict[str, int] | None = Field(description="per lane; null: it did not open")
     repair: RepairFindings
     dropped: bool = Field(description="the repairer dropped or skipped something it found")
@@ -135,6 +140,7 @@ def repair(path: Path) -> RepairReport:
     torn = torn_log_tail(path)
     before = _records_before(path)
     with _holding_lock(path):
+        failing = sum(checksum_failures(log.read_bytes()) for log in _logs(path))
         try:
             plyvel.repair_db(str(path), paranoid_checks=True, compression=None)
         except plyvel.Error as error:
@@ -156,6 +162,7 @@ def repair(path: Path) -> RepairReport:
     return RepairReport(
         database=str(path),
         torn_log_tail_bytes=torn,
+        log_records_failing_checksum=failing,
         records_before=before,
         repair=findings,
         dropped=torn > 0 or findings.dropped_anything,
@@ -217,6 +224,10 @@ def _repair_log_text(path: Path) -> str:
         return (path / "LOG").read_bytes().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _logs(path: Path) -> list[Path]:
+    return [log for log in path.glob("*.log") if log.stem.isdigit()]
 
 
 def _records_before(path: Path) -> dict[str, int] | None:

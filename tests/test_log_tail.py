@@ -10,7 +10,13 @@ import requests
 
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
-from store.log_tail import UNREPORTED_FILE, torn_log_tail, torn_tail_length
+from store.log_tail import (
+    UNREPORTED_FILE,
+    checksum_failures,
+    crc32c,
+    torn_log_tail,
+    torn_tail_length,
+)
 from tests.damage import BLOCK, CANARY, build_store, newest_log
 from tests.served import start
 
@@ -87,6 +93,16 @@ def test_a_damaged_record_is_not_a_torn_tail(tmp_path: Path) -> None:
     data = bytearray(log.read_bytes())
     data[6] = 9  # an unknown type: LevelDB reports corruption instead of dropping quietly
     assert torn_tail_length(bytes(data)) == 0
+
+
+def test_checksums_are_leveldbs_crc32c(tmp_path: Path) -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    build_store(tmp_path / "db", sessions=5)
+    log = newest_log(tmp_path / "db").read_bytes()
+    assert checksum_failures(log) == 0
+    damaged = bytearray(log)
+    damaged[-3] ^= 0x01
+    assert checksum_failures(bytes(damaged)) == 1
 
 
 def test_a_drop_stays_unreported_until_acknowledged(tmp_path: Path) -> None:

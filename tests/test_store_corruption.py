@@ -172,12 +172,29 @@ def test_repair_keeps_what_a_damaged_table_still_holds(tmp_path: Path) -> None:
     LaneStore(database, read_every_block=True).close()
 
 
+def test_repair_counts_log_records_that_fail_their_checksum_which_leveldb_keeps(
+    tmp_path: Path,
+) -> None:
+    database = tmp_path / "db"
+    build_store(database, chain_entries=0, sessions=3)
+    log = newest_log(database)
+    flip(log, record_offsets(log.read_bytes())[1] + 40)  # a value byte of the second record
+    refused(database, StoreCorrupt)
+
+    report = repair(database)
+
+    assert report.log_records_failing_checksum == 1
+    assert report.repair.log_drops == [] and not report.dropped  # LevelDB's repairer kept it
+    assert report.records_after is not None
+    assert report.records_after[TenantResourceLane.SESSION_STATE] == 3
+
+
 def test_repair_of_a_healthy_store_counts_the_same_before_and_after(tmp_path: Path) -> None:
     build_store(tmp_path / "db")
     report = repair(tmp_path / "db")
     assert report.records_before == report.records_after
     assert report.repair.log_drops == [] and report.repair.damaged_tables == []
-    assert not report.dropped
+    assert not report.dropped and report.log_records_failing_checksum == 0
     assert report.ok
 
 
