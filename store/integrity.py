@@ -93,9 +93,9 @@ def classify(path: Path, error: plyvel.Error) -> StoreUnavailable:
     return StoreUnavailable(path, "LevelDB refuses to open it")
 
 
-def _os_reason(message: str) -> str:
+def _os_reason(message: str | None) -> str:
     """The operating system's reason at the end of an I/O error, if it is one we know."""
-    tail = message.rsplit(": ", 1)[-1].strip().lower()
+    tail = (message or "").rsplit(": ", 1)[-1].strip().lower()
     return tail if tail in _STRERRORS else "an I/O error"
 
 
@@ -105,7 +105,7 @@ def open_leveldb(path: Path) -> Any:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         names = os.listdir(path)
     except OSError as error:
-        raise StoreUnavailable(path, _os_reason(f": {error.strerror}")) from None
+        raise StoreUnavailable(path, _os_reason(error.strerror)) from None
     if "CURRENT" not in names and any(_LEVELDB_FILE.match(name) for name in names):
         raise StoreCorrupt(path, "its CURRENT file is missing")
     try:
@@ -128,7 +128,7 @@ def check_tables(db: Any, path: Path, *, read_every_block: bool) -> None:
         except FileNotFoundError:
             raise StoreCorrupt(path, f"table file {table.name} is missing") from None
         except OSError as error:
-            raise StoreUnavailable(path, _os_reason(f": {error.strerror}")) from None
+            raise StoreUnavailable(path, _os_reason(error.strerror)) from None
         if actual != int(size):
             raise StoreCorrupt(path, f"table file {table.name} is truncated or overwritten")
     if read_every_block:
