@@ -17,7 +17,7 @@ from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, journal_decision, unkept_decision
 from service.http.problems import Problem
 from service.journal import JournalClosed
-from store.lanes import StoreUnavailable
+from store.lanes import StoreOffline
 
 log = logging.getLogger("sessionstate.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -45,7 +45,7 @@ def create_app(ctx: ServiceContext) -> Flask:
     app.after_request(_finish)
     app.register_error_handler(Problem, _problem)
     app.register_error_handler(JournalClosed, _unkept)
-    app.register_error_handler(StoreUnavailable, _unkept)
+    app.register_error_handler(StoreOffline, _unkept)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
     return app
@@ -63,7 +63,7 @@ def _begin() -> None:
 def _finish(response: Response) -> Response:
     try:
         journal_decision(response.status_code)
-    except (JournalClosed, StoreUnavailable) as error:
+    except (JournalClosed, StoreOffline) as error:
         # A decision that cannot be kept is not answered: compliance needs every one.
         response = _problem(unkept_decision(error))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"

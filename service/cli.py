@@ -1,11 +1,13 @@
-"""The `sessionstate` command: serve, and mint tokens with the local secret."""
+"""The `sessionstate` command: serve, mint tokens, review the decision log, repair the store."""
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -18,6 +20,8 @@ from service.opa_sidecar import SidecarError
 from service.settings import Settings
 from service.walkthrough import walkthrough
 from store.evidence_chain import ChainCorrupt
+from store.integrity import StoreBusy, StoreUnavailable
+from store.repair import repair
 
 ROLES = ("model-service", "operator", "auditor")
 DEFAULT_TOKEN_TTL = 3600
@@ -64,6 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     prune.add_argument("--older-than-days", type=_positive, required=True)
 
+    database = commands.add_parser("db", help="the data dir's LevelDB, with the service stopped")
+    repairs = database.add_subparsers(dest="db", required=True)
+    repairs.add_parser(
+        "repair",
+        help="run LevelDB's repairer, report what it dropped as JSON, verify the decision chain; "
+        "exit 1 unless the store then opens and the chain verifies",
+    )
+
     args = parser.parse_args(argv)
     try:
         settings = _settings()
@@ -91,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "decisions":
             return _review(settings, args)
+        if args.command == "db":
+            return _repair(settings.data_dir)
         from service.serve import serve as run_service
 
         run_service(
@@ -100,7 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None,
         )
         return 0
-    except (ConfigurationError, SidecarError, ReviewError, ValueError, OSError) as error:
+    except (
+        ConfigurationError,
+        SidecarError,
+        ReviewError,
+        StoreUnavailable,
+        ValueError,
+        OSError,
+    ) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
     except ChainCorrupt:
@@ -130,6 +151,29 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be 1 or more")
     return value
+
+
+def _repair(data_dir: Path) -> int:
+    database = data_dir / "leveldb"
+    if not database.is_dir():
+        raise FileNotFoundError(f"no sessionstate database under {data_dir}")
+    with _holding_data_dir(data_dir, database):
+        report = repair(database)
+    print(report.model_dump_json())
+    return 0 if report.ok else 1
+
+
+@contextmanager
+def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
+    """The service's own lock on the data dir: LevelDB's is free for a moment as it starts."""
+    from service.serve import LOCK_FILE
+
+    with open(data_dir / LOCK_FILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreBusy(database) from None
+        yield
 
 
 def _review(settings: Settings, args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ is a module global, so tests build their own context with their own settings.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from store.secrets import local_secret
 from store.session_state import SessionStateStore
 
 MIN_SECRET_BYTES = 32
+log = logging.getLogger("sessionstate.store")
 
 
 def utc_now() -> datetime:
@@ -63,6 +65,7 @@ class ServiceContext:
         metrics = ServiceMetrics()
         lanes = LaneStore(data_dir / "leveldb")
         metrics.watch_store(lanes)
+        report_dropped_log_bytes(lanes, metrics)
         client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
         return cls(
             settings=settings,
@@ -81,7 +84,11 @@ class ServiceContext:
             digest_key=digest_key(settings),
             metrics=metrics,
             clock=clock,
-            journal=DecisionJournal(lanes, clock=clock),
+            journal=DecisionJournal(
+                lanes,
+                clock=clock,
+                on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
+            ),
             retention=(
                 None
                 if settings.decision_retention_days is None
@@ -95,6 +102,15 @@ class ServiceContext:
         self.journal.close()
         self.gate.client.close()
         self.lanes.close()
+
+
+def report_dropped_log_bytes(lanes: LaneStore, metrics: ServiceMetrics) -> None:
+    """Say once, as an error and in the metric, what opening the store dropped from its log."""
+    dropped = lanes.dropped_log_bytes
+    if dropped > 0:
+        log.error("store_log_tail_dropped", extra={"dropped_bytes": dropped})
+        metrics.store_log_bytes_dropped.inc(dropped)
+        lanes.acknowledge_dropped_log_bytes()
 
 
 def check_settings(settings: Settings) -> None:

@@ -1,7 +1,9 @@
 """Offline review of a data dir's decision log: verify, export, tail, checkpoint, prune.
 
 These open the LevelDB directly, so the service must be stopped (LevelDB
-admits one process); they never need OPA or the network.
+admits one process); they never need OPA or the network. They read every
+block of the database once as they open it: a corrupt store is reported as
+corrupt, not reviewed in part.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from service.decision_log import opa_event, prune_log
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import ChainVerification, EvidenceChain
+from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
 
@@ -28,17 +31,26 @@ class DataDirBusy(ReviewError):
     """The service holds the database; stop it first."""
 
 
+class DataDirCorrupt(ReviewError):
+    """The database does not read: restore it or repair it before a review."""
+
+
 @contextmanager
 def open_lanes(data_dir: Path) -> Iterator[LaneStore]:
     database = data_dir / "leveldb"
     if not database.is_dir():
         raise FileNotFoundError(f"no sessionstate database under {data_dir}")
     try:
-        lanes = LaneStore(database)
-    except Exception as error:  # plyvel's IOError for a held lock, named plainly
+        lanes = LaneStore(database, read_every_block=True)
+    except StoreBusy:
         raise DataDirBusy(
-            f"cannot open {database}: stop the service first (LevelDB admits one process)"
-        ) from error
+            f"cannot open {database}: the service (or another review) holds it, and LevelDB "
+            "admits one process: stop the service first, or review a copy of the data dir"
+        ) from None
+    except StoreCorrupt as error:
+        raise DataDirCorrupt(str(error)) from None
+    except StoreUnavailable as error:
+        raise ReviewError(str(error)) from None
     try:
         yield lanes
     finally:

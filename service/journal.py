@@ -25,7 +25,7 @@ from service.decision_log import decision_id_key, index_puts, prune_log
 from store.canonical import canonical_json
 from store.evidence_chain import ChainHead, EvidenceChain, format_timestamp, seal
 from store.keys import LaneKey
-from store.lanes import LaneStore, StoreUnavailable
+from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
 from store.session_state import Precondition, state_key, stored_version
 
@@ -38,7 +38,7 @@ class JournalClosed(RuntimeError):
     """The journal is stopped or failed to commit: nothing of the request was stored."""
 
 
-class JournalStoreUnavailable(JournalClosed, StoreUnavailable):
+class JournalStoreUnavailable(JournalClosed, StoreOffline):
     """The store cannot write (it failed and is not reopened yet): nothing was stored."""
 
 
@@ -152,7 +152,7 @@ class DecisionJournal:
             raise JournalClosed("the decision journal is closed")
         self._queue.put(pending)
         pending.done.wait()
-        if isinstance(pending.error, StoreUnavailable):
+        if isinstance(pending.error, StoreOffline):
             raise JournalStoreUnavailable("the store cannot write now") from pending.error
         if pending.error is not None:
             raise JournalClosed("the decision entry could not be committed") from pending.error
@@ -205,7 +205,7 @@ class DecisionJournal:
 
     def _commit(self, batch: list[_Pending]) -> None:
         if not self._recover():
-            self._fail(batch, StoreUnavailable("the store is latched after a failed write"))
+            self._fail(batch, StoreOffline("the store is latched after a failed write"))
             return
         try:
             sealed_entries, record_puts, head = self._prepare(batch)

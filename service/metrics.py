@@ -12,7 +12,7 @@ from store.lanes import LaneStore
 
 
 class ServiceMetrics:
-    """Requests by route and status, decisions by action and outcome, corrupt reads."""
+    """Requests by route and status, decisions by action and outcome, corrupt reads, lost log."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -39,6 +39,11 @@ class ServiceMetrics:
             "sessionstate_corrupt_reads",
             "Stored session records that read back as corrupt, by redacted label.",
             ["label"],
+            registry=self.registry,
+        )
+        self.store_log_bytes_dropped = Counter(
+            "sessionstate_store_log_bytes_dropped",
+            "Bytes LevelDB dropped from the end of its write-ahead log when the store opened.",
             registry=self.registry,
         )
 

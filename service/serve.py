@@ -123,7 +123,7 @@ def _check_decision_log(data_dir: Path) -> None:
     database = data_dir / "leveldb"
     if not database.is_dir():
         return
-    lanes = LaneStore(database)
+    lanes = LaneStore(database, read_every_block=True)
     try:
         EvidenceChain(lanes).head()
     finally:

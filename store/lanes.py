@@ -21,20 +21,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-import plyvel
-
-from store.keys import LaneKey, TenantResourceLane, decode_key, scope_prefix
+from store.integrity import check_tables, open_leveldb
+from store.keys import LaneKey, TenantResourceLane, decode_key, lane_prefix, scope_prefix
+from store.log_tail import forget_log_drops, remember_log_drop, torn_log_tail
 
 # Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
 REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
 READER_WAIT_SECONDS = 10.0
 
 
-class StoreUnavailable(RuntimeError):
-    """The store cannot be read or written now; nothing of the operation happened."""
+class StoreOffline(RuntimeError):
+    """The open store cannot be read or written now; nothing of the operation happened."""
 
 
-class StoreUnwritable(StoreUnavailable):
+class StoreUnwritable(StoreOffline):
     """A write failed; the store refuses writes until it has been reopened."""
 
 
@@ -55,12 +55,19 @@ class _PlyvelBatch:
 
 
 class LaneStore:
-    """One LevelDB database under `path`. LevelDB admits a single process."""
+    """One LevelDB database under `path`. LevelDB admits a single process.
 
-    def __init__(self, path: Path) -> None:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    Opening raises `StoreBusy`, `StoreCorrupt` or `StoreUnavailable` (store.integrity)
+    with a one-line message. `read_every_block` also reads every stored block once,
+    checksums verified, so a flipped byte anywhere fails the open rather than a read.
+    `dropped_log_bytes` is what LevelDB dropped from its write-ahead log at this open
+    and at earlier ones that no service has reported yet (store.log_tail).
+    """
+
+    def __init__(self, path: Path, *, read_every_block: bool = False) -> None:
         self.path = path
-        self._db: Any = self._open()
+        self.dropped_log_bytes = 0
+        self._db: Any = self._open(read_every_block=read_every_block)
         self._write_failed = False
         self.write_failures = 0  # failed writes so far (each latched the store)
         self.reopens = 0  # successful reopens after a failed write
@@ -69,11 +76,22 @@ class LaneStore:
         self._readers = 0
         self._reopening = False
 
-    def _open(self) -> Any:
-        # No compression: stored bytes stay greppable, so "no raw text on disk" can be audited.
-        return plyvel.DB(
-            str(self.path), create_if_missing=True, paranoid_checks=True, compression=None
-        )
+    def _open(self, *, read_every_block: bool = False) -> Any:
+        torn = torn_log_tail(self.path)
+        db = open_leveldb(self.path)
+        # Remembered before anything else can fail: the open has already dropped them.
+        self.dropped_log_bytes = remember_log_drop(self.path, torn)
+        try:
+            check_tables(db, self.path, read_every_block=read_every_block)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def acknowledge_dropped_log_bytes(self) -> None:
+        """The dropped bytes were reported; later opens no longer carry them."""
+        forget_log_drops(self.path)
+        self.dropped_log_bytes = 0
 
     # -- reads ---------------------------------------------------------------
 
@@ -81,7 +99,7 @@ class LaneStore:
     def _reading(self) -> Iterator[Any]:
         with self._gate:
             if self._reopening or self._db.closed:
-                raise StoreUnavailable("the store is being reopened or is closed")
+                raise StoreOffline("the store is being reopened or is closed")
             self._readers += 1
         try:
             yield self._db
@@ -103,6 +121,11 @@ class LaneStore:
         with self._reading() as db:
             for raw_key, value in db.iterator(prefix=scope_prefix(lane, *scope), reverse=reverse):
                 yield decode_key(raw_key), value
+
+    def count(self, lane: TenantResourceLane) -> int:
+        """Keys in lane."""
+        with self._reading() as db:
+            return sum(1 for _ in db.iterator(prefix=lane_prefix(lane), include_value=False))
 
     # -- writes --------------------------------------------------------------
 
@@ -157,7 +180,7 @@ class LaneStore:
     def reopen(self) -> None:
         """Close and open the database again; writes are accepted again once it opened.
 
-        Waits for readers in flight; new ones get `StoreUnavailable` meanwhile. If
+        Waits for readers in flight; new ones get `StoreOffline` meanwhile. If
         the open fails (no room yet, say), the store stays closed and unwritable,
         and `reopen()` may be called again.
         """
@@ -165,7 +188,7 @@ class LaneStore:
             self._reopening = True
             if not self._gate.wait_for(lambda: self._readers == 0, timeout=READER_WAIT_SECONDS):
                 self._reopening = False
-                raise StoreUnavailable("readers did not finish; the store was not reopened")
+                raise StoreOffline("readers did not finish; the store was not reopened")
         try:
             if not self._db.closed:
                 self._db.close()

@@ -13,6 +13,7 @@ import pytest
 
 from store.canonical import canonical_json, sha256_digest
 from store.digests import DigestKey
+from store.integrity import StoreBusy
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
 from store.reasons import CorruptionLabel
@@ -289,7 +290,7 @@ def test_acknowledged_write_survives_sigkill(tmp_path: Path, digest_key: DigestK
 def test_the_database_admits_one_process(tmp_path: Path) -> None:
     lanes = LaneStore(tmp_path / "db")
     try:
-        with pytest.raises(Exception, match=r"(?i)lock"):
+        with pytest.raises(StoreBusy, match="LOCK is held"):
             LaneStore(tmp_path / "db")
     finally:
         lanes.close()

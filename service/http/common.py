@@ -17,7 +17,7 @@ from service.http.problems import Problem
 from service.journal import WriteResult
 from service.policy_input import PolicyAction, PolicyTarget
 from store.keys import LaneKey
-from store.lanes import StoreUnavailable
+from store.lanes import StoreOffline
 from store.record import SessionStateRecord
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
@@ -28,7 +28,7 @@ STORE_RETRY_AFTER = {"Retry-After": "5"}
 
 def unkept_decision(error: Exception) -> Problem:
     """The answer when a decision cannot be kept: the store's fault, or the journal's."""
-    if isinstance(error, StoreUnavailable):
+    if isinstance(error, StoreOffline):
         return Problem(503, "store_unavailable", headers=STORE_RETRY_AFTER)
     return Problem(503, "decision_log_unavailable")
 

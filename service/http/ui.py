@@ -37,7 +37,7 @@ from service.http.problems import DETAILS, Problem
 from service.http.ui_chart import decision_chart
 from service.journal import JournalClosed
 from service.policy_input import PolicyAction
-from store.lanes import StoreUnavailable
+from store.lanes import StoreOffline
 from store.violations import violations_of
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="../templates")
@@ -206,7 +206,7 @@ def _keep_decision(response: Response) -> Response:
         return response
     try:
         journal_decision(response.status_code)
-    except (JournalClosed, StoreUnavailable) as error:
+    except (JournalClosed, StoreOffline) as error:
         return _problem_page(unkept_decision(error))
     return response
 

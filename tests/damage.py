@@ -1,0 +1,61 @@
+"""Real LevelDB stores, damaged the way disks and crashes damage them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plyvel
+
+from store.evidence_chain import EvidenceChain
+from store.keys import LaneKey, TenantResourceLane
+from store.lanes import LaneStore
+
+CANARY = "DAMAGE-CANARY-4e1b"
+BLOCK = 32768
+
+
+def build_store(path: Path, *, chain_entries: int = 5, sessions: int = 5) -> None:
+    """Chain entries, then session records, each write one log record, all still in the log."""
+    lanes = LaneStore(path)
+    chain = EvidenceChain(lanes)
+    for n in range(1, chain_entries + 1):
+        chain.append([{"recorded_at": f"2025-01-01T00:00:{n:02d}Z", "decision": f"{CANARY}-{n}"}])
+    for n in range(sessions):
+        key = LaneKey(TenantResourceLane.SESSION_STATE, CANARY, "ws", f"s{n}")
+        lanes.put(key, f"{CANARY}-{n}".encode() * 10)
+    lanes.close()
+
+
+def into_table(path: Path) -> Path:
+    """Compact everything into table files; the one table."""
+    db = plyvel.DB(str(path))
+    db.compact_range()
+    db.close()
+    (table,) = path.glob("*.ldb")
+    return table
+
+
+def newest_log(path: Path) -> Path:
+    return max(path.glob("*.log"), key=lambda log: int(log.stem))
+
+
+def flip(file: Path, offset: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def record_offsets(log: bytes) -> list[int]:
+    """Where each record of a log's first block starts (its records are whole ones)."""
+    offsets, offset = [], 0
+    while offset + 7 <= min(len(log), BLOCK):
+        offsets.append(offset)
+        offset += 7 + (log[offset + 4] | log[offset + 5] << 8)
+    return offsets
+
+
+def set_record_type(log_file: Path, index: int, kind: int) -> None:
+    """Give record index of the log an unknown type: its CRC fails too."""
+    data = bytearray(log_file.read_bytes())
+    data[record_offsets(bytes(data))[index] + 6] = kind
+    log_file.write_bytes(bytes(data))
