@@ -29,6 +29,7 @@ FIELDS = (
     "pruned",
     "seq",
     "error_digest",
+    "summaries",
 )
 
 

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 
 class ServiceMetrics:
-    """Requests by route and status, decisions by action and outcome, corrupt reads."""
+    """Requests by route and status, decisions by action and outcome, corrupt reads, 429s."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -33,6 +33,13 @@ class ServiceMetrics:
             "sessionstate_corrupt_reads",
             "Stored session records that read back as corrupt, by redacted label.",
             ["label"],
+            registry=self.registry,
+        )
+
+        self.rate_limited = Counter(
+            "sessionstate_rate_limited",
+            "Requests refused with 429 rate_limited before any policy call, by budget.",
+            ["budget"],
             registry=self.registry,
         )
 

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)
     opa_bin: str | None = None
     policy_dir: Path = PROJECT_ROOT / "policies"
+    # Per actor (token subject and tenant), in the `limits` notation; "off" disables.
+    rate_limit: str = "500/second;15000/minute"
+    denial_rate_limit: str = "20/minute"
 
     def resolved_opa_bin(self) -> str:
         """The OPA binary for the local sidecar: configured, project-built, or on PATH."""

@@ -39,6 +39,8 @@ DETAILS: dict[str, str] = {
     "cross_site_request_rejected": "A sign-in or sign-out posted from another site is refused.",
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
     "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
+    "rate_limited": "Too many requests, or too many denied requests, from this actor; nothing "
+    "was done. Try again after `Retry-After` seconds.",
     "not_found": "No such resource.",
     "method_not_allowed": "The resource does not support this method.",
     "internal_error": "The service failed; nothing was written. The request id names it in the logs.",
