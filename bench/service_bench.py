@@ -171,6 +171,9 @@ class Served:
             "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
             "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
             "SESSIONSTATE_OPA_BIN": opa,
+            # Every client is one actor: its rate limits would be measured, not the service.
+            "SESSIONSTATE_RATE_LIMIT": "off",
+            "SESSIONSTATE_DENIAL_RATE_LIMIT": "off",
         }
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(

@@ -18,6 +18,8 @@ from service.journal import DecisionJournal, RetentionTask
 from service.metrics import ServiceMetrics
 from service.policy_client import PolicyClient
 from service.policy_gate import PolicyGate
+from service.rate_limit_log import RateLimitLog
+from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.settings import Settings
 from store.digests import DigestKey
@@ -50,6 +52,8 @@ class ServiceContext:
     metrics: ServiceMetrics
     clock: Callable[[], datetime]
     journal: DecisionJournal
+    rate_limiter: ActorRateLimiter
+    rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
 
     @classmethod
@@ -62,11 +66,17 @@ class ServiceContext:
         clock: Callable[[], datetime] = utc_now,
     ) -> ServiceContext:
         data_dir = settings.data_dir
+        limits = rate_limits(settings)
         metrics = ServiceMetrics()
         lanes = LaneStore(data_dir / "leveldb")
         metrics.watch_store(lanes)
         report_dropped_log_bytes(lanes, metrics)
         client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
+        journal = DecisionJournal(
+            lanes,
+            clock=clock,
+            on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
+        )
         return cls(
             settings=settings,
             lanes=lanes,
@@ -84,11 +94,9 @@ class ServiceContext:
             digest_key=digest_key(settings),
             metrics=metrics,
             clock=clock,
-            journal=DecisionJournal(
-                lanes,
-                clock=clock,
-                on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
-            ),
+            journal=journal,
+            rate_limiter=ActorRateLimiter(limits),
+            rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             retention=(
                 None
                 if settings.decision_retention_days is None
@@ -99,6 +107,7 @@ class ServiceContext:
     def close(self) -> None:
         if self.retention is not None:
             self.retention.close()
+        self.rate_limit_log.close()  # its summaries go through the journal
         self.journal.close()
         self.gate.client.close()
         self.lanes.close()
@@ -118,6 +127,7 @@ def check_settings(settings: Settings) -> None:
     jwt_secret(settings)
     digest_key(settings)
     _public_key(settings.jwt_public_key_file)
+    rate_limits(settings)
     if settings.opa_url is not None:
         try:
             PolicyClient(settings.opa_url).close()
@@ -147,6 +157,26 @@ def digest_key(settings: Settings) -> DigestKey:
             f"SESSIONSTATE_DIGEST_KEY must be at least {MIN_SECRET_BYTES} bytes"
         )
     return DigestKey(secret)
+
+
+def rate_limits(settings: Settings) -> RateLimits:
+    """SESSIONSTATE_RATE_LIMIT and SESSIONSTATE_DENIAL_RATE_LIMIT, parsed."""
+    budgets = {}
+    for variable, text in (
+        ("SESSIONSTATE_RATE_LIMIT", settings.rate_limit),
+        ("SESSIONSTATE_DENIAL_RATE_LIMIT", settings.denial_rate_limit),
+    ):
+        try:
+            budgets[variable] = parse_budget(text)
+        except ValueError:
+            raise ConfigurationError(
+                f"{variable} must be rate limits such as '20/minute' or "
+                "'500/second;15000/minute', or 'off'"
+            ) from None
+    return RateLimits(
+        requests=budgets["SESSIONSTATE_RATE_LIMIT"],
+        denials=budgets["SESSIONSTATE_DENIAL_RATE_LIMIT"],
+    )
 
 
 def _public_key(path: Path | None) -> bytes | None:

@@ -9,12 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.policy_input import PolicyAction
 
 POLICY_ENGINE_UNAVAILABLE = "policy_engine_unavailable"
+RATE_LIMITED = "rate_limited"
 
 
 class DecisionEngine(BaseModel):
+    """Who decided: OPA, or (for rate limit summaries) the service itself."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["opa"] = "opa"
+    name: Literal["opa", "sessionstate"] = Field(
+        default="opa",
+        description="`opa`, or `sessionstate` for a decision the service made before asking OPA",
+    )
     version: str = Field(max_length=64)
 
 
@@ -23,7 +29,10 @@ class DecisionTrace(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    decision_id: str = Field(max_length=64, description="OPA's decision id (local when OPA failed)")
+    decision_id: str = Field(
+        max_length=64,
+        description="OPA's decision id (local when OPA failed; `ratelimit-` for a rate limit summary)",
+    )
     action: PolicyAction
     policy: str = Field(description="policy path, e.g. sessionstate/write")
     allow: bool

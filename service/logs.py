@@ -30,6 +30,7 @@ FIELDS = (
     "seq",
     "error_digest",
     "dropped_bytes",
+    "summaries",
 )
 
 

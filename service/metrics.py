@@ -12,7 +12,8 @@ from store.lanes import LaneStore
 
 
 class ServiceMetrics:
-    """Requests by route and status, decisions by action and outcome, corrupt reads, lost log."""
+    """Requests by route and status, decisions by action and outcome, corrupt reads, lost log,
+    429s, the store's health."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -58,6 +59,13 @@ class ServiceMetrics:
     def watch_store(self, lanes: LaneStore) -> None:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))
+
+        self.rate_limited = Counter(
+            "sessionstate_rate_limited",
+            "Requests refused with 429 rate_limited before any policy call, by budget.",
+            ["budget"],
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

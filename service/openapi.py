@@ -51,7 +51,12 @@ class Operation(NamedTuple):
     media: str = "application/json"
 
 
-AUTHED = (400, 401, 403, 503)
+RETRY_AFTER = {
+    "required": True,
+    "description": "seconds until the actor's budget has room again",
+    "schema": {"type": "integer", "minimum": 1},
+}
+AUTHED = (400, 401, 403, 429, 503)  # 429: rate_limited, before any policy call
 WITH_BODY = (413, 415, 422)
 
 OPERATIONS = [
@@ -129,6 +134,8 @@ def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
                 "application/problem+json": {"schema": refs[(ProblemDocument, "serialization")]}
             },
         }
+        if error == 429:
+            operation["responses"]["429"]["headers"] = {"Retry-After": RETRY_AFTER}
     return operation
 
 

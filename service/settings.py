@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)
     body_timeout_seconds: int = Field(default=30, ge=1, le=600)
     keep_alive_seconds: int = Field(default=5, ge=1, le=300)
+    # Per actor (token subject and tenant), in the `limits` notation; "off" disables.
+    rate_limit: str = "500/second;15000/minute"
+    denial_rate_limit: str = "20/minute"
 
     def resolved_opa_bin(self) -> str:
         """The OPA binary for the local sidecar: configured, project-built, or on PATH."""

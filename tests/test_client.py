@@ -8,6 +8,7 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from service.client import (
     PolicyDenied,
     PolicyEngineUnavailable,
     PreconditionFailed,
+    RateLimited,
     ServiceUnavailable,
     SessionStateClient,
     SessionStateError,
@@ -34,7 +36,7 @@ from store.digests import DigestKey
 from store.inputs import SessionStateInput
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import scope, state_input
-from tests.live import JWT_SECRET, LiveService
+from tests.live import JWT_SECRET, LiveService, live_service, service_settings
 
 CANARY = "CLIENT-CANARY-5f0c"
 SCOPE = scope()
@@ -430,6 +432,54 @@ def test_a_retry_after_beyond_the_longest_wait_is_not_waited_for() -> None:
     with client, pytest.raises(PolicyEngineUnavailable):
         client.get_state(SCOPE)
     assert len(transport.requests) == 1
+
+
+def test_a_429_is_retried_after_its_retry_after_even_for_a_grant() -> None:
+    def limited_once(request: httpx.Request) -> httpx.Response:
+        if len(transport.requests) == 1:
+            return httpx.Response(
+                429, json=_problem(429, "rate_limited"), headers={"Retry-After": "2"}
+            )
+        return _not_found(request)
+
+    transport = FlakyTransport(0, limited_once)
+    client = SessionStateClient("http://sessionstate.test", "t", backoff=0, transport=transport)
+    waits: list[float] = []
+    client._sleep = waits.append
+    with client, pytest.raises(NotFound) as second_answer:
+        client.grant_approval("t", "w", {"ttl_seconds": 1, "reason": "r"})
+    assert second_answer.value.attempts == len(transport.requests) == 2
+    assert waits == [2.0]  # nothing was done, so even a grant may be sent again
+
+
+def test_a_429_with_a_long_retry_after_is_rate_limited_at_once() -> None:
+    def limited(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            429, json=_problem(429, "rate_limited"), headers={"Retry-After": "60"}
+        )
+
+    transport = FlakyTransport(0, limited)
+    client = SessionStateClient("http://sessionstate.test", "t", transport=transport)
+    with client, pytest.raises(RateLimited) as raised:
+        client.get_state(SCOPE)
+    assert len(transport.requests) == 1
+    assert (raised.value.status, raised.value.reason) == (429, "rate_limited")
+    assert raised.value.retry_after == 60.0
+    assert "retry after 60 s" in str(raised.value)
+
+
+def test_an_actor_over_its_budget_gets_rate_limited(sidecar: OpaSidecar, tmp_path: Path) -> None:
+    settings = service_settings(tmp_path / "var", denial_rate_limit="1/hour")
+    with live_service(sidecar, settings) as live:
+        other = scope(tenant="tenant-b")
+        with model_client(live) as client:
+            with pytest.raises(PolicyDenied):
+                client.get_state(other)
+            with pytest.raises(RateLimited) as limited:
+                client.get_state(SCOPE)  # its own session too: the actor is over its budget
+    assert limited.value.attempts == 1  # an hour is past the longest wait
+    assert limited.value.retry_after is not None and limited.value.retry_after > 30
+    assert limited.value.decision is None  # refused before any policy call
 
 
 def test_retry_waits_grow_and_honour_retry_after() -> None:

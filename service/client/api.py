@@ -26,7 +26,7 @@ from service.client.errors import (
     UnexpectedResponse,
     error_from_response,
 )
-from service.client.retries import RetryPolicy, parse_retry_after
+from service.client.retries import NOTHING_DONE, RetryPolicy, parse_retry_after
 from service.decision_log import DecisionLogEntry
 from service.policy_input import PolicyAction
 from service.wire import (
@@ -248,7 +248,7 @@ class SessionStateClient:
 
     def readyz(self) -> Readiness:
         """Readiness as reported: `ready` is False on a 503 answer, which is not retried."""
-        response = self._call("GET", "/readyz", auth=False, ok=(200, 503), retry_503=False)
+        response = self._call("GET", "/readyz", auth=False, ok=(200, 503), retry_refusals=False)
         return _model(response, Readiness)
 
     def metrics(self) -> str:
@@ -276,12 +276,13 @@ class SessionStateClient:
         headers: Mapping[str, str] | None = None,
         auth: bool = True,
         ok: tuple[int, ...] = (200, 201),
-        retry_503: bool = True,
+        retry_refusals: bool = True,
         stream: bool = False,
     ) -> httpx.Response:
         """The answer with an `ok` status, after retrying what `RetryPolicy` allows.
 
         `safe`: whether the call may be repeated after a connection failure.
+        `retry_refusals`: whether a 503 or 429 (refused, nothing done) is tried again.
         """
         request_id = secrets.token_hex(8)
         content = None if body is None else _encode(body)
@@ -309,7 +310,7 @@ class SessionStateClient:
                 response.read()
                 response.close()
                 wait = None
-                if response.status_code == 503 and retry_503:
+                if response.status_code in NOTHING_DONE and retry_refusals:
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
                     wait = self.retry_policy.wait(attempt, retry_after)
                 if wait is None:

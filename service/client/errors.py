@@ -11,6 +11,7 @@ import json
 
 import httpx
 
+from service.client.retries import parse_retry_after
 from service.decision_trace import DecisionTrace
 from service.wire import FieldError, ProblemDocument
 from store.reports import SessionStateReadReport, SessionStateWriteReport
@@ -114,6 +115,33 @@ class InvalidRequest(SessionStateError):
         return text
 
 
+class RateLimited(SessionStateError):
+    """429 `rate_limited`: this actor is over its budget; nothing was done, OPA was not asked.
+
+    `retry_after` is the service's `Retry-After` in seconds (None if it sent none):
+    the call is retried within the client's retry budget when that wait is short enough.
+    """
+
+    def __init__(
+        self,
+        status: int | None,
+        reason: str,
+        problem: ProblemDocument | None = None,
+        *,
+        request_id: str | None = None,
+        attempts: int = 1,
+        retry_after: float | None = None,
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(status, reason, problem, request_id=request_id, attempts=attempts)
+
+    def _message(self) -> str:
+        text = super()._message()
+        if self.retry_after is not None:
+            text += f"; retry after {self.retry_after:g} s"
+        return text
+
+
 class PolicyEngineUnavailable(SessionStateError):
     """503 `policy_engine_unavailable`: OPA did not answer; nothing was done."""
 
@@ -145,6 +173,7 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
     413: InvalidRequest,
     415: InvalidRequest,
     422: InvalidRequest,
+    429: RateLimited,
 }
 _BY_503_REASON: dict[str, type[SessionStateError]] = {
     "policy_engine_unavailable": PolicyEngineUnavailable,
@@ -164,6 +193,16 @@ def error_from_response(response: httpx.Response, *, attempts: int = 1) -> Sessi
         kind = UnexpectedResponse  # a denial without its decision is not this service's
     else:
         kind = _BY_STATUS.get(status, UnexpectedResponse)
+    if kind is RateLimited:
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        return RateLimited(
+            status,
+            reason,
+            problem,
+            request_id=request_id,
+            attempts=attempts,
+            retry_after=retry_after,
+        )
     return kind(status, reason, problem, request_id=request_id, attempts=attempts)
 
 

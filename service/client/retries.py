@@ -1,10 +1,11 @@
 """When the client tries a call again, and how long it waits first.
 
-Two failures are retried, and nothing else:
+Two kinds of failure are retried, and nothing else:
 
-- a `503` answer, on any call: the service refuses with 503 only when it did
-  nothing (the policy engine did not answer, or the decision could not be
-  logged), so sending the same request again cannot do anything twice;
+- a `503` or `429` answer, on any call: the service refuses with 503 only when
+  it did nothing (the policy engine did not answer, or the decision could not
+  be logged), and with 429 `rate_limited` before any policy call, so sending
+  the same request again cannot do anything twice;
 - a connection failure or timeout, on calls that are safe to repeat: every
   GET, DELETE (revoking twice keeps the first revocation), a PUT with
   `If-Match` or `If-None-Match` (a repeat of a write that did land fails its
@@ -25,6 +26,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 MAX_WAIT_SECONDS = 30.0
+NOTHING_DONE = (429, 503)  # refusals after which the service did nothing at all
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What every route does first: find the context, authenticate, check scope ids."""
+"""What every route does first: find the context, authenticate, check scope ids, decide."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.approvals import Approval
 from service.auth import Actor, AuthenticationFailed
 from service.context import ServiceContext
 from service.decision_log import DecisionOutcome, entry_body
-from service.decision_trace import DecisionTrace
+from service.decision_trace import RATE_LIMITED, DecisionTrace
 from service.http.problems import Problem
 from service.journal import WriteResult
 from service.policy_input import PolicyAction, PolicyTarget
@@ -78,10 +78,20 @@ def decide(
     record: SessionStateRecord | None = None,
     approval: Approval | None = None,
 ) -> DecisionTrace:
-    """The policy decision for this request, remembered for its log line and the decision log."""
-    trace, policy_input = context().gate.decide(
-        action, actor, target, record=record, approval=approval
-    )
+    """The policy decision for this request, remembered for its log line and the decision log.
+
+    An actor over its budget is refused with 429 first: OPA is not asked and
+    the request adds no entry of its own (see `service.rate_limit_log`).
+    """
+    ctx = context()
+    refusal = ctx.rate_limiter.admit(actor)
+    if refusal is not None:
+        ctx.metrics.rate_limited.labels(refusal.budget).inc()
+        ctx.rate_limit_log.note(actor, refusal, action, target)
+        raise Problem(429, RATE_LIMITED, headers={"Retry-After": str(refusal.retry_after)})
+    trace, policy_input = ctx.gate.decide(action, actor, target, record=record, approval=approval)
+    if not trace.allow and not trace.engine_unavailable:
+        ctx.rate_limiter.charge_denial(actor, target)
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
     g.decision_entry = entry_body(trace, policy_input, actor, outcome=None)

@@ -47,6 +47,8 @@ DETAILS: dict[str, str] = {
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
     "store_unavailable": "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
     "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
+    "rate_limited": "Too many requests, or too many denied requests, from this actor; nothing "
+    "was done. Try again after `Retry-After` seconds.",
     "not_found": "No such resource.",
     "method_not_allowed": "The resource does not support this method.",
     "internal_error": "The service failed; nothing was written. The request id names it in the logs.",
