@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser schema lint-py types lint-rego test-rego test-py bench clean policy-manifest
+.PHONY: help run test install tools browser wrk schema lint-py types lint-rego test-rego test-py bench clean policy-manifest
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
@@ -41,6 +41,18 @@ browser:
 	else \
 	  echo "$(CHROMIUM) is missing; install Debian's chromium:" >&2; \
 	  echo "  sudo apt-get update && sudo apt-get install -y chromium" >&2; \
+	  exit 1; \
+	fi
+
+# wrk drives HTTP load in bench/ (the client's CPU must not dominate); Debian's package.
+WRK := /usr/bin/wrk
+wrk:
+	@if [ -x $(WRK) ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y wrk; \
+	else \
+	  echo "$(WRK) is missing; install Debian's wrk:" >&2; \
+	  echo "  sudo apt-get update && sudo apt-get install -y wrk" >&2; \
 	  exit 1; \
 	fi
 
@@ -75,12 +87,12 @@ test-rego: tools install
 	$$opa test $(POLICIES) && \
 	$$opa test --coverage --format json $(POLICIES) | $(PY) scripts/rego_coverage.py
 
-test-py: install tools browser
+test-py: install tools browser wrk
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest
 
 test: lint-rego test-rego lint-py types test-py
 
-bench: install tools
+bench: install tools wrk
 	@for script in bench/*_bench.py; do \
 	  echo "== $$script"; SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(PY) $$script || exit 1; \
 	done

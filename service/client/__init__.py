@@ -19,6 +19,7 @@ from service.client.errors import (
     RateLimited,
     ServiceUnavailable,
     SessionStateError,
+    StoreUnavailable,
     UnexpectedResponse,
 )
 from service.client.retries import RetryPolicy
@@ -43,6 +44,7 @@ __all__ = [
     "SessionStateClient",
     "SessionStateError",
     "StateBody",
+    "StoreUnavailable",
     "TokenSource",
     "UnexpectedResponse",
 ]

@@ -150,6 +150,10 @@ class DecisionLogUnavailable(SessionStateError):
     """503 `decision_log_unavailable`: the decision could not be logged; nothing was done."""
 
 
+class StoreUnavailable(SessionStateError):
+    """503 `store_unavailable`: the store cannot write or be reached now; nothing was stored."""
+
+
 class ServiceUnavailable(SessionStateError):
     """No usable answer: connection failures or timeouts (after any retries), or another 503.
 
@@ -169,15 +173,19 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
     403: PolicyDenied,
     404: NotFound,
     405: InvalidRequest,
+    408: InvalidRequest,
     412: PreconditionFailed,
     413: InvalidRequest,
+    414: InvalidRequest,
     415: InvalidRequest,
     422: InvalidRequest,
+    431: InvalidRequest,
     429: RateLimited,
 }
 _BY_503_REASON: dict[str, type[SessionStateError]] = {
     "policy_engine_unavailable": PolicyEngineUnavailable,
     "decision_log_unavailable": DecisionLogUnavailable,
+    "store_unavailable": StoreUnavailable,
 }
 
 
