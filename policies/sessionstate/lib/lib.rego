@@ -28,7 +28,7 @@ same_tenant(actor, target) if {
 #   A missing id counts as null, so a token scoped to a whole tenant does not
 #   match a session target.
 same_session(actor, target) if {
-	every key in ["workspace_id", "session_id"] {
+	every key in {"workspace_id", "session_id"} {
 		object.get(actor, key, null) == object.get(target, key, null)
 	}
 }

@@ -22,7 +22,7 @@ import data.sessionstate.lib
 decision := {"allow": allow, "reasons": sort(reasons)}
 
 # Reasons from both kinds of gate; blockers may repeat a code, the set dedupes.
-reasons := access_reasons | store_reasons
+reasons := _access_reasons | _store_reasons
 
 default allow := false
 
@@ -34,22 +34,22 @@ allow if {
 # A preview never stores anything, so only access decides it.
 allow if {
 	input.action == "preview"
-	count(access_reasons) == 0
+	count(_access_reasons) == 0
 }
 
 # --- Access gates: may this caller act on this session at all? ---
 
-access_reasons contains "action_not_supported" if not input.action in {"preview", "write"}
+_access_reasons contains "action_not_supported" if not input.action in {"preview", "write"}
 
 # Only model services write session state; operators approve, they do not write.
-access_reasons contains "role_not_permitted" if not lib.has_role(input.actor, "model-service")
+_access_reasons contains "role_not_permitted" if not lib.has_role(input.actor, "model-service")
 
-access_reasons contains "session_state_cross_tenant_write_rejected" if {
+_access_reasons contains "session_state_cross_tenant_write_rejected" if {
 	not lib.same_tenant(input.actor, input.target)
 }
 
 # Reported only within the tenant: across tenants the tenant code says it all.
-access_reasons contains "session_state_cross_session_write_rejected" if {
+_access_reasons contains "session_state_cross_session_write_rejected" if {
 	lib.same_tenant(input.actor, input.target)
 	not lib.same_session(input.actor, input.target)
 }
@@ -57,55 +57,55 @@ access_reasons contains "session_state_cross_session_write_rejected" if {
 # --- Store gates: would a real write be allowed to store this record? ---
 
 # Durable writes are off unless the deployment turns them on.
-store_reasons contains "session_state_durable_writes_disabled" if not input.deployment.durable_writes_enabled
+_store_reasons contains "session_state_durable_writes_disabled" if not input.deployment.durable_writes_enabled
 
-store_reasons contains "session_state_operator_approval_missing" if not approval_covers_target
+_store_reasons contains "session_state_operator_approval_missing" if not _approval_covers_target
 
 # The record gates below read input.record; with no record they stay silent,
 # and this gate alone reports it.
-store_reasons contains "session_state_record_missing" if object.get(input, "record", null) == null
+_store_reasons contains "session_state_record_missing" if object.get(input, "record", null) == null
 
-store_reasons contains "session_state_schema_mismatch" if input.record.schema != "sessionstate.record.v1"
+_store_reasons contains "session_state_schema_mismatch" if input.record.schema != "sessionstate.record.v1"
 
 # A record must be anchored to memory and gene chains to be replayable.
-store_reasons contains "session_state_memory_anchor_missing" if input.record.counts.memory_anchors == 0
+_store_reasons contains "session_state_memory_anchor_missing" if input.record.counts.memory_anchors == 0
 
-store_reasons contains "session_state_gene_anchor_missing" if input.record.counts.gene_anchors == 0
+_store_reasons contains "session_state_gene_anchor_missing" if input.record.counts.gene_anchors == 0
 
 # The store holds digests only, never transcripts.
-store_reasons contains "session_state_raw_messages_forbidden" if input.record.flags.raw_messages_stored
+_store_reasons contains "session_state_raw_messages_forbidden" if input.record.flags.raw_messages_stored
 
 # A stored record must describe itself as inert: read-only, report-only,
 # preview-only and not writable. Anything else claims powers it must not have.
-store_reasons contains "session_state_preview_flags_invalid" if {
-	some flag in ["read_only", "report_only", "preview_only"]
+_store_reasons contains "session_state_preview_flags_invalid" if {
+	some flag in {"read_only", "report_only", "preview_only"}
 	input.record.flags[flag] == false
 }
 
-store_reasons contains "session_state_preview_flags_invalid" if input.record.flags.write_allowed
+_store_reasons contains "session_state_preview_flags_invalid" if input.record.flags.write_allowed
 
-store_reasons contains "session_state_digest_mismatch" if input.record.digest_valid == false
+_store_reasons contains "session_state_digest_mismatch" if input.record.digest_valid == false
 
 # The service's own validation blockers pass through, so they always block a write.
-store_reasons contains blocker if some blocker in input.record.blockers
+_store_reasons contains blocker if some blocker in input.record.blockers
 
 # --- Operator approval ---
 
 # An approval counts only while live (issued, not yet expired, not revoked;
 # a missing `revoked` flag does not count as "not revoked") and only for the
 # target's exact tenant and workspace.
-approval_covers_target if {
+_approval_covers_target if {
 	approval := input.approval
 	approval.revoked == false
 	approval.issued_at <= input.now
 	input.now < approval.expires_at
 	approval.tenant_id == input.target.tenant_id
 	approval.workspace_id == input.target.workspace_id
-	covers_session(approval, input.target)
+	_covers_session(approval, input.target)
 }
 
 # An approval without a session covers the whole workspace ...
-covers_session(approval, _) if object.get(approval, "session_id", null) == null
+_covers_session(approval, _) if object.get(approval, "session_id", null) == null
 
 # ... one with a session covers that session only.
-covers_session(approval, target) if approval.session_id == target.session_id
+_covers_session(approval, target) if approval.session_id == target.session_id

@@ -18,10 +18,10 @@ default allow := false
 
 # The service asks for a decision.
 allow if {
-	service_token_presented
+	_service_token_presented
 	input.method == "POST"
-	only_params({"provenance"})
-	some decision_package in decision_packages
+	_only_params({"provenance"})
+	some decision_package in _decision_packages
 	input.path == ["v1", "data", "sessionstate", decision_package, "decision"]
 }
 
@@ -29,22 +29,22 @@ allow if {
 allow if {
 	input.method == "GET"
 	input.path == ["health"]
-	only_params({"bundles"})
+	_only_params({"bundles"})
 }
 
 # Only the query parameters the service uses: `explain` or `instrument` would
 # reveal how a policy evaluated, and `pretty` or `metrics` serve no one here.
-only_params(permitted) if {
+_only_params(permitted) if {
 	every name, _ in object.get(input, "params", {}) {
 		name in permitted
 	}
 }
 
-decision_packages := {"write", "read", "replay", "approval", "audit"}
+_decision_packages := {"write", "read", "replay", "approval", "audit"}
 
 # A short token is as good as none: with the variable unset or weak, only
 # the liveness probe is served.
-service_token_presented if {
+_service_token_presented if {
 	token := opa.runtime().env.SESSIONSTATE_OPA_TOKEN
 	count(token) >= 32
 	input.identity == token
