@@ -105,22 +105,28 @@ class Problem(Exception):
         return response
 
 
-# Access reasons name the most fundamental refusal, so they lead a denial's `reason`.
-_LEADING = ("role_not_permitted", "action_not_supported")
+# A denial's one `reason`: the most fundamental refusal leads. Access first (who may
+# ask at all), then scope (which tenant, which session), then everything else, in the
+# order the policy lists it. Codes not named here (store gates, validation blockers)
+# share the last rank.
+REASON_PRECEDENCE: tuple[tuple[str, ...], ...] = (
+    ("role_not_permitted", "action_not_supported"),
+    (
+        "session_state_cross_tenant_write_rejected",
+        "cross_tenant_scope_rejected",
+        "session_replay_cross_tenant_rejected",
+    ),
+    (
+        "session_state_cross_session_write_rejected",
+        "cross_session_scope_rejected",
+        "session_replay_cross_session_rejected",
+    ),
+)
+_RANK = {code: rank for rank, codes in enumerate(REASON_PRECEDENCE) for code in codes}
 
 
 def primary_reason(reasons: Sequence[str]) -> str:
-    """The one `reason` of a denial: access refusals first, then the first code in order."""
+    """The one `reason` of a denial: by `REASON_PRECEDENCE`, then the first code in order."""
     if not reasons:
         return "policy_denied"
-
-    def rank(code: str) -> tuple[int, str]:
-        if code in _LEADING:
-            return (0, code)
-        if "cross_tenant" in code:
-            return (1, code)
-        if "cross_session" in code:
-            return (2, code)
-        return (3, code)
-
-    return min(reasons, key=rank)
+    return min(reasons, key=lambda code: (_RANK.get(code, len(REASON_PRECEDENCE)), code))
