@@ -56,9 +56,9 @@ wrk:
 	  exit 1; \
 	fi
 
-# The OPA input schema is generated from service/policy_input.py.
+# The OPA input schema is generated from service/policy/input.py.
 schema: install
-	$(PY) -m service.policy_input > $(SCHEMAS)/policy_input.json
+	$(PY) -m service.policy.input > $(SCHEMAS)/policy_input.json
 
 # After a policy edit: the bundle manifest's revision is the policies' content hash.
 policy-manifest: install

@@ -30,9 +30,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.auth import Actor
-from service.decision_log import DecisionOutcome, entry_body
-from service.decision_trace import DecisionEngine, DecisionTrace
-from service.journal import DecisionJournal
+from service.decisions.journal import DecisionJournal
+from service.decisions.log import DecisionOutcome, entry_body
+from service.policy.trace import DecisionEngine, DecisionTrace
 from store.canonical import canonical_digest, canonical_json
 from store.evidence_chain import GENESIS, EvidenceChain, format_timestamp, seal
 from store.lanes import LaneStore

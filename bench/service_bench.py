@@ -48,9 +48,9 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.auth import mint_token
-from service.opa_sidecar import OpaSidecar
-from service.policy_client import PolicyClient
-from service.policy_input import PolicyInput
+from service.policy.client import PolicyClient
+from service.policy.input import PolicyInput
+from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from store.canonical import canonical_json
 from store.digests import DigestKey

@@ -3,7 +3,7 @@
 In docker-compose.yml, OPA loads policies/ itself as a bundle (`--bundle
 /policies`). OPA takes the bundle's revision from `policies/.manifest`, so that
 file must carry the same content hash that the local sidecar's bundle gets
-from `service.policy_bundle` (every non-test `.rego` file). Run this after any
+from `service.policy.bundle` (every non-test `.rego` file). Run this after any
 policy change; tests/test_deployment.py fails while the manifest is stale.
 
     .venv/bin/python deploy/policy_manifest.py          # rewrite policies/.manifest
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from service.policy_bundle import BUNDLE_ROOTS, load_bundle  # noqa: E402
+from service.policy.bundle import BUNDLE_ROOTS, load_bundle  # noqa: E402
 
 MANIFEST = ".manifest"
 

@@ -12,11 +12,11 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
+from service.decisions.journal import JournalClosed
 from service.http import approvals, decisions, ops, state, ui
 from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, journal_decision, unkept_decision
 from service.http.problems import Problem
-from service.journal import JournalClosed
 from store.lanes import StoreOffline
 
 log = logging.getLogger("sessionstate.http")

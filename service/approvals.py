@@ -19,7 +19,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from service.policy_input import PolicyApproval
+from service.policy.input import PolicyApproval
 from store.bounds import JsonInt
 from store.canonical import canonical_json, sha256_digest
 from store.keys import LaneKey, TenantResourceLane

@@ -32,7 +32,7 @@ from jwt.algorithms import HMACAlgorithm
 from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.policy_input import PolicyActor
+from service.policy.input import PolicyActor
 from store.scope import ScopeId, is_scope_id
 
 MIN_HS256_SECRET_BYTES = 32  # RFC 7518 §3.2: at least the size of the hash output

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from service import decision_review
 from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret
-from service.decision_review import ReviewError
-from service.opa_sidecar import SidecarError
+from service.decisions import review as decision_review
+from service.decisions.review import ReviewError
+from service.policy.sidecar import SidecarError
 from service.settings import Settings
 from service.walkthrough import walkthrough
 from store.evidence_chain import ChainCorrupt

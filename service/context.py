@@ -14,11 +14,11 @@ from pathlib import Path
 
 from service.approvals import ApprovalStore
 from service.auth import TokenVerifier
-from service.journal import DecisionJournal, RetentionTask
+from service.decisions.journal import DecisionJournal, RetentionTask
+from service.decisions.rate_limit_log import RateLimitLog
 from service.metrics import ServiceMetrics
-from service.policy_client import PolicyClient
-from service.policy_gate import PolicyGate
-from service.rate_limit_log import RateLimitLog
+from service.policy.client import PolicyClient
+from service.policy.gate import PolicyGate
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.settings import Settings

@@ -30,7 +30,7 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
 from service.auth import Actor
-from service.policy_input import PolicyTarget
+from service.policy.input import PolicyTarget
 
 Budget = Literal["requests", "denials"]
 OFF = "off"

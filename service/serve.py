@@ -2,10 +2,10 @@
 
 The process holds the data dir (a flock), starts the sidecar (unless
 SESSIONSTATE_OPA_URL names an OPA already running), opens the store, and
-serves HTTP with hypercorn (`service.http_front`): requests are read on an
+serves HTTP with hypercorn (`service.http.front`): requests are read on an
 event loop and handed whole to a pool of threads that run the Flask app.
 SIGTERM or SIGINT stops it gracefully; the sidecar stops with it, and dies
-with it even on SIGKILL (PR_SET_PDEATHSIG, see `service.opa_sidecar`).
+with it even on SIGKILL (PR_SET_PDEATHSIG, see `service.policy.sidecar`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from hypercorn.asyncio.run import worker_serve
 
 from service.app import create_app
 from service.context import ConfigurationError, ServiceContext, check_settings
-from service.http_front import BoundedWSGIWrapper, front_config
+from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
-from service.opa_sidecar import OpaSidecar
+from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore

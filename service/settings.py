@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)
     opa_bin: str | None = None
     policy_dir: Path = PROJECT_ROOT / "policies"
-    # Reading requests (service.http_front): a stalled read closes the connection; a body
+    # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)
     body_timeout_seconds: int = Field(default=30, ge=1, le=600)

@@ -7,8 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.approvals import Approval
-from service.decision_log import DecisionLogEntry
-from service.decision_trace import DecisionTrace
+from service.decisions.log import DecisionLogEntry
+from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
 from store.checkpoints import Checkpoint
 from store.record import SessionStateRecord

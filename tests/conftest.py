@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from service.opa_sidecar import OpaSidecar
+from service.policy.sidecar import OpaSidecar
 from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.session_state import SessionStateStore

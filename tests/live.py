@@ -16,7 +16,7 @@ from werkzeug.serving import make_server
 from service.app import create_app
 from service.auth import mint_token
 from service.context import ServiceContext, utc_now
-from service.opa_sidecar import OpaSidecar
+from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 
 JWT_SECRET = "jwt-secret-for-tests-0123456789abcdef"

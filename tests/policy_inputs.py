@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.policy_input import PolicyInput
+from service.policy.input import PolicyInput
 
 NOW = 1_800_000_000
 SCOPE = {"tenant_id": "tenant-a", "workspace_id": "ws-1", "session_id": "chat-1"}

@@ -30,7 +30,7 @@ from service.client import (
     SessionStateError,
 )
 from service.client.retries import RetryPolicy, parse_retry_after
-from service.opa_sidecar import OpaSidecar, send_signal
+from service.policy.sidecar import OpaSidecar, send_signal
 from service.wire import SessionStateResponse
 from store.digests import DigestKey
 from store.inputs import SessionStateInput

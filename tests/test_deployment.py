@@ -34,8 +34,8 @@ import pytest
 import requests
 import yaml
 
-from service.opa_sidecar import TOKEN_ENV, OpaSidecar
-from service.policy_bundle import load_bundle, policy_files
+from service.policy.bundle import load_bundle, policy_files
+from service.policy.sidecar import TOKEN_ENV, OpaSidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_DIR = ROOT / "policies"
@@ -172,7 +172,7 @@ def load_manifest_tool() -> ModuleType:
 
 
 def sidecar_command() -> list[str]:
-    """The argv the local sidecar runs OPA with (service/opa_sidecar.py)."""
+    """The argv the local sidecar runs OPA with (service/policy/sidecar.py)."""
     stub = SimpleNamespace(opa_bin="opa", port=8181, work_dir=Path("/work"))
     command: list[str] = OpaSidecar._command(stub)  # type: ignore[arg-type]
     return command
@@ -365,7 +365,7 @@ def test_opa_mounts_the_policies_read_only_and_loads_them_as_a_bundle() -> None:
 
 
 def test_opa_command_has_the_lockdown_of_the_local_sidecar() -> None:
-    """The same flags as service/opa_sidecar.py, so the two cannot drift apart."""
+    """The same flags as service/policy/sidecar.py, so the two cannot drift apart."""
     local = sidecar_command()
     assert local[1] == "run" and opa_command()[0] == "run"
     # The local sidecar's address and config file are its own; every other flag is shared.

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from service.opa_sidecar import OpaSidecar, send_signal
+from service.policy.sidecar import OpaSidecar, send_signal
 from tests.factories import state_input
 from tests.live import LiveService
 

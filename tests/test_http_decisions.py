@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from service.cli import main
-from service.opa_sidecar import OpaSidecar
+from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import state_input

@@ -12,7 +12,7 @@ from typing import Any
 import jwt
 import pytest
 
-from service.opa_sidecar import OpaSidecar
+from service.policy.sidecar import OpaSidecar
 from tests.factories import state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings
 

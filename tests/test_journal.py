@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from service.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
+from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from store.digests import DigestKey
 from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore

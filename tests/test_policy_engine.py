@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import requests
 
-from service.opa_sidecar import OpaSidecar, send_signal
-from service.policy_bundle import load_bundle
-from service.policy_client import PolicyClient
-from service.policy_input import render_schema
+from service.policy.bundle import load_bundle
+from service.policy.client import PolicyClient
+from service.policy.input import render_schema
+from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_digest
 from tests.conftest import POLICY_DIR
 from tests.policy_inputs import APPROVAL, NOW, RECORD, SCOPE, allowed_input

@@ -23,7 +23,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.context import ConfigurationError, check_settings, rate_limits, utc_now
-from service.opa_sidecar import OpaSidecar
+from service.policy.sidecar import OpaSidecar
 from store.keys import TenantResourceLane
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings

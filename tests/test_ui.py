@@ -20,7 +20,7 @@ import requests
 
 from service.auth import mint_token
 from service.http.ui_chart import CHART_BUCKETS, decision_chart
-from service.opa_sidecar import OpaSidecar, send_signal
+from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_json
 from store.keys import LaneKey, TenantResourceLane
 from tests.live import JWT_SECRET, LiveService

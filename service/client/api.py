@@ -27,8 +27,8 @@ from service.client.errors import (
     error_from_response,
 )
 from service.client.retries import NOTHING_DONE, RetryPolicy, parse_retry_after
-from service.decision_log import DecisionLogEntry
-from service.policy_input import PolicyAction
+from service.decisions.log import DecisionLogEntry
+from service.policy.input import PolicyAction
 from service.wire import (
     ApprovalListResponse,
     ApprovalResponse,

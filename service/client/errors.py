@@ -12,7 +12,7 @@ import json
 import httpx
 
 from service.client.retries import parse_retry_after
-from service.decision_trace import DecisionTrace
+from service.policy.trace import DecisionTrace
 from service.wire import FieldError, ProblemDocument
 from store.reports import SessionStateReadReport, SessionStateWriteReport
 

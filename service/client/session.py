@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.client.api import SessionStateClient
 from service.client.errors import CorruptState, NotFound, PolicyDenied, PreconditionFailed
-from service.decision_trace import DecisionTrace
+from service.policy.trace import DecisionTrace
 from service.replay import (
     DEFAULT_REPLAY_INPUTS,
     ReplayInput,

@@ -17,8 +17,8 @@ from service.http.common import (
     json_response,
 )
 from service.http.problems import Problem
-from service.policy_gate import PolicyGate
-from service.policy_input import PolicyTarget
+from service.policy.gate import PolicyGate
+from service.policy.input import PolicyTarget
 from service.wire import ApprovalListResponse, ApprovalResponse
 
 bp = Blueprint("approvals", __name__)

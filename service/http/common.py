@@ -11,11 +11,11 @@ from pydantic import BaseModel
 from service.approvals import Approval
 from service.auth import Actor, AuthenticationFailed
 from service.context import ServiceContext
-from service.decision_log import DecisionOutcome, entry_body
-from service.decision_trace import RATE_LIMITED, DecisionTrace
+from service.decisions.journal import WriteResult
+from service.decisions.log import DecisionOutcome, entry_body
 from service.http.problems import Problem
-from service.journal import WriteResult
-from service.policy_input import PolicyAction, PolicyTarget
+from service.policy.input import PolicyAction, PolicyTarget
+from service.policy.trace import RATE_LIMITED, DecisionTrace
 from store.keys import LaneKey
 from store.lanes import StoreOffline
 from store.record import SessionStateRecord
@@ -81,7 +81,7 @@ def decide(
     """The policy decision for this request, remembered for its log line and the decision log.
 
     An actor over its budget is refused with 429 first: OPA is not asked and
-    the request adds no entry of its own (see `service.rate_limit_log`).
+    the request adds no entry of its own (see `service.decisions.rate_limit_log`).
     """
     ctx = context()
     refusal = ctx.rate_limiter.admit(actor)

@@ -18,12 +18,12 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from pydantic_core import PydanticCustomError
 
 from service.auth import Actor
-from service.decision_log import DecisionLogEntry, opa_event, seq_name
-from service.decision_trace import DecisionTrace
+from service.decisions.log import DecisionLogEntry, opa_event, seq_name
 from service.http.common import authenticate, context, decide, json_response
 from service.http.problems import Problem
-from service.policy_gate import PolicyGate
-from service.policy_input import PolicyAction, PolicyTarget
+from service.policy.gate import PolicyGate
+from service.policy.input import PolicyAction, PolicyTarget
+from service.policy.trace import DecisionTrace
 from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
 from store.checkpoints import CheckpointSigner
 from store.evidence_chain import ChainHead

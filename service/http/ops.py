@@ -8,7 +8,7 @@ from flask import Blueprint, Response
 
 from service.http.common import context, json_response
 from service.openapi import openapi_document
-from service.policy_input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
+from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
 from service.wire import Health, Readiness
 
 bp = Blueprint("ops", __name__)

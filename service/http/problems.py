@@ -13,7 +13,7 @@ from typing import Any
 
 from flask import Response
 
-from service.decision_trace import DecisionTrace
+from service.policy.trace import DecisionTrace
 from store.reports import SessionStateWriteReport
 from store.violations import FieldViolation
 

@@ -17,7 +17,7 @@ from service.http.common import (
     target_of,
 )
 from service.http.problems import Problem
-from service.policy_gate import PolicyGate
+from service.policy.gate import PolicyGate
 from service.replay import ReplayPreviewRequest
 from service.wire import ReplayPreviewResponse, SessionStateReadResponse, SessionStateResponse
 from store.builder import build_record

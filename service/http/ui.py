@@ -23,7 +23,8 @@ from flask import Blueprint, Response, g, render_template, request, url_for
 from pydantic import ValidationError
 
 from service.auth import Actor, AuthenticationFailed
-from service.decision_log import DecisionLogEntry
+from service.decisions.journal import JournalClosed
+from service.decisions.log import DecisionLogEntry
 from service.http.common import context, journal_decision, unkept_decision
 from service.http.decisions import (
     MAX_LIMIT,
@@ -35,8 +36,7 @@ from service.http.decisions import (
 )
 from service.http.problems import DETAILS, Problem
 from service.http.ui_chart import decision_chart
-from service.journal import JournalClosed
-from service.policy_input import PolicyAction
+from service.policy.input import PolicyAction
 from store.lanes import StoreOffline
 from store.violations import violations_of
 

@@ -12,7 +12,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from service.policy_bundle import load_bundle
+from service.policy.bundle import load_bundle
 
 BUNDLE_PATH = "/bundles/sessionstate.tar.gz"
 

@@ -24,10 +24,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
-from service.decision_log import DecisionOutcome
-from service.decision_trace import RATE_LIMITED, DecisionEngine, DecisionTrace
-from service.journal import DecisionJournal, JournalClosed
-from service.policy_input import PolicyAction, PolicyActor, PolicyTarget
+from service.decisions.journal import DecisionJournal, JournalClosed
+from service.decisions.log import DecisionOutcome
+from service.policy.input import PolicyAction, PolicyActor, PolicyTarget
+from service.policy.trace import RATE_LIMITED, DecisionEngine, DecisionTrace
 from service.rate_limits import Budget, RateLimits, Refusal, actor_key
 from store.canonical import canonical_digest
 from store.evidence_chain import TIMESTAMP_PATTERN, format_timestamp

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from service.decision_log import opa_event, prune_log
+from service.decisions.log import opa_event, prune_log
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import ChainVerification, EvidenceChain
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable

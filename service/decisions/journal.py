@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from service.decision_log import decision_id_key, index_puts, prune_log
+from service.decisions.log import decision_id_key, index_puts, prune_log
 from store.canonical import canonical_json
 from store.evidence_chain import ChainHead, EvidenceChain, format_timestamp, seal
 from store.keys import LaneKey

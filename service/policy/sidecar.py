@@ -28,7 +28,7 @@ from pathlib import Path
 
 import requests
 
-from service.bundle_server import BUNDLE_PATH, BundleServer
+from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
-from service.decision_trace import DecisionTrace
-from service.policy_input import PolicyActor, PolicyInput, PolicyTarget
+from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
+from service.policy.trace import DecisionTrace
 from store.evidence_chain import EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore

@@ -13,17 +13,17 @@ from datetime import datetime
 
 from service.approvals import Approval
 from service.auth import Actor
-from service.decision_trace import POLICY_ENGINE_UNAVAILABLE, DecisionTrace
 from service.http.problems import Problem, primary_reason
 from service.metrics import ServiceMetrics
-from service.policy_client import PolicyClient
-from service.policy_input import (
+from service.policy.client import PolicyClient
+from service.policy.input import (
     PolicyAction,
     PolicyDeployment,
     PolicyInput,
     PolicyTarget,
     record_summary,
 )
+from service.policy.trace import POLICY_ENGINE_UNAVAILABLE, DecisionTrace
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 from opa_client.opa import OpaClient
 
-from service.decision_trace import POLICY_ENGINE_UNAVAILABLE, DecisionEngine, DecisionTrace
-from service.policy_input import PolicyInput
+from service.policy.input import PolicyInput
+from service.policy.trace import POLICY_ENGINE_UNAVAILABLE, DecisionEngine, DecisionTrace
 from store.canonical import canonical_digest
 
 DECISION_PACKAGES = {

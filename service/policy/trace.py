@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.policy_input import PolicyAction
+from service.policy.input import PolicyAction
 
 POLICY_ENGINE_UNAVAILABLE = "policy_engine_unavailable"
 RATE_LIMITED = "rate_limited"

@@ -3,7 +3,7 @@
 It is built from claims, scope, configuration and a *summary* of the record:
 counts, flags, blockers and digests. It never carries raw text, so it can be
 logged whole in the decision log. `policies/schemas/policy_input.json` is
-generated from these models (`python -m service.policy_input`), and the Rego
+generated from these models (`python -m service.policy.input`), and the Rego
 packages are type-checked against it by `opa check --strict`.
 """
 

@@ -1,0 +1,1 @@
+"""The decision log: what an entry holds, the journal that commits it, offline review."""
