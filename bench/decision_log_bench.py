@@ -34,7 +34,8 @@ from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionOutcome, entry_body
 from service.policy.trace import DecisionEngine, DecisionTrace
 from store.canonical import canonical_digest, canonical_json
-from store.evidence_chain import GENESIS, EvidenceChain, format_timestamp, seal
+from store.chain_head import GENESIS, format_timestamp
+from store.evidence_chain import EvidenceChain, seal
 from store.lanes import LaneStore
 from tests.policy_inputs import allowed_input
 

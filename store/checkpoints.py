@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.canonical import canonical_json
-from store.evidence_chain import HASH_PATTERN, TIMESTAMP_PATTERN, ChainHead, format_timestamp
+from store.chain_head import HASH_PATTERN, TIMESTAMP_PATTERN, ChainHead, format_timestamp
 from store.secrets import local_secret
 
 KEY_FILE = "checkpoint.key"

@@ -23,26 +23,26 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from datetime import datetime
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.canonical import canonical_digest, canonical_json
+from store.chain_head import (
+    GENESIS,
+    HASH_PATTERN,
+    ChainHead,
+    parse_timestamp,
+)
+from store.checkpoints import Checkpoint, CheckpointVerifier
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
 
-if TYPE_CHECKING:  # checkpoints builds on ChainHead; the chain only reads checkpoints
-    from store.checkpoints import Checkpoint, CheckpointVerifier
-
-GENESIS_HASH = "sha256:" + "0" * 64
-HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
-TIMESTAMP_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$"
 CHAIN_FIELDS = ("seq", "prev_hash", "hash")
 ANCHOR_KEY = LaneKey(TenantResourceLane.TRACE_META, name=b"anchor")
 
 _HASH_RE = re.compile(HASH_PATTERN)
-_TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN)
 _SEQ_BYTES = 8
 _VERIFY_ATTEMPTS = 3
 _UNSCOPED = ("", "", "")  # chain keys name no tenant, workspace or session
@@ -66,18 +66,6 @@ class ChainCorrupt(Exception):
     """The chain cannot be extended or pruned: its newest entry or its anchor does not read."""
 
 
-class ChainHead(BaseModel):
-    """Where the chain ends: the newest entry's seq and hash (the anchor's, or genesis)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    seq: int = Field(ge=0)
-    hash: str = Field(pattern=HASH_PATTERN)
-
-
-GENESIS = ChainHead(seq=0, hash=GENESIS_HASH)
-
-
 class SealedEntry(NamedTuple):
     """One entry ready to write: its key, its canonical bytes, and the entry those bytes hold."""
 
@@ -97,23 +85,6 @@ class ChainVerification(BaseModel):
     head_seq: int = Field(default=0, ge=0, description="seq of that entry (else the anchor's)")
     first_invalid_seq: int | None = None
     problem: ChainProblem | None = None
-
-
-def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 UTC with microseconds and `Z`: the form of `recorded_at` and `issued_at`."""
-    if moment.utcoffset() is None:
-        raise ValueError("timestamp must be timezone-aware")
-    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
-
-
-def parse_timestamp(value: object) -> datetime | None:
-    """The moment an RFC 3339 UTC `...Z` string names; None for anything else."""
-    if not isinstance(value, str) or _TIMESTAMP_RE.fullmatch(value) is None:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:  # well-shaped but not a date, e.g. month 13
-        return None
 
 
 def entry_key(seq: int) -> LaneKey:

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import ValidationError
 
 from store.canonical import canonical_digest
+from store.chain_head import GENESIS_HASH, ChainHead
 from store.checkpoints import (
     KEY_FILE,
     Checkpoint,
@@ -20,7 +21,6 @@ from store.checkpoints import (
     CheckpointVerifier,
     checkpoint_payload,
 )
-from store.evidence_chain import GENESIS_HASH, ChainHead
 from store.secrets import SECRETS_DIR
 
 ISSUED = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)

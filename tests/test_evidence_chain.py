@@ -16,17 +16,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from store.canonical import canonical_digest, canonical_json
+from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import (
-    ANCHOR_KEY,
-    GENESIS_HASH,
-    ChainCorrupt,
-    ChainHead,
-    EvidenceChain,
-    entry_key,
-    format_timestamp,
-    seal,
-)
+from store.evidence_chain import ANCHOR_KEY, ChainCorrupt, EvidenceChain, entry_key, seal
 from store.keys import LaneKey, TenantResourceLane, lane_prefix
 from store.lanes import LaneBatch, LaneStore
 

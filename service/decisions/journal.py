@@ -23,7 +23,8 @@ from typing import Any
 
 from service.decisions.log import decision_id_key, index_puts, prune_log
 from store.canonical import canonical_json
-from store.evidence_chain import ChainHead, EvidenceChain, format_timestamp, seal
+from store.chain_head import ChainHead, format_timestamp
+from store.evidence_chain import EvidenceChain, seal
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord

@@ -25,8 +25,8 @@ from service.policy.gate import PolicyGate
 from service.policy.input import PolicyAction, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
+from store.chain_head import ChainHead
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import ChainHead
 from store.keys import TenantResourceLane
 from store.scope import ScopeId
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
