@@ -47,11 +47,17 @@ class ServiceMetrics:
             "Bytes LevelDB dropped from the end of its write-ahead log when the store opened.",
             registry=self.registry,
         )
-
+        self.rate_limited = Counter(
+            "sessionstate_rate_limited",
+            "Requests refused with 429 rate_limited before any policy call, by budget.",
+            ["budget"],
+            registry=self.registry,
+        )
         self.refused_before_app = Counter(
             "sessionstate_http_refused_before_app",
             "Requests answered by the HTTP front before the app ran, by reason "
-            "(body_too_large, request_timeout, malformed_request).",
+            "(body_too_large, request_timeout, request_target_too_long, "
+            "request_headers_too_large, malformed_request).",
             ["reason"],
             registry=self.registry,
         )
@@ -59,13 +65,6 @@ class ServiceMetrics:
     def watch_store(self, lanes: LaneStore) -> None:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))
-
-        self.rate_limited = Counter(
-            "sessionstate_rate_limited",
-            "Requests refused with 429 rate_limited before any policy call, by budget.",
-            ["budget"],
-            registry=self.registry,
-        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
