@@ -37,6 +37,7 @@ import yaml
 
 from service.opa_sidecar import TOKEN_ENV, OpaSidecar
 from service.policy_bundle import load_bundle, policy_files
+from store.secrets import encode_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_DIR = ROOT / "policies"
@@ -496,6 +497,49 @@ def test_docker_compose_config_accepts_the_file_and_refuses_missing_secrets(
     assert resolved[OPA]["depends_on"][SERVICE]["restart"] is True
     (policies,) = resolved[OPA]["volumes"]
     assert policies["read_only"] is True and Path(policies["source"]) == POLICY_DIR
+
+
+def test_compose_passes_exported_secrets_through_unchanged(
+    compose_bin: str, tmp_path: Path
+) -> None:
+    """`sessionstate secrets export` lines in the env file reach the service as they are."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
+    clean["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
+    exported = {
+        "SESSIONSTATE_JWT_SECRET": encode_secret(bytes(range(32))),
+        "SESSIONSTATE_DIGEST_KEY": encode_secret(bytes(range(32, 64))),
+    }
+    env_file = tmp_path / "compose.env"
+    env_file.write_text(
+        f"{TOKEN_ENV}={'t' * 43}\n" + "".join(f"{k}={v}\n" for k, v in exported.items())
+    )
+    resolved = subprocess.run(
+        [compose_bin, "--env-file", str(env_file), "config", "--format", "json"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    environment = json.loads(resolved.stdout)["services"][SERVICE]["environment"]
+    assert {k: environment[k] for k in exported} == exported
+
+
+def test_deployment_doc_lists_every_setting_compose_reads() -> None:
+    compose = set(re.findall(r"\$\{([A-Z0-9_]+)", (ROOT / "docker-compose.yml").read_text()))
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    configure = doc.split("## Configure", 1)[1].split("\n## ", 1)[0]
+    table = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", configure, re.MULTILINE))
+    assert table == compose
+    secrets = {name for name in compose if SECRET_NAME.search(name)}
+    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    assert (
+        f"Compose reads {words[len(compose)]} settings, {words[len(secrets)]} of them secrets"
+        in configure
+    )
+    example = (ROOT / "deploy" / ".env.example").read_text()
+    assert set(re.findall(r"^#? ?([A-Z0-9_]+)=", example, re.MULTILINE)) == compose
 
 
 # --- the bundle revision ---------------------------------------------------------------
