@@ -26,10 +26,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Pinned OPA and Regal, built with `go install` into .tools/bin on first use.
+# Pinned OPA, Regal and Docker Compose, built with `go install` into .tools/bin on first
+# use (Compose, for tests/test_deployment.py's `docker-compose config`: about 2 minutes).
 tools:
 	@scripts/tools.sh opa >/dev/null
 	@scripts/tools.sh regal >/dev/null
+	@scripts/tools.sh compose >/dev/null
 
 # Debian's Chromium for the reviewer page's browser test (Playwright drives it; it never
 # downloads a browser of its own). Installed unattended when we are root, as in CI.

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Usage: scripts/tools.sh opa|regal
+# Usage: scripts/tools.sh opa|regal|compose
 # Prints the path of the pinned tool, building it with `go install` into the
 # project-local .tools/bin on first use. An `opa` already on PATH at the pinned
-# version is used as it is.
+# version is used as it is. `compose` is Docker Compose v2, standalone, installed
+# as .tools/bin/docker-compose: the tests run its `config` (no Docker engine needed).
 set -euo pipefail
 
 OPA_VERSION=1.22.3
 REGAL_VERSION=0.39.0
+COMPOSE_VERSION=2.32.4
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="$root/.tools/bin"
 export GOBIN="$bin" GOFLAGS="${GOFLAGS:-} -buildvcs=false" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
-has_version() { # binary, version
-  [ -x "$1" ] && "$1" version 2>/dev/null | grep -Eq "^Version: +v?$2\$"
+# True when `BINARY version` prints a whole line matching the extended regex LINE.
+# The output is captured before it is matched: `BINARY version | grep -q` under
+# pipefail fails at random, since grep exits at its match and the tool, still
+# writing, dies of SIGPIPE (which made tools.sh rebuild a tool it already had).
+prints_version() { # binary, line
+  local out
+  [ -x "$1" ] || return 1
+  out=$("$1" version 2>/dev/null) || return 1
+  grep -Eq "^$2\$" <<<"$out"
+}
+
+pinned() { # version -> an extended regex matching exactly that version
+  echo "${1//./\\.}"
 }
 
 need_go() {
@@ -22,10 +35,11 @@ need_go() {
 
 case "${1:-}" in
   opa)
-    if on_path=$(command -v opa) && has_version "$on_path" "$OPA_VERSION"; then
+    opa_line="Version: +v?$(pinned "$OPA_VERSION")"
+    if on_path=$(command -v opa) && prints_version "$on_path" "$opa_line"; then
       echo "$on_path"; exit 0
     fi
-    if ! has_version "$bin/opa" "$OPA_VERSION"; then
+    if ! prints_version "$bin/opa" "$opa_line"; then
       need_go opa
       echo "tools.sh: building opa v$OPA_VERSION into .tools/bin (first use only)" >&2
       go install "github.com/open-policy-agent/opa@v$OPA_VERSION" >&2
@@ -33,7 +47,7 @@ case "${1:-}" in
     echo "$bin/opa"
     ;;
   regal)
-    if ! has_version "$bin/regal" "$REGAL_VERSION"; then
+    if ! prints_version "$bin/regal" "Version: +v?$(pinned "$REGAL_VERSION")"; then
       need_go regal
       echo "tools.sh: building regal v$REGAL_VERSION into .tools/bin (first use only)" >&2
       (cd "$root/scripts/regal" && go install \
@@ -42,6 +56,22 @@ case "${1:-}" in
     fi
     echo "$bin/regal"
     ;;
+  compose)
+    if ! prints_version "$bin/docker-compose" "Docker Compose version v$(pinned "$COMPOSE_VERSION")"; then
+      need_go compose
+      echo "tools.sh: building docker compose v$COMPOSE_VERSION into .tools/bin (first use only, a few minutes)" >&2
+      # go install names the binary after its package directory, `cmd`: build it
+      # aside, then move it into place under the name it is known by.
+      mkdir -p "$bin"
+      build=$(mktemp -d "$bin/.compose.XXXXXX")
+      trap 'rm -rf "$build"' EXIT
+      GOBIN="$build" go install \
+        -ldflags "-X github.com/docker/compose/v2/internal.Version=v$COMPOSE_VERSION" \
+        "github.com/docker/compose/v2/cmd@v$COMPOSE_VERSION" >&2
+      mv "$build/cmd" "$bin/docker-compose"
+    fi
+    echo "$bin/docker-compose"
+    ;;
   *)
-    echo "usage: scripts/tools.sh opa|regal" >&2; exit 2 ;;
+    echo "usage: scripts/tools.sh opa|regal|compose" >&2; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""The `sessionstate` command: serve, mint tokens, review the decision log, repair the store."""
+"""The `sessionstate` command: serve, mint tokens, review the decision log, export the secrets,
+repair the store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from service.auth import mint_token
-from service.context import ConfigurationError, jwt_secret
+from service.context import ConfigurationError, jwt_secret, secret_lines
 from service.decisions import review as decision_review
 from service.decisions.review import ReviewError
 from service.policy.sidecar import SidecarError
@@ -68,6 +69,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     prune.add_argument("--older-than-days", type=_positive, required=True)
 
+    secrets = commands.add_parser(
+        "secrets", help="the JWT secret and digest key, to move a data dir to compose"
+    )
+    secret_commands = secrets.add_subparsers(dest="secrets", required=True)
+    secret_commands.add_parser(
+        "export",
+        help="print the secrets themselves, as env lines for compose",
+        description="Prints SESSIONSTATE_JWT_SECRET=hex:… and SESSIONSTATE_DIGEST_KEY=hex:… "
+        "lines: the secrets themselves, on stdout. That is its purpose; nothing is logged. "
+        "They are the data dir's secrets, or those variables' when set. Redirect them into an "
+        "env file that only its owner can read (umask 077); tokens and digests stay valid "
+        "when a service reads them from there.",
+    )
+
     database = commands.add_parser("db", help="the data dir's LevelDB, with the service stopped")
     repairs = database.add_subparsers(dest="db", required=True)
     repairs.add_parser(
@@ -105,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _review(settings, args)
         if args.command == "db":
             return _repair(settings.data_dir)
+        if args.command == "secrets":
+            for line in secret_lines(settings):
+                print(line)
+            return 0
         from service.serve import serve as run_service
 
         run_service(

@@ -24,7 +24,7 @@ from service.replay import SessionReplayPlanner
 from service.settings import Settings
 from store.digests import DigestKey
 from store.lanes import LaneStore
-from store.secrets import local_secret
+from store.secrets import decode_secret, encode_secret, local_secret, stored_secret
 from store.session_state import SessionStateStore
 
 MIN_SECRET_BYTES = 32
@@ -139,24 +139,49 @@ def jwt_secret(settings: Settings) -> bytes:
     """SESSIONSTATE_JWT_SECRET, or a secret generated once into the data dir."""
     if settings.jwt_secret is None:
         return local_secret(settings.data_dir, "jwt.secret")
-    secret = settings.jwt_secret.encode()
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigurationError(
-            f"SESSIONSTATE_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes"
-        )
-    return secret
+    return configured_secret("SESSIONSTATE_JWT_SECRET", settings.jwt_secret)
 
 
 def digest_key(settings: Settings) -> DigestKey:
     """SESSIONSTATE_DIGEST_KEY, or a key generated once into the data dir."""
     if settings.digest_key is None:
         return DigestKey(local_secret(settings.data_dir, "digest.key"))
-    secret = settings.digest_key.encode()
+    return DigestKey(configured_secret("SESSIONSTATE_DIGEST_KEY", settings.digest_key))
+
+
+def configured_secret(variable: str, text: str) -> bytes:
+    """A secret from the environment, in store.secrets' format: `hex:…`, or UTF-8 text."""
+    try:
+        secret = decode_secret(text)
+    except ValueError as error:
+        raise ConfigurationError(f"{variable} {error}") from None
     if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigurationError(
-            f"SESSIONSTATE_DIGEST_KEY must be at least {MIN_SECRET_BYTES} bytes"
-        )
-    return DigestKey(secret)
+        raise ConfigurationError(f"{variable} must be at least {MIN_SECRET_BYTES} bytes")
+    return secret
+
+
+def secret_lines(settings: Settings) -> list[str]:
+    """`VARIABLE=hex:…` for the JWT secret and the digest key, as the service would use them.
+
+    Read only: a secret the data dir does not hold yet is an error, not a new secret.
+    """
+    lines = []
+    for variable, configured, name in (
+        ("SESSIONSTATE_JWT_SECRET", settings.jwt_secret, "jwt.secret"),
+        ("SESSIONSTATE_DIGEST_KEY", settings.digest_key, "digest.key"),
+    ):
+        if configured is not None:
+            secret = configured_secret(variable, configured)
+        else:
+            stored = stored_secret(settings.data_dir, name)
+            if stored is None:
+                raise ConfigurationError(
+                    f"the data dir holds no {name} (and {variable} is unset): "
+                    "start the service on it once, or check SESSIONSTATE_DATA_DIR"
+                )
+            secret = stored
+        lines.append(f"{variable}={encode_secret(secret)}")
+    return lines
 
 
 def rate_limits(settings: Settings) -> RateLimits:

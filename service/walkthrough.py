@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from service.settings import Settings
 
 EXAMPLE_STATE = (
@@ -24,7 +27,7 @@ def walkthrough(settings: Settings) -> str:
 sessionstate is up on {base}  (OPA decides every request; durable writes: {writes})
 Paste these into another shell, from this directory:
 
-  # 1. Tokens for a model service scoped to one session, and for an operator of its tenant
+{_environment(settings)}  # 1. Tokens for a model service scoped to one session, and for an operator of its tenant
   SVC=$(.venv/bin/sessionstate token --sub demo-model --role model-service --tenant acme --workspace support --session chat-1)
   OP=$(.venv/bin/sessionstate token --sub demo-operator --role operator --tenant acme)
   STATE='{EXAMPLE_STATE}'
@@ -45,3 +48,32 @@ Paste these into another shell, from this directory:
   # Every answer carries the policy `decision`. API: {base}/docs  Metrics: {base}/metrics
   # Stop with Ctrl-C (SIGINT) or SIGTERM: the OPA sidecar stops with the service.
 """
+
+
+def _environment(settings: Settings) -> str:
+    """The settings `sessionstate token` must share with this service, where not the defaults.
+
+    A new shell has none of the service's environment: without these lines its
+    tokens would be signed with another data dir's secret (401), or live longer
+    than this service accepts. A secret given in the environment is not printed.
+    """
+    defaults = Settings.model_fields
+    exports = []
+    data_dir = Path(settings.data_dir).resolve()
+    if data_dir != Path(defaults["data_dir"].default).resolve():
+        exports.append(f"SESSIONSTATE_DATA_DIR={shlex.quote(str(data_dir))}")
+    lifetime = settings.jwt_max_lifetime_seconds
+    if lifetime != defaults["jwt_max_lifetime_seconds"].default:
+        exports.append(f"SESSIONSTATE_JWT_MAX_LIFETIME_SECONDS={lifetime}")
+    lines = []
+    if exports:
+        lines += [
+            "  # 0. This service's settings that the commands below need (they are not the defaults)",
+            f"  export {' '.join(exports)}",
+        ]
+    if settings.jwt_secret is not None:
+        lines += [
+            "  # The service's JWT secret comes from SESSIONSTATE_JWT_SECRET (not printed here):",
+            "  # set it in this shell too, or its tokens answer 401 token_invalid.",
+        ]
+    return "".join(f"{line}\n" for line in lines) + ("\n" if lines else "")

@@ -1,4 +1,13 @@
-"""Local secrets generated once into the data dir (digest key, JWT secret)."""
+"""Secrets as text: generated once into the data dir, or given in the environment.
+
+One format for both places. A secret written as `hex:` and hexadecimal digits
+is the bytes those digits spell; that is how the data dir stores a generated
+secret and how `sessionstate secrets export` prints one, so a secret moves
+between a data dir file and an environment variable unchanged. In the
+environment, text without the prefix is its own UTF-8 bytes (a passphrase set
+by hand, as deployments always could). A data dir file without the prefix was
+written before the prefix existed: it holds bare hexadecimal, read as before.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,28 @@ import secrets
 from pathlib import Path
 
 SECRETS_DIR = "secrets"
+HEX_PREFIX = "hex:"
+
+
+def encode_secret(value: bytes) -> str:
+    """The text form of a secret's bytes: `hex:` and their hexadecimal digits."""
+    return HEX_PREFIX + value.hex()
+
+
+def decode_secret(text: str) -> bytes:
+    """The bytes of a secret given as text: `hex:…` spells them, other text is UTF-8.
+
+    Raises ValueError (whose message holds no part of the text) when `hex:` is
+    followed by something that is not hexadecimal.
+    """
+    if text.startswith(HEX_PREFIX):
+        try:
+            return bytes.fromhex(text[len(HEX_PREFIX) :])
+        except ValueError:
+            raise ValueError(
+                f"starts with {HEX_PREFIX} but the rest is not an even number of hex digits"
+            ) from None
+    return text.encode()
 
 
 def local_secret(data_dir: Path, name: str, *, nbytes: int = 32) -> bytes:
@@ -17,10 +48,24 @@ def local_secret(data_dir: Path, name: str, *, nbytes: int = 32) -> bytes:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return bytes.fromhex(path.read_text(encoding="ascii").strip())
+        return _read(path)
     value = secrets.token_bytes(nbytes)
     with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(value.hex() + "\n")
+        handle.write(encode_secret(value) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
     return value
+
+
+def stored_secret(data_dir: Path, name: str) -> bytes | None:
+    """The named secret if the data dir holds it; never creates one."""
+    path = data_dir / SECRETS_DIR / name
+    try:
+        return _read(path)
+    except FileNotFoundError:
+        return None
+
+
+def _read(path: Path) -> bytes:
+    """A data dir file: `hex:…`, or bare hex as written before the prefix; both are hex."""
+    return bytes.fromhex(path.read_text(encoding="ascii").strip().removeprefix(HEX_PREFIX))

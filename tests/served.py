@@ -49,8 +49,14 @@ def processes_using(marker: Path) -> list[int]:
 
 
 def start(
-    opa_bin: str, data_dir: Path, tmp: Path, extra_env: dict[str, str] | None = None
+    opa_bin: str,
+    data_dir: Path,
+    tmp: Path,
+    extra_env: dict[str, str] | None = None,
+    *,
+    env_secrets: bool = True,
 ) -> Served:
+    """Serve `data_dir`; with `env_secrets=False` it uses (or makes) the data dir's secrets."""
     port = free_port()
     env = {
         **os.environ,
@@ -60,8 +66,10 @@ def start(
         "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
         "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
         "SESSIONSTATE_OPA_BIN": opa_bin,
-        **(extra_env or {}),
     }
+    if not env_secrets:
+        del env["SESSIONSTATE_JWT_SECRET"], env["SESSIONSTATE_DIGEST_KEY"]
+    env |= extra_env or {}
     log = tmp / f"serve-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(

@@ -2,10 +2,11 @@
 
 No Docker engine runs where this project is built and tested, so nothing here
 builds an image or starts a container. Instead the files are parsed and every
-promise of docs/deployment.md is asserted on them; `docker compose config`
-runs where a compose plugin is installed; and the pieces that can run without
-Docker do run: the compose file's exact OPA command line with the pinned OPA
-binary, both health check commands, and the service configured as in compose.
+promise of docs/deployment.md is asserted on them; Compose v2 itself (built
+by scripts/tools.sh) resolves the file with `docker-compose config`, which
+needs no engine; and the pieces that can run without Docker do run: the
+compose file's exact OPA command line with the pinned OPA binary, both health
+check commands, and the service configured as in compose.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import yaml
 
 from service.policy.bundle import load_bundle, policy_files
 from service.policy.sidecar import TOKEN_ENV, OpaSidecar
+from store.secrets import encode_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_DIR = ROOT / "policies"
@@ -435,27 +437,29 @@ def test_compose_interpolates_nothing_but_its_variables() -> None:
     assert not re.search(r"\$(?!\{[A-Z0-9_]+(:[?-][^}]*)?\})", text), "a stray $ is interpolated"
 
 
-def _compose_available() -> bool:
-    try:
-        return (
-            subprocess.run(
-                ["docker", "compose", "version"], capture_output=True, timeout=30
-            ).returncode
-            == 0
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+@pytest.fixture(scope="module")
+def compose_bin() -> str:
+    """Docker Compose v2, standalone: scripts/tools.sh builds it on first use (`make tools`).
+
+    Its `config` reads and resolves the compose file without a Docker engine.
+    """
+    built = subprocess.run(
+        [str(ROOT / "scripts" / "tools.sh"), "compose"], capture_output=True, text=True
+    )
+    assert built.returncode == 0, f"scripts/tools.sh compose failed:\n{built.stderr[-3000:]}"
+    return built.stdout.strip()
 
 
-@pytest.mark.skipif(not _compose_available(), reason="no docker compose plugin here")
 def test_docker_compose_config_accepts_the_file_and_refuses_missing_secrets(
-    tmp_path: Path,
+    compose_bin: str, tmp_path: Path
 ) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
+    # No Docker engine: `config` must not need one, so point it at none.
+    clean["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
     empty = tmp_path / "empty.env"
     empty.write_text("")
     refused = subprocess.run(
-        ["docker", "compose", "--env-file", str(empty), "config", "--quiet"],
+        [compose_bin, "--env-file", str(empty), "config", "--quiet"],
         cwd=ROOT,
         env=clean,
         capture_output=True,
@@ -470,8 +474,17 @@ def test_docker_compose_config_accepts_the_file_and_refuses_missing_secrets(
             for name in (TOKEN_ENV, "SESSIONSTATE_JWT_SECRET", "SESSIONSTATE_DIGEST_KEY")
         )
     )
+    quiet = subprocess.run(
+        [compose_bin, "--env-file", str(filled), "config", "--quiet"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (quiet.returncode, quiet.stdout) == (0, ""), quiet.stderr
     accepted = subprocess.run(
-        ["docker", "compose", "--env-file", str(filled), "config", "--format", "json"],
+        [compose_bin, "--env-file", str(filled), "config", "--format", "json"],
         cwd=ROOT,
         env=clean,
         capture_output=True,
@@ -484,6 +497,49 @@ def test_docker_compose_config_accepts_the_file_and_refuses_missing_secrets(
     assert resolved[OPA]["depends_on"][SERVICE]["restart"] is True
     (policies,) = resolved[OPA]["volumes"]
     assert policies["read_only"] is True and Path(policies["source"]) == POLICY_DIR
+
+
+def test_compose_passes_exported_secrets_through_unchanged(
+    compose_bin: str, tmp_path: Path
+) -> None:
+    """`sessionstate secrets export` lines in the env file reach the service as they are."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
+    clean["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
+    exported = {
+        "SESSIONSTATE_JWT_SECRET": encode_secret(bytes(range(32))),
+        "SESSIONSTATE_DIGEST_KEY": encode_secret(bytes(range(32, 64))),
+    }
+    env_file = tmp_path / "compose.env"
+    env_file.write_text(
+        f"{TOKEN_ENV}={'t' * 43}\n" + "".join(f"{k}={v}\n" for k, v in exported.items())
+    )
+    resolved = subprocess.run(
+        [compose_bin, "--env-file", str(env_file), "config", "--format", "json"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    environment = json.loads(resolved.stdout)["services"][SERVICE]["environment"]
+    assert {k: environment[k] for k in exported} == exported
+
+
+def test_deployment_doc_lists_every_setting_compose_reads() -> None:
+    compose = set(re.findall(r"\$\{([A-Z0-9_]+)", (ROOT / "docker-compose.yml").read_text()))
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    configure = doc.split("## Configure", 1)[1].split("\n## ", 1)[0]
+    table = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", configure, re.MULTILINE))
+    assert table == compose
+    secrets = {name for name in compose if SECRET_NAME.search(name)}
+    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    assert (
+        f"Compose reads {words[len(compose)]} settings, {words[len(secrets)]} of them secrets"
+        in configure
+    )
+    example = (ROOT / "deploy" / ".env.example").read_text()
+    assert set(re.findall(r"^#? ?([A-Z0-9_]+)=", example, re.MULTILINE)) == compose
 
 
 # --- the bundle revision ---------------------------------------------------------------
