@@ -49,7 +49,11 @@ def processes_using(marker: Path) -> list[int]:
 
 
 def start(
-    opa_bin: str, data_dir: Path, tmp: Path, extra_env: dict[str, str] | None = None
+    opa_bin: str,
+    data_dir: Path,
+    tmp: Path,
+    extra_env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Served:
     port = free_port()
     env = {
@@ -65,7 +69,7 @@ def start(
     log = tmp / f"serve-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--walkthrough"],
+            [sys.executable, "-m", "service.cli", "serve", "--walkthrough", *args],
             env=env,
             cwd=ROOT,
             stdout=out,
