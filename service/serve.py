@@ -90,6 +90,8 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         _raise_open_file_limit()
         asyncio.run(_serve_http(settings, context, listener, on_ready, sidecar, early_reload))
     finally:
+        # The event loop gave SIGHUP back its default, which ends the process: not on the way out.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         forget_pid(settings.data_dir)
         if context is not None:
             context.close()
