@@ -21,6 +21,7 @@ import pytest
 from service.client import PolicyEngineRefused, PolicyEngineUnavailable, SessionStateClient
 from service.context import ServiceContext
 from service.opa_sidecar import OpaSidecar
+from service.openapi import openapi_document
 from tests.conftest import POLICY_DIR
 from tests.factories import scope
 from tests.live import DIGEST_KEY, JWT_SECRET, LiveService, live_service, service_settings
@@ -233,3 +234,16 @@ def test_the_context_needs_no_policy_source_with_an_external_opa(
         assert "sessionstate_policy_source_valid" not in context.metrics.render().decode()
     finally:
         context.close()
+
+
+def test_the_refusal_is_documented_where_reasons_are_listed() -> None:
+    document = openapi_document()
+    state = document["paths"][
+        "/v1/tenants/{tenant_id}/workspaces/{workspace_id}/sessions/{session_id}/state"
+    ]
+    assert "`policy_engine_refused`" in state["get"]["responses"]["503"]["description"]
+    readiness = document["components"]["schemas"]["Readiness"]["properties"]
+    assert "opa_refused_token" in readiness["reasons"]["description"]
+    assert "policy_source_invalid" in readiness["warnings"]["description"]
+    for doc in ("model-service.md", "operators.md", "policies.md"):
+        assert "policy_engine_refused" in (ROOT / "docs" / doc).read_text(), doc
