@@ -99,6 +99,7 @@ class OpaSidecar:
         self._reload_lock = threading.Lock()
         self._reloader: threading.Thread | None = None
         self._generation = 0
+        self._loaded_at = 0.0
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -129,6 +130,7 @@ class OpaSidecar:
         The policy snapshot is taken first: a policy directory that is missing
         or does not compile stops the start at once (`PolicySourceError`).
         """
+        self._loaded_at = time.time()
         self.policies.load()
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._bundles.start()
@@ -143,7 +145,9 @@ class OpaSidecar:
             raise SidecarError(
                 f"OPA did not become ready within {timeout:.0f}s; see {self.log_path}"
             )
-        self._report(ReloadResult("loaded", self.policies.served.revision), started=True)
+        self._report(
+            ReloadResult("loaded", self.policies.served.revision), self._loaded_at, started=True
+        )
         self._reloader = threading.Thread(
             target=self._reload_when_asked, name="policy-reloader", daemon=True
         )
@@ -156,23 +160,27 @@ class OpaSidecar:
     def reload_policies(self) -> PolicyStatus:
         """Take a new snapshot if the directory compiles; wait until OPA decides with it."""
         with self._reload_lock:
+            checked_at = time.time()
             result = self.policies.reload()
             if result.outcome == "invalid":
                 log.error(
                     "policy_reload_rejected",
                     extra={"policy_revision": result.revision, "errors": list(result.errors)},
                 )
-            return self._report(result)
+            return self._report(result, checked_at)
 
     def deciding_revision(self) -> str | None:
         """The policy revision OPA decides with now; None when it does not answer."""
         trace = self._probe.probe()
         return None if trace.engine_unavailable else trace.policy_revision
 
-    def _report(self, result: ReloadResult, *, started: bool = False) -> PolicyStatus:
+    def _report(
+        self, result: ReloadResult, checked_at: float, *, started: bool = False
+    ) -> PolicyStatus:
         deciding = self._wait_deciding(result.revision)
         status = PolicyStatus(
             generation=self._generation,
+            checked_at=checked_at,
             outcome="started" if started else result.outcome,
             revision=result.revision,
             deciding=deciding,

@@ -35,6 +35,7 @@ class PolicyStatus(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     generation: int = Field(ge=0, description="0 at start, one more at every reload")
+    checked_at: float = Field(description="Unix time at which the policy directory was read")
     outcome: Literal["started", "loaded", "unchanged", "invalid"]
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
@@ -82,11 +83,18 @@ def request_reload(data_dir: Path, timeout: float = 30.0) -> PolicyStatus:
             f"the service of {data_dir} serves no policy directory: it uses the OPA at "
             "SESSIONSTATE_OPA_URL; reload the policies there"
         )
+    asked_at = time.time()
     os.kill(pid, signal.SIGHUP)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         after = read_status(data_dir / STATUS_FILE)
-        if after is not None and after.generation > before.generation:
+        # A newer status, and not of a reload already under way (a watcher's, say), which
+        # read the files before they were asked for.
+        if (
+            after is not None
+            and after.generation > before.generation
+            and after.checked_at >= asked_at
+        ):
             return after
         time.sleep(0.05)
     raise ReloadRefused(f"the service of {data_dir} did not report a reload within {timeout:.0f}s")
