@@ -1,11 +1,12 @@
-"""The `sessionstate` command: serve, mint tokens, review the decision log, export the secrets,
-repair the store."""
+"""The `sessionstate` command: serve, reload policies, mint tokens, review the decision log,
+export the secrets, repair the store."""
 
 from __future__ import annotations
 
 import argparse
 import fcntl
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,8 +18,9 @@ from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret, secret_lines
 from service.decisions import review as decision_review
 from service.decisions.review import ReviewError
+from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
-from service.settings import Settings
+from service.settings import Settings, setting_errors, unknown_variables
 from service.walkthrough import walkthrough
 from store.evidence_chain import ChainCorrupt
 from store.integrity import StoreBusy, StoreUnavailable
@@ -35,6 +37,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="start the OPA sidecar and the service")
     serve.add_argument(
         "--walkthrough", action="store_true", help="print a ready-to-paste walk-through once up"
+    )
+    serve.add_argument(
+        "--watch-policies",
+        action="store_true",
+        help="serve every edit of the policy directory that compiles, without a reload "
+        "(as SESSIONSTATE_WATCH_POLICIES=true); for policy development only",
+    )
+
+    policy = commands.add_parser("policy", help="the policies the running service decides with")
+    policy_commands = policy.add_subparsers(dest="policy", required=True)
+    reload = policy_commands.add_parser(
+        "reload",
+        help="make the running service of the data dir serve the policy directory as it is now, "
+        "if it compiles (as SIGHUP does); print the outcome as JSON; exit 1 unless OPA then "
+        "decides with it",
+    )
+    reload.add_argument(
+        "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
     )
 
     token = commands.add_parser("token", help="mint a bearer token with the local HS256 secret")
@@ -124,8 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in secret_lines(settings):
                 print(line)
             return 0
+        if args.command == "policy":
+            status = request_reload(settings.data_dir, args.timeout)
+            print(status.model_dump_json())
+            return 0 if status.source_valid and status.deciding else 1
         from service.serve import serve as run_service
 
+        if args.watch_policies:
+            settings = settings.model_copy(update={"watch_policies": True})
         run_service(
             settings,
             on_ready=(lambda: print(walkthrough(settings), flush=True))
@@ -153,16 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _settings() -> Settings:
-    """The settings from the environment; a bad one is named with its rule, never its value."""
+    """The settings from the environment; a bad one is named with its rule and the values it
+    accepts, never its value. A `SESSIONSTATE_*` name that is no setting is warned about."""
+    for name, closest in unknown_variables(os.environ):
+        hint = f"; did you mean {closest}?" if closest else ""
+        print(
+            f"sessionstate: warning: {name} is not a setting and is ignored{hint}",
+            file=sys.stderr,
+        )
     try:
         return Settings()
     except ValidationError as error:
-        broken = ", ".join(
-            f"SESSIONSTATE_{'_'.join(str(part) for part in detail['loc']).upper()} "
-            f"({detail['type']})"
-            for detail in error.errors(include_url=False, include_input=False)
-        )
-        raise ConfigurationError(f"invalid setting: {broken}") from None
+        raise ConfigurationError(f"invalid setting: {setting_errors(error)}") from None
 
 
 def _positive(text: str) -> int:
@@ -185,8 +213,6 @@ def _repair(data_dir: Path) -> int:
 @contextmanager
 def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
     """The service's own lock on the data dir: LevelDB's is free for a moment as it starts."""
-    from service.serve import LOCK_FILE
-
     with open(data_dir / LOCK_FILE, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

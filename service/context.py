@@ -19,6 +19,7 @@ from service.decisions.rate_limit_log import RateLimitLog
 from service.metrics import ServiceMetrics
 from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
+from service.policy.source import PolicySource
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.settings import Settings
@@ -55,6 +56,7 @@ class ServiceContext:
     rate_limiter: ActorRateLimiter
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
+    policy_source: PolicySource | None = None  # the sidecar's policy snapshot; None: external OPA
 
     @classmethod
     def open(
@@ -64,12 +66,15 @@ class ServiceContext:
         opa_url: str,
         opa_token: str | None,
         clock: Callable[[], datetime] = utc_now,
+        policy_source: PolicySource | None = None,
     ) -> ServiceContext:
         data_dir = settings.data_dir
         limits = rate_limits(settings)
         metrics = ServiceMetrics()
         lanes = LaneStore(data_dir / "leveldb")
         metrics.watch_store(lanes)
+        if policy_source is not None:
+            metrics.watch_policy_source(policy_source)
         report_dropped_log_bytes(lanes, metrics)
         client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
         journal = DecisionJournal(
@@ -102,6 +107,7 @@ class ServiceContext:
                 if settings.decision_retention_days is None
                 else RetentionTask(lanes, settings.decision_retention_days, clock=clock)
             ),
+            policy_source=policy_source,
         )
 
     def close(self) -> None:

@@ -31,6 +31,10 @@ FIELDS = (
     "error_digest",
     "dropped_bytes",
     "summaries",
+    "policy_revision",
+    "outcome",
+    "deciding",
+    "errors",
 )
 
 

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from service.policy.source import RELOAD_OUTCOMES, PolicySource
 from store.lanes import LaneStore
 
 
@@ -32,7 +33,7 @@ class ServiceMetrics:
         )
         self.decisions = Counter(
             "sessionstate_decisions",
-            "Policy decisions by action and outcome (allow, deny, unavailable).",
+            "Policy decisions by action and outcome (allow, deny, unavailable, refused).",
             ["action", "outcome"],
             registry=self.registry,
         )
@@ -66,6 +67,10 @@ class ServiceMetrics:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))
 
+    def watch_policy_source(self, source: PolicySource) -> None:
+        """Export whether the served policy source compiled, and the reloads by outcome."""
+        self.registry.register(_PolicySourceHealth(source))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -92,3 +97,26 @@ class _StoreHealth(Collector):
             "Reopens of the store after a failed write.",
             value=self._lanes.reopens,
         )
+
+
+class _PolicySourceHealth(Collector):
+    """The local sidecar's policy snapshot: was the directory good at the last reload."""
+
+    def __init__(self, source: PolicySource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily(
+            "sessionstate_policy_source_valid",
+            "1 while the policy directory compiled at the last reload (or start); 0 after a "
+            "reload refused it, while the last good policies still decide.",
+            value=1.0 if self._source.valid else 0.0,
+        )
+        reloads = CounterMetricFamily(
+            "sessionstate_policy_reloads",
+            "Policy reloads by outcome (loaded, unchanged, invalid).",
+            labels=["outcome"],
+        )
+        for outcome in RELOAD_OUTCOMES:
+            reloads.add_metric([outcome], self._source.reloads(outcome))
+        yield reloads

@@ -56,6 +56,11 @@ RETRY_AFTER = {
     "description": "seconds until the actor's budget has room again",
     "schema": {"type": "integer", "minimum": 1},
 }
+UNAVAILABLE = (
+    "problem details (RFC 9457); nothing was done. `reason`: `policy_engine_unavailable` (OPA "
+    "did not answer in time), `policy_engine_refused` (OPA refused the service's token), "
+    "`decision_log_unavailable` or `store_unavailable`"
+)
 AUTHED = (400, 401, 403, 429, 503)  # 429: rate_limited, before any policy call
 WITH_BODY = (413, 415, 422)
 
@@ -136,6 +141,8 @@ def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
         }
         if error == 429:
             operation["responses"]["429"]["headers"] = {"Retry-After": RETRY_AFTER}
+        if error == 503 and op.tag != "ops":
+            operation["responses"]["503"]["description"] = UNAVAILABLE
     return operation
 
 

@@ -6,6 +6,7 @@ serves HTTP with hypercorn (`service.http.front`): requests are read on an
 event loop and handed whole to a pool of threads that run the Flask app.
 SIGTERM or SIGINT stops it gracefully; the sidecar stops with it, and dies
 with it even on SIGKILL (PR_SET_PDEATHSIG, see `service.policy.sidecar`).
+SIGHUP reloads the sidecar's policy snapshot (`service.policy.reload`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import logging
 import resource
 import signal
 import socket
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +30,12 @@ from service.app import create_app
 from service.context import ConfigurationError, ServiceContext, check_settings
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
+from service.policy.engine_checks import (
+    external_opa_accepts_token,
+    local_opa_bin,
+    local_policy_dir,
+)
+from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from store.evidence_chain import EvidenceChain
@@ -34,34 +43,56 @@ from store.lanes import LaneStore
 
 log = logging.getLogger("sessionstate.serve")
 THREADS = 16  # requests run at once; reading them costs no thread
-LOCK_FILE = "sessionstate.lock"
 GRACEFUL_SECONDS = 10.0
+LOCK_TRIES = 5  # `policy reload` probes the lock for an instant: do not mistake it for a service
 
 
 def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> None:
     """Run until SIGTERM or SIGINT; the sidecar, if started here, stops with the service."""
     configure_logging()
+    # Until the event loop handles SIGHUP, one only notes that a reload was asked for.
+    early_reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: early_reload.set())
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = _lock_data_dir(settings.data_dir)
+    forget_pid(settings.data_dir)  # left by a service that was killed
+    forget_status(settings.data_dir)
     sidecar: OpaSidecar | None = None
     context: ServiceContext | None = None
     try:
         check_settings(settings)
+        if settings.opa_url:
+            external_opa_accepts_token(settings)
+        else:
+            opa_bin, policy_dir = local_opa_bin(settings), local_policy_dir(settings)
         _check_decision_log(settings.data_dir)
         listener = _listen(settings.host, settings.port)
         if settings.opa_url:
             opa_url, opa_token = settings.opa_url, settings.opa_token
         else:
             sidecar = OpaSidecar(
-                settings.resolved_opa_bin(), settings.policy_dir, settings.data_dir / "opa"
+                opa_bin,
+                policy_dir,
+                settings.data_dir / "opa",
+                watch_policies=settings.watch_policies,
             )
             sidecar.start()
             opa_url, opa_token = sidecar.url, sidecar.token
-            log.info("opa_sidecar_ready")
-        context = ServiceContext.open(settings, opa_url=opa_url, opa_token=opa_token)
+            log.info(
+                "opa_sidecar_ready", extra={"policy_revision": sidecar.policies.served.revision}
+            )
+        context = ServiceContext.open(
+            settings,
+            opa_url=opa_url,
+            opa_token=opa_token,
+            policy_source=None if sidecar is None else sidecar.policies,
+        )
         _raise_open_file_limit()
-        asyncio.run(_serve_http(settings, context, listener, on_ready))
+        asyncio.run(_serve_http(settings, context, listener, on_ready, sidecar, early_reload))
     finally:
+        # The event loop gave SIGHUP back its default, which ends the process: not on the way out.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        forget_pid(settings.data_dir)
         if context is not None:
             context.close()
         if sidecar is not None:
@@ -74,12 +105,20 @@ async def _serve_http(
     context: ServiceContext,
     listener: socket.socket,
     on_ready: Callable[[], None] | None,
+    sidecar: OpaSidecar | None,
+    early_reload: threading.Event,
 ) -> None:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    reload = _reloader(sidecar)
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    if early_reload.is_set():
+        reload()
+    # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
+    write_pid(settings.data_dir)
     app = BoundedWSGIWrapper(
         create_app(context),
         body_timeout=settings.body_timeout_seconds,
@@ -97,6 +136,17 @@ async def _serve_http(
         loop.call_soon(on_ready)
     await worker_serve(app, config, shutdown_trigger=stop.wait)
     log.info("service_stopped")
+
+
+def _reloader(sidecar: OpaSidecar | None) -> Callable[[], None]:
+    """What SIGHUP does: ask the sidecar's reloader thread to reload the policy snapshot."""
+    if sidecar is not None:
+        return sidecar.request_reload
+
+    def no_policy_directory() -> None:
+        log.warning("policy_reload_not_applicable")  # the OPA at SESSIONSTATE_OPA_URL has them
+
+    return no_policy_directory
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -137,11 +187,14 @@ def _lock_data_dir(data_dir: Path) -> TextIO:
     drops it when the process dies, however it dies.
     """
     handle = open(data_dir / LOCK_FILE, "a")  # noqa: SIM115 - held for the process's life
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise ConfigurationError(
-            f"the data dir {data_dir} is in use by another sessionstate process"
-        ) from None
-    return handle
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if attempt + 1 < LOCK_TRIES:
+                time.sleep(0.02)
+    handle.close()
+    raise ConfigurationError(
+        f"the data dir {data_dir} is in use by another sessionstate process"
+    ) from None

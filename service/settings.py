@@ -1,20 +1,40 @@
-"""Configuration: one typed object, read once from the environment (API.md's table)."""
+"""Configuration: one typed object, read once from the environment (API.md's table).
+
+A value that does not parse is named by its variable with the values it
+accepts (`setting_errors`), and a `SESSIONSTATE_*` variable that is no setting
+is named with the closest one (`unknown_variables`); neither prints a value.
+"""
 
 from __future__ import annotations
 
+import difflib
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from types import NoneType, UnionType
+from typing import Any, Union, get_args, get_origin
 
-from pydantic import Field
+from annotated_types import Ge, Le
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "SESSIONSTATE_"
+# Read by other tools of the project, not by the service: never warned about.
+OTHER_TOOLS_VARIABLES = frozenset(
+    {
+        "SESSIONSTATE_URL",  # examples/model_service.py, the client's base URL
+        "SESSIONSTATE_TOKEN",  # examples/model_service.py, a model-service token
+        "SESSIONSTATE_IMAGE",  # docker-compose.yml
+        "SESSIONSTATE_PUBLISH",  # docker-compose.yml
+    }
+)
 
 
 class Settings(BaseSettings):
     """Every knob of the service. Secrets left unset are generated into the data dir."""
 
-    model_config = SettingsConfigDict(env_prefix="SESSIONSTATE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     data_dir: Path = Path("./var")
     host: str = "127.0.0.1"
@@ -31,6 +51,8 @@ class Settings(BaseSettings):
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)
     opa_bin: str | None = None
     policy_dir: Path = PROJECT_ROOT / "policies"
+    # Local sidecar: serve every edit of policy_dir that compiles, without a reload.
+    watch_policies: bool = False
     # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)
@@ -51,3 +73,68 @@ class Settings(BaseSettings):
         if found is None:
             raise FileNotFoundError("no opa binary: run `make run`, or set SESSIONSTATE_OPA_BIN")
         return found
+
+
+def variable(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def known_variables() -> frozenset[str]:
+    return frozenset(variable(name) for name in Settings.model_fields)
+
+
+def setting_errors(error: ValidationError) -> str:
+    """Each broken setting as `SESSIONSTATE_X (rule): accepts …`, on one line."""
+    broken = []
+    for detail in error.errors(include_url=False, include_input=False):
+        name = str(detail["loc"][0]) if detail["loc"] else ""
+        text = f"{variable(name)} ({detail['type']})"
+        if name in Settings.model_fields:
+            text += f": accepts {accepted_values(name)}"
+        broken.append(text)
+    return "; ".join(broken)
+
+
+def accepted_values(field_name: str) -> str:
+    """What a setting accepts, from its type and bounds (no setting's value is shown)."""
+    field = Settings.model_fields[field_name]
+    kinds = _kinds(field.annotation)
+    optional = NoneType in kinds
+    bounds = {type(item): item for item in field.metadata}
+    if bool in kinds:
+        text = "true or false (also 1/0, yes/no, on/off)"
+    elif int in kinds:
+        low, high = bounds.get(Ge), bounds.get(Le)
+        if isinstance(low, Ge) and isinstance(high, Le):
+            text = f"a whole number from {low.ge} to {high.le}"
+        else:
+            text = "a whole number"
+    elif Path in kinds:
+        text = "a path"
+    else:
+        text = "text"
+    return text + (", or unset" if optional else "")
+
+
+def _kinds(annotation: Any) -> tuple[Any, ...]:
+    if get_origin(annotation) in (Union, UnionType):
+        return get_args(annotation)
+    return (annotation,)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """`SESSIONSTATE_*` names that are no setting, each with the closest setting (or None).
+
+    Only names are looked at: the values are never read, so they cannot be shown.
+    """
+    known = known_variables()
+    suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
+    unknown = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings reads names case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in OTHER_TOOLS_VARIABLES:
+            continue
+        # Compared without the shared prefix, which would make every name look alike.
+        closest = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), suffixes, n=1)
+        unknown.append((name, ENV_PREFIX + closest[0] if closest else None))
+    return unknown

@@ -114,13 +114,22 @@ class Health(_Envelope):
 
 class Readiness(_Envelope):
     ready: bool
-    opa_reachable: bool
+    opa_reachable: bool = Field(description="OPA answered, with a decision or a refusal")
     policy_revision: str | None = Field(description="content hash of the loaded policy set")
+    policy_source_valid: bool | None = Field(
+        default=None,
+        description="false when the last policy reload found a policy directory that does not "
+        "compile (the last good policies still decide); null with an external OPA",
+    )
     store_open: bool
     store_writable: bool = Field(
         description="false after a failed write (a full disk, say) until the store is reopened"
     )
     reasons: list[str] = Field(
-        description="why it is not ready: opa_unreachable, policy_not_loaded, store_closed, "
-        "store_unwritable; empty when ready"
+        description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, "
+        "store_closed, store_unwritable; empty when ready"
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what is wrong without stopping it from serving: policy_source_invalid",
     )

@@ -55,6 +55,7 @@ def start(
     extra_env: dict[str, str] | None = None,
     *,
     env_secrets: bool = True,
+    args: tuple[str, ...] = (),
 ) -> Served:
     """Serve `data_dir`; with `env_secrets=False` it uses (or makes) the data dir's secrets."""
     port = free_port()
@@ -73,7 +74,7 @@ def start(
     log = tmp / f"serve-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--walkthrough"],
+            [sys.executable, "-m", "service.cli", "serve", "--walkthrough", *args],
             env=env,
             cwd=ROOT,
             stdout=out,

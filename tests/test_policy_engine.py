@@ -285,8 +285,13 @@ def test_fails_closed_when_nothing_listens() -> None:
     assert_unavailable(PolicyClient(f"http://127.0.0.1:{port}", "token", timeout=0.25))
 
 
-def test_fails_closed_with_a_wrong_token(sidecar: OpaSidecar) -> None:
-    assert_unavailable(PolicyClient(sidecar.url, "not-the-token", timeout=0.5))
+def test_a_wrong_token_fails_closed_as_a_refusal(sidecar: OpaSidecar) -> None:
+    for token in ("not-the-token", None):
+        trace = PolicyClient(sidecar.url, token, timeout=0.5).decide(allowed_input("read"))
+        assert trace.allow is False
+        assert trace.reasons == ["policy_engine_refused"]  # not "did not answer in time"
+        assert trace.engine_refused and trace.engine_unavailable
+        assert trace.decision_id.startswith("local-")
 
 
 @pytest.fixture
@@ -336,14 +341,12 @@ def _rewrite(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def _wait_for_revision(client: PolicyClient, action: str, old: str) -> Any:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        trace = client.decide(allowed_input(action))
-        if trace.policy_revision != old and not trace.engine_unavailable:
-            return trace
-        time.sleep(0.1)
-    raise AssertionError("the edited policy was not picked up")
+def _reload(sidecar: OpaSidecar, policies: Path) -> None:
+    """Serve the edited directory: OPA decides with it once the reload returns."""
+    status = sidecar.reload_policies()
+    assert status.outcome == "loaded"
+    assert status.deciding
+    assert status.revision == load_bundle(policies).revision
 
 
 def test_fails_closed_when_the_decision_is_undefined(
@@ -353,7 +356,8 @@ def test_fails_closed_when_the_decision_is_undefined(
     client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5)
     before = client.decide(allowed_input("read"))
     _rewrite(policies / "sessionstate" / "read" / "read.rego", "decision :=", "not_the_decision :=")
-    _wait_for_revision(client, "write", before.policy_revision)
+    _reload(sidecar, policies)
+    assert client.decide(allowed_input("write")).policy_revision != before.policy_revision
     assert_unavailable(client)
 
 
@@ -366,7 +370,8 @@ def test_fails_closed_on_a_malformed_result(private_sidecar: tuple[OpaSidecar, P
         'decision := {"allow": allow,',
         'decision := {"allow": "yes", "was": allow,',
     )
-    _wait_for_revision(client, "write", before.policy_revision)
+    _reload(sidecar, policies)
+    assert client.decide(allowed_input("write")).policy_revision != before.policy_revision
     assert_unavailable(client)
 
 
@@ -383,7 +388,8 @@ def test_editing_a_policy_changes_the_revision_and_the_decision(
         'reasons contains "action_not_supported" if input.action != "read"\n\n'
         'reasons contains "reads_frozen_for_audit" if input.action == "read"',
     )
-    after = _wait_for_revision(client, "read", before.policy_revision)
+    _reload(sidecar, policies)
+    after = client.decide(allowed_input("read"))
     assert after.allow is False
     assert after.reasons == ["reads_frozen_for_audit"]
     assert after.policy_revision == load_bundle(policies).revision != before.policy_revision
@@ -396,7 +402,10 @@ def test_a_policy_edit_that_does_not_compile_keeps_the_last_good_bundle(
     client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5)
     before = client.decide(allowed_input("read"))
     _rewrite(policies / "sessionstate" / "read" / "read.rego", "decision :=", "decision :=:= {")
-    time.sleep(3 * sidecar.poll_seconds)  # several polls: the broken bundle was offered
+    status = sidecar.reload_policies()
+    assert status.outcome == "invalid"
+    assert status.revision == before.policy_revision
+    assert status.errors[0].startswith("sessionstate/read/read.rego:")
     after = client.decide(allowed_input("read"))
     assert after.allow is True
     assert after.policy_revision == before.policy_revision

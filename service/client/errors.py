@@ -146,6 +146,14 @@ class PolicyEngineUnavailable(SessionStateError):
     """503 `policy_engine_unavailable`: OPA did not answer; nothing was done."""
 
 
+class PolicyEngineRefused(PolicyEngineUnavailable):
+    """503 `policy_engine_refused`: OPA refused the service's token; nothing was done.
+
+    A configuration fault of the service, not an outage that passes: its
+    `Retry-After` (60 s) is over the client's longest wait, so it is not retried.
+    """
+
+
 class DecisionLogUnavailable(SessionStateError):
     """503 `decision_log_unavailable`: the decision could not be logged; nothing was done."""
 
@@ -184,6 +192,7 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
 }
 _BY_503_REASON: dict[str, type[SessionStateError]] = {
     "policy_engine_unavailable": PolicyEngineUnavailable,
+    "policy_engine_refused": PolicyEngineRefused,
     "decision_log_unavailable": DecisionLogUnavailable,
     "store_unavailable": StoreUnavailable,
 }

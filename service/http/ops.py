@@ -8,19 +8,9 @@ from flask import Blueprint, Response
 
 from service.http.common import context, json_response
 from service.openapi import openapi_document
-from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
 from service.wire import Health, Readiness
 
 bp = Blueprint("ops", __name__)
-
-# A fixed, harmless question whose answer proves OPA decides with a loaded policy.
-_PROBE = PolicyInput(
-    action="decisions.read",
-    now=0,
-    actor=PolicyActor(sub="sessionstate-readiness-probe", roles=[]),
-    target=PolicyTarget(tenant_id="readiness-probe"),
-    deployment=PolicyDeployment(durable_writes_enabled=False),
-)
 
 
 @bp.get("/healthz")
@@ -30,26 +20,36 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    """Ready when OPA answers with a loaded policy revision and the store is open."""
+    """Ready when OPA answers with a loaded policy revision and the store is open.
+
+    A policy directory that did not compile at the last reload is a warning, not
+    a failure: the service still decides, with the last good snapshot, and taking
+    every instance out of rotation over an edit nobody activated would turn a
+    refused change into an outage.
+    """
     ctx = context()
-    probe = ctx.gate.client.decide(_PROBE)
-    reachable = not probe.engine_unavailable
-    revision = probe.policy_revision if reachable else None
+    probe = ctx.gate.client.probe()
+    decided = not probe.engine_unavailable
+    revision = probe.policy_revision if decided else None
     store_open = not ctx.lanes.closed
     store_writable = ctx.lanes.writable
     failing = {
-        "opa_unreachable": not reachable,
-        "policy_not_loaded": reachable and revision in (None, "unknown"),
+        "opa_unreachable": not decided and not probe.engine_refused,
+        "opa_refused_token": probe.engine_refused,
+        "policy_not_loaded": decided and revision in (None, "unknown"),
         "store_closed": not store_open,
         "store_unwritable": store_open and not store_writable,
     }
     reasons = [reason for reason, failed in failing.items() if failed]
+    source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
     ready = not reasons
     body = Readiness(
         ready=ready,
         reasons=reasons,
-        opa_reachable=reachable,
+        warnings=["policy_source_invalid"] if source_valid is False else [],
+        opa_reachable=decided or probe.engine_refused,
         policy_revision=revision,
+        policy_source_valid=source_valid,
         store_open=store_open,
         store_writable=store_writable,
     )

@@ -47,6 +47,8 @@ DETAILS: dict[str, str] = {
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
     "store_unavailable": "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
     "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
+    "policy_engine_refused": "The policy engine refused the service's credentials; nothing was "
+    "done. An operator must fix the service's OPA token.",
     "rate_limited": "Too many requests, or too many denied requests, from this actor; nothing "
     "was done. Try again after `Retry-After` seconds.",
     "not_found": "No such resource.",

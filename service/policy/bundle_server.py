@@ -1,28 +1,28 @@
 """Serves the policy bundle to the local OPA sidecar, on loopback only.
 
-OPA polls it; each poll re-reads the policy directory, so an edited policy is
-picked up without a restart, and the bundle's revision (its content hash)
-arrives in OPA together with the Rego it names.
+OPA polls it every second; each poll gets the snapshot the service serves now
+(`service.policy.source`), never the directory as it is being edited. The
+bundle's revision (its content hash) arrives in OPA together with the Rego it
+names, and is the ETag: a poll of an unchanged snapshot gets `304`.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-from service.policy.bundle import load_bundle
+from service.policy.bundle import PolicyBundle
 
 BUNDLE_PATH = "/bundles/sessionstate.tar.gz"
 
 
 class BundleServer:
-    """A loopback HTTP server with one resource: the current policy bundle."""
+    """A loopback HTTP server with one resource: the policy bundle served now."""
 
-    def __init__(self, policy_dir: Path) -> None:
-        self.policy_dir = policy_dir
-        handler = _handler_for(policy_dir)
+    def __init__(self, current: Callable[[], PolicyBundle]) -> None:
+        handler = _handler_for(current)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -38,17 +38,18 @@ class BundleServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for a serve loop that never ran
+            self._server.shutdown()
         self._server.server_close()
 
 
-def _handler_for(policy_dir: Path) -> type[BaseHTTPRequestHandler]:
+def _handler_for(current: Callable[[], PolicyBundle]) -> type[BaseHTTPRequestHandler]:
     class BundleHandler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path != BUNDLE_PATH:
                 self.send_error(HTTPStatus.NOT_FOUND)
                 return
-            bundle = load_bundle(policy_dir)
+            bundle = current()
             etag = f'"{bundle.revision}"'
             if self.headers.get("If-None-Match") == etag:
                 self.send_response(HTTPStatus.NOT_MODIFIED)

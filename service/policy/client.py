@@ -2,8 +2,10 @@
 
 Refused connections, timeouts, non-200 answers, an undefined decision or a
 result of the wrong shape all become `allow = false` with
-`policy_engine_unavailable`; the service answers those with 503 and does
-nothing else.
+`policy_engine_unavailable`; an OPA that answers 401 or 403 (it does not
+accept the service's token) becomes `allow = false` with
+`policy_engine_refused`. The service answers both with 503 and does nothing
+else.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 from opa_client.opa import OpaClient
 
-from service.policy.input import PolicyInput
-from service.policy.trace import POLICY_ENGINE_UNAVAILABLE, DecisionEngine, DecisionTrace
+from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
+from service.policy.trace import (
+    POLICY_ENGINE_REFUSED,
+    POLICY_ENGINE_UNAVAILABLE,
+    DecisionEngine,
+    DecisionTrace,
+)
 from store.canonical import canonical_digest
 
 DECISION_PACKAGES = {
@@ -31,6 +39,16 @@ DECISION_PACKAGES = {
     "decisions.read": "audit",
 }
 UNKNOWN = "unknown"
+REFUSING_STATUSES = (401, 403)  # OPA's authentication or its system.authz said no
+
+# A fixed, harmless question whose answer proves OPA decides with a loaded policy.
+PROBE = PolicyInput(
+    action="decisions.read",
+    now=0,
+    actor=PolicyActor(sub="sessionstate-readiness-probe", roles=[]),
+    target=PolicyTarget(tenant_id="readiness-probe"),
+    deployment=PolicyDeployment(durable_writes_enabled=False),
+)
 
 
 class PolicyClient:
@@ -65,6 +83,9 @@ class PolicyClient:
                 rule_name="decision",
                 query_params={"provenance": "true"},
             )
+        except requests.HTTPError as error:
+            refused = error.response is not None and error.response.status_code in REFUSING_STATUSES
+            answer = POLICY_ENGINE_REFUSED if refused else None
         except Exception:  # any failure to get an answer denies
             answer = None
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -84,19 +105,20 @@ class PolicyClient:
             latency_ms=latency_ms,
         )
 
+    def probe(self) -> DecisionTrace:
+        """The decision on `PROBE`: readiness and reloads ask it which revision decides."""
+        return self.decide(PROBE)
+
     def close(self) -> None:
         self._opa.close_connection()
 
 
 def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     """allow, reasons, decision id, policy revision and engine version; deny on any doubt."""
-    unavailable = (
-        False,
-        [POLICY_ENGINE_UNAVAILABLE],
-        "local-" + uuid.uuid4().hex,
-        UNKNOWN,
-        UNKNOWN,
+    failure = (
+        POLICY_ENGINE_REFUSED if answer == POLICY_ENGINE_REFUSED else POLICY_ENGINE_UNAVAILABLE
     )
+    unavailable = (False, [failure], "local-" + uuid.uuid4().hex, UNKNOWN, UNKNOWN)
     if not isinstance(answer, dict):
         return unavailable
     result = answer.get("result")

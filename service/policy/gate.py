@@ -3,7 +3,8 @@
 It builds the policy input (claims, target, deployment, approval, record
 summary; never raw text), asks OPA through the client, counts the outcome,
 and turns a denial or an unavailable engine into the problem the contract
-fixes: 403 with the decision, or 503 `policy_engine_unavailable`.
+fixes: 403 with the decision, 503 `policy_engine_unavailable`, or 503
+`policy_engine_refused` when OPA does not accept the service's token.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from service.policy.input import (
     PolicyTarget,
     record_summary,
 )
-from service.policy.trace import POLICY_ENGINE_UNAVAILABLE, DecisionTrace
+from service.policy.trace import POLICY_ENGINE_REFUSED, POLICY_ENGINE_UNAVAILABLE, DecisionTrace
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 
@@ -64,7 +65,15 @@ class PolicyGate:
             record=None if record is None else record_summary(record),
         )
         trace = self.client.decide(policy_input)
-        outcome = "unavailable" if trace.engine_unavailable else "allow" if trace.allow else "deny"
+        outcome = (
+            "refused"
+            if trace.engine_refused
+            else "unavailable"
+            if trace.engine_unavailable
+            else "allow"
+            if trace.allow
+            else "deny"
+        )
         self.metrics.decisions.labels(action, outcome).inc()
         self.metrics.decision_latency.labels(action).observe(trace.latency_ms / 1000)
         return trace, policy_input
@@ -74,6 +83,16 @@ class PolicyGate:
         trace: DecisionTrace, *, write_report: SessionStateWriteReport | None = None
     ) -> None:
         """Raise the contract's problem unless the decision allows."""
+        if trace.engine_refused:
+            # Not an outage that passes: an operator must fix the token. A Retry-After over
+            # the client's longest wait (30 s) ends its retries at once.
+            raise Problem(
+                503,
+                POLICY_ENGINE_REFUSED,
+                decision=trace,
+                write_report=write_report,
+                headers={"Retry-After": "60"},
+            )
         if trace.engine_unavailable:
             raise Problem(
                 503,

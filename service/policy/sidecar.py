@@ -4,7 +4,11 @@
   admit only the service's per-start secret, and only for decision queries;
   nobody can PUT or DELETE policies or data at runtime.
 - Policies arrive as a bundle from `BundleServer`, so the decision and the
-  policy revision it was made under come from one snapshot.
+  policy revision it was made under come from one snapshot. The snapshot is
+  taken at start and replaced only by `reload_policies()` (SIGHUP or
+  `sessionstate policy reload`), or by the watcher with `watch_policies`
+  (`service.policy.source`); each reload's outcome goes to
+  `policy-status.json` in the work dir.
 - Decision logging is on (console, into `opa.log` in the work dir), so every
   decision carries OPA's `decision_id`.
 - If OPA dies, it is restarted with exponential backoff; `stop()` ends it.
@@ -29,6 +33,9 @@ from pathlib import Path
 import requests
 
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
+from service.policy.client import PolicyClient
+from service.policy.reload import PolicyStatus, write_status
+from service.policy.source import PolicySource, ReloadResult
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +79,8 @@ class OpaSidecar:
         *,
         poll_seconds: int = 1,
         max_backoff_seconds: float = 5.0,
+        watch_policies: bool = False,
+        activation_timeout: float = 10.0,
     ) -> None:
         self.opa_bin = opa_bin
         self.policy_dir = policy_dir
@@ -80,8 +89,17 @@ class OpaSidecar:
         self.token = secrets.token_urlsafe(32)
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
+        self.watch_policies = watch_policies
+        self.activation_timeout = activation_timeout
         self.restarts = 0
-        self._bundles = BundleServer(policy_dir)
+        self.policies = PolicySource(policy_dir, opa_bin)
+        self._bundles = BundleServer(lambda: self.policies.served)
+        self._probe = PolicyClient(self.url, self.token, timeout=1.0)
+        self._reload_requested = threading.Event()
+        self._reload_lock = threading.Lock()
+        self._reloader: threading.Thread | None = None
+        self._generation = 0
+        self._loaded_at = 0.0
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -102,8 +120,18 @@ class OpaSidecar:
     def log_path(self) -> Path:
         return self.work_dir / "opa.log"
 
+    @property
+    def status_path(self) -> Path:
+        return self.work_dir / "policy-status.json"
+
     def start(self, timeout: float = 30.0) -> None:
-        """Start OPA and return once it is healthy with the policy bundle activated."""
+        """Start OPA and return once it is healthy with the policy bundle activated.
+
+        The policy snapshot is taken first: a policy directory that is missing
+        or does not compile stops the start at once (`PolicySourceError`).
+        """
+        self._loaded_at = time.time()
+        self.policies.load()
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._bundles.start()
         self._write_config()
@@ -117,6 +145,83 @@ class OpaSidecar:
             raise SidecarError(
                 f"OPA did not become ready within {timeout:.0f}s; see {self.log_path}"
             )
+        self._report(
+            ReloadResult("loaded", self.policies.served.revision), self._loaded_at, started=True
+        )
+        self._reloader = threading.Thread(
+            target=self._reload_when_asked, name="policy-reloader", daemon=True
+        )
+        self._reloader.start()
+
+    def request_reload(self) -> None:
+        """Ask for a reload, from a signal handler say; the reloader thread does it."""
+        self._reload_requested.set()
+
+    def reload_policies(self) -> PolicyStatus:
+        """Take a new snapshot if the directory compiles; wait until OPA decides with it."""
+        with self._reload_lock:
+            checked_at = time.time()
+            result = self.policies.reload()
+            if result.outcome == "invalid":
+                log.error(
+                    "policy_reload_rejected",
+                    extra={"policy_revision": result.revision, "errors": list(result.errors)},
+                )
+            return self._report(result, checked_at)
+
+    def deciding_revision(self) -> str | None:
+        """The policy revision OPA decides with now; None when it does not answer."""
+        trace = self._probe.probe()
+        return None if trace.engine_unavailable else trace.policy_revision
+
+    def _report(
+        self, result: ReloadResult, checked_at: float, *, started: bool = False
+    ) -> PolicyStatus:
+        deciding = self._wait_deciding(result.revision)
+        status = PolicyStatus(
+            generation=self._generation,
+            checked_at=checked_at,
+            outcome="started" if started else result.outcome,
+            revision=result.revision,
+            deciding=deciding,
+            source_valid=self.policies.valid,
+            errors=list(result.errors),
+        )
+        self._generation += 1
+        write_status(self.status_path, status)
+        if result.outcome != "invalid" and not started:  # a refusal was logged as an error
+            log.info(
+                "policy_reloaded",
+                extra={
+                    "outcome": result.outcome,
+                    "policy_revision": result.revision,
+                    "deciding": deciding,
+                },
+            )
+        return status
+
+    def _wait_deciding(self, revision: str) -> bool:
+        """OPA polls the bundle every `poll_seconds`: wait for it to decide with revision."""
+        deadline = time.monotonic() + self.activation_timeout
+        while True:
+            if self.deciding_revision() == revision:
+                return True
+            if time.monotonic() >= deadline or self._stopping.wait(0.1):
+                return False
+
+    def _reload_when_asked(self) -> None:
+        """Reload on request; with `watch_policies`, also whenever the directory changes."""
+        watched = self.policies.served.revision
+        while not self._stopping.is_set():
+            asked = self._reload_requested.wait(self.poll_seconds if self.watch_policies else None)
+            if self._stopping.is_set():
+                return
+            if asked:
+                self._reload_requested.clear()
+            elif self.policies.source_revision() in (None, watched):
+                continue
+            watched = self.policies.source_revision() or watched
+            self.reload_policies()
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""
@@ -144,6 +249,7 @@ class OpaSidecar:
         if os.getpid() != self._owner_pid:
             return
         self._stopping.set()
+        self._reload_requested.set()  # wakes the reloader, which sees it is stopping
         with self._lock:
             process = self._process
             if process is not None and process.poll() is None:
@@ -153,8 +259,10 @@ class OpaSidecar:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        if self._supervisor is not None and self._supervisor is not threading.current_thread():
-            self._supervisor.join(timeout)
+        for thread in (self._supervisor, self._reloader):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+        self._probe.close()
         self._bundles.stop()
 
     def _write_config(self) -> None:

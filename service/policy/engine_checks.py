@@ -1,0 +1,71 @@
+"""What `sessionstate serve` checks of its policy engine before it serves anything.
+
+Each failure is a `ConfigurationError` with one line naming the variable to
+fix, so a start that cannot work stops at once instead of waiting out OPA's
+start-up timeout or answering every request with a 503.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from service.context import ConfigurationError
+from service.policy.client import PolicyClient
+from service.settings import Settings
+
+
+def local_opa_bin(settings: Settings) -> str:
+    """The OPA binary the sidecar will run, which must exist and be executable."""
+    if settings.opa_bin:
+        found = shutil.which(settings.opa_bin)
+        if found is None or not Path(found).is_file():
+            raise ConfigurationError(
+                f"SESSIONSTATE_OPA_BIN names no executable OPA binary: {settings.opa_bin}"
+            )
+        return found
+    try:
+        opa = settings.resolved_opa_bin()
+    except FileNotFoundError:
+        raise ConfigurationError(
+            "no OPA binary: set SESSIONSTATE_OPA_BIN, or run `make run` to build the pinned one"
+        ) from None
+    if not os.access(opa, os.X_OK):
+        raise ConfigurationError(
+            f"the OPA binary {opa} is not executable: set SESSIONSTATE_OPA_BIN"
+        )
+    return opa
+
+
+def local_policy_dir(settings: Settings) -> Path:
+    """The policy directory the sidecar will serve, which must be a directory."""
+    if not settings.policy_dir.is_dir():
+        raise ConfigurationError(
+            f"SESSIONSTATE_POLICY_DIR is not a directory: {settings.policy_dir}"
+        )
+    return settings.policy_dir
+
+
+def external_opa_accepts_token(settings: Settings) -> None:
+    """An OPA at SESSIONSTATE_OPA_URL that refuses the service's token stops the start.
+
+    An OPA that does not answer yet is no reason to stop: it may come up later,
+    and `/readyz` says `opa_unreachable` meanwhile. A refusal will not pass.
+    """
+    if settings.opa_url is None:
+        return
+    client = PolicyClient(
+        settings.opa_url, settings.opa_token, timeout=max(settings.opa_timeout_ms / 1000, 2.0)
+    )
+    try:
+        refused = client.probe().engine_refused
+    finally:
+        client.close()
+    if refused:
+        sent = "the service's token" if settings.opa_token else "requests without a token"
+        raise ConfigurationError(
+            f"the OPA at SESSIONSTATE_OPA_URL refuses {sent} (401/403): set "
+            "SESSIONSTATE_OPA_TOKEN to the token its system.authz admits (the "
+            "SESSIONSTATE_OPA_TOKEN in the OPA process's environment)"
+        )
