@@ -19,6 +19,7 @@ from service.decision_review import ReviewError
 from service.opa_sidecar import SidecarError
 from service.settings import Settings
 from service.walkthrough import walkthrough
+from store.checkpoints import ChainUnverified
 from store.evidence_chain import ChainCorrupt
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
@@ -62,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--tenant", help="only this tenant's entries")
     tail = review.add_parser("tail", help="the newest entries, one JSON a line")
     tail.add_argument("-n", type=_positive, default=10, help="how many (default 10)")
-    review.add_parser("checkpoint", help="print a signed checkpoint of the head, to keep")
+    review.add_parser(
+        "checkpoint", help="verify the chain, then print a signed checkpoint of its head, to keep"
+    )
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
     )
@@ -124,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
+    except ChainUnverified as error:
+        print(f"sessionstate: {error}", file=sys.stderr)
+        return 1
     except ChainCorrupt:
         print(
             "sessionstate: the decision log's newest entry or anchor does not read; "

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from service.decision_log import opa_event, prune_log
-from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
+from store.checkpoints import (
+    KEY_FILE,
+    ChainUnverified,
+    Checkpoint,
+    CheckpointSigner,
+    CheckpointVerifier,
+    verified_checkpoint,
+)
 from store.evidence_chain import ChainVerification, EvidenceChain
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.lanes import LaneStore
@@ -90,9 +97,15 @@ def _verifier(data_dir: Path, public_key_file: Path | None) -> CheckpointVerifie
 
 
 def checkpoint(data_dir: Path) -> Checkpoint:
+    """A signed checkpoint of the head, only after the whole chain verified (as over HTTP).
+
+    Raises `ChainUnverified`, naming the first problem, for a chain that does not.
+    """
     with open_lanes(data_dir) as lanes:
-        head = EvidenceChain(lanes).head()
-    return CheckpointSigner.from_data_dir(data_dir).sign(head, datetime.now(UTC))
+        result, signed = verified_checkpoint(EvidenceChain(lanes), data_dir, datetime.now(UTC))
+    if signed is None:
+        raise ChainUnverified.of(result, "checkpoint")
+    return signed
 
 
 def export_lines(data_dir: Path, tenant_id: str | None = None) -> Iterator[str]:

@@ -25,8 +25,7 @@ from service.http.problems import Problem
 from service.policy_gate import PolicyGate
 from service.policy_input import PolicyAction, PolicyTarget
 from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
-from store.checkpoints import CheckpointSigner
-from store.evidence_chain import ChainHead
+from store.checkpoints import CheckpointSigner, verified_checkpoint
 from store.keys import TenantResourceLane
 from store.scope import ScopeId
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
@@ -199,12 +198,10 @@ def list_decisions() -> Response:
 def verify_decisions() -> Response:
     """Verify the whole chain; when it holds, hand out a signed checkpoint of that head."""
     trace, _ = audit_decision(authenticate())
-    result = context().journal.chain.verify()
-    signer = CheckpointSigner.from_data_dir(context().settings.data_dir)
-    checkpoint = None
-    if result.ok:  # a checkpoint vouches for a head; a broken chain gets none
-        verified = ChainHead(seq=result.head_seq, hash=result.head_hash)
-        checkpoint = signer.sign(verified, context().clock())
+    data_dir = context().settings.data_dir
+    # A checkpoint vouches for a head that verified; a broken chain gets none.
+    result, checkpoint = verified_checkpoint(context().journal.chain, data_dir, context().clock())
+    signer = CheckpointSigner.from_data_dir(data_dir)
     return json_response(
         DecisionVerifyResponse(
             ok=result.ok,
