@@ -66,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     review.add_parser(
         "checkpoint", help="verify the chain, then print a signed checkpoint of its head, to keep"
     )
+    bundle = review.add_parser(
+        "bundle",
+        help="pack entries, a signed checkpoint and a verifier into a .tar.gz anyone can check",
+    )
+    bundle.add_argument("--out", type=Path, required=True, help="the .tar.gz to write")
+    bundle.add_argument("--tenant", help="only this tenant's entries (else every tenant's)")
+    bundle.add_argument("--since", help="evaluated at or after this RFC 3339 time (with a zone)")
+    bundle.add_argument("--until", help="evaluated before this RFC 3339 time (with a zone)")
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
     )
@@ -192,6 +200,17 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
     elif args.review == "checkpoint":
         print(decision_review.checkpoint(data_dir).model_dump_json())
+    elif args.review == "bundle":
+        made = decision_review.bundle(data_dir, args.out, args.tenant, args.since, args.until)
+        print(
+            json.dumps(
+                {
+                    "out": str(args.out),
+                    "entries": made.entries,
+                    "checkpoint": made.checkpoint.model_dump(),
+                }
+            )
+        )
     elif args.review == "export":
         for line in decision_review.export_lines(data_dir, args.tenant):
             print(line)

@@ -44,6 +44,8 @@ DETAILS: dict[str, str] = {
     "precondition_failed": "The stored state is not the version the request was based on.",
     "session_state_not_found": "No session state is stored for this scope.",
     "decision_not_found": "No decision with this id is in the decision log.",
+    "chain_unverified": "The decision log does not verify, so nothing is signed for it; "
+    "`GET /v1/decisions/verify` names the first problem.",
     "approval_not_found": "No such approval in this workspace.",
     "cross_site_request_rejected": "A sign-in or sign-out posted from another site is refused.",
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
