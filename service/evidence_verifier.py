@@ -371,6 +371,8 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
         tail = f"no entries here; the signed head is seq {head_seq}"
     elif seqs[-1] == head_seq:
         tail = "the last entry here is the signed head"
+    elif seqs[-1] + 1 == head_seq:
+        tail = f"seq {head_seq} (the signed head) is not in this bundle"
     else:
         tail = f"seq {seqs[-1] + 1} to {head_seq} (the signed head) are not in this bundle"
     selection = ", ".join(
