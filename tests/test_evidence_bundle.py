@@ -454,6 +454,16 @@ def test_the_bundle_of_a_busy_store_says_busy(
     assert not (tmp_path / "b.tar.gz").exists()
 
 
+def test_the_bundle_of_a_corrupt_store_says_corrupt(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (stopped / "leveldb" / "CURRENT").write_bytes(b"")
+    assert main(["decisions", "bundle", "--out", str(tmp_path / "b.tar.gz")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "is corrupt" in line and "sessionstate db repair" in line
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
