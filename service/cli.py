@@ -25,6 +25,7 @@ from service.walkthrough import walkthrough
 from store.evidence_chain import ChainCorrupt
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
+from store.signed_head import ChainUnverified
 
 ROLES = ("model-service", "operator", "auditor")
 DEFAULT_TOKEN_TTL = 3600
@@ -83,7 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--tenant", help="only this tenant's entries")
     tail = review.add_parser("tail", help="the newest entries, one JSON a line")
     tail.add_argument("-n", type=_positive, default=10, help="how many (default 10)")
-    review.add_parser("checkpoint", help="print a signed checkpoint of the head, to keep")
+    review.add_parser(
+        "checkpoint", help="verify the chain, then print a signed checkpoint of its head, to keep"
+    )
+    bundle = review.add_parser(
+        "bundle",
+        help="pack entries, a signed checkpoint and a verifier into a .tar.gz anyone can check",
+    )
+    bundle.add_argument("--out", type=Path, required=True, help="the .tar.gz to write")
+    bundle.add_argument("--tenant", help="only this tenant's entries (else every tenant's)")
+    bundle.add_argument("--since", help="evaluated at or after this RFC 3339 time (with a zone)")
+    bundle.add_argument("--until", help="evaluated before this RFC 3339 time (with a zone)")
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
     )
@@ -169,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
+    except ChainUnverified as error:
+        print(f"sessionstate: {error}", file=sys.stderr)
+        return 1
     except ChainCorrupt:
         print(
             "sessionstate: the decision log's newest entry or anchor does not read; "
@@ -231,6 +245,17 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
     elif args.review == "checkpoint":
         print(decision_review.checkpoint(data_dir).model_dump_json())
+    elif args.review == "bundle":
+        made = decision_review.bundle(data_dir, args.out, args.tenant, args.since, args.until)
+        print(
+            json.dumps(
+                {
+                    "out": str(args.out),
+                    "entries": made.entries,
+                    "checkpoint": made.checkpoint.model_dump(),
+                }
+            )
+        )
     elif args.review == "export":
         for line in decision_review.export_lines(data_dir, args.tenant):
             print(line)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import (
@@ -34,6 +36,10 @@ KEY_ID_PATTERN = r"^ed25519:[0-9a-f]{16}$"
 SIGNATURE_PATTERN = r"^[A-Za-z0-9_-]{86}$"
 _SIGNATURE_RE = re.compile(SIGNATURE_PATTERN)
 _SEED_BYTES = 32
+# What an evidence bundle's manifest says it is. The key signs manifests as well as
+# checkpoints; a manifest always carries this field, so its signed bytes are never the
+# payload of a checkpoint (which is exactly four other fields), nor the reverse.
+BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
 
 
 class Checkpoint(BaseModel):
@@ -91,6 +97,13 @@ class CheckpointSigner:
             key_id=self.key_id,
             signature=_encode(self._key.sign(payload)),
         )
+
+    def sign_manifest(self, manifest: Mapping[str, Any]) -> tuple[bytes, bytes]:
+        """An evidence bundle's manifest as canonical JSON, and the Ed25519 signature of it."""
+        if manifest.get("kind") != BUNDLE_MANIFEST_KIND or manifest.get("key_id") != self.key_id:
+            raise ValueError("a manifest names its kind and this key")
+        payload = canonical_json(manifest)
+        return payload, self._key.sign(payload)
 
     def verifier(self) -> CheckpointVerifier:
         return CheckpointVerifier(self.public_key_pem)

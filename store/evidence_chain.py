@@ -305,6 +305,18 @@ class EvidenceChain:
             if entry is not None:
                 yield entry
 
+    def stored_entries(self, *, until_seq: int) -> Iterator[tuple[int, bytes]]:
+        """(seq, bytes exactly as stored) of each entry up to until_seq, oldest first.
+
+        For evidence that is re-hashed elsewhere; `verify` says whether the bytes hold.
+        """
+        for seq, stored in self._stored():
+            if seq is None:
+                continue
+            if seq > until_seq:
+                return
+            yield seq, stored
+
     def verify(
         self, checkpoint: Checkpoint | None = None, verifier: CheckpointVerifier | None = None
     ) -> ChainVerification:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import stat
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -12,8 +13,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import ValidationError
 
-from store.canonical import canonical_digest
-from store.chain_head import GENESIS_HASH, ChainHead
+from service.cli import main
+from store.canonical import canonical_digest, canonical_json
+from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import (
     KEY_FILE,
     Checkpoint,
@@ -21,7 +23,10 @@ from store.checkpoints import (
     CheckpointVerifier,
     checkpoint_payload,
 )
+from store.evidence_chain import EvidenceChain, entry_key
+from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
+from store.signed_head import ChainUnverified, verified_checkpoint
 
 ISSUED = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 HEAD = ChainHead(seq=7, hash=canonical_digest({"entry": 7}))
@@ -215,3 +220,78 @@ def test_a_verifier_needs_an_ed25519_key() -> None:
     other = ec.generate_private_key(ec.SECP256R1()).public_key()
     with pytest.raises(ValueError, match="Ed25519"):
         CheckpointVerifier(other.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+
+
+# --- a checkpoint vouches only for a chain that verified -----------------------------------
+
+
+def _data_dir_with_chain(tmp_path: Path, entries: int = 8) -> Path:
+    """A stopped service's data dir, as far as the chain goes: `entries` decisions-like bodies."""
+    data_dir = tmp_path / "var"
+    lanes = LaneStore(data_dir / "leveldb")
+    EvidenceChain(lanes).append(
+        [
+            {"recorded_at": format_timestamp(ISSUED + timedelta(seconds=n)), "n": n}
+            for n in range(entries)
+        ]
+    )
+    lanes.close()
+    return data_dir
+
+
+def _edit_entry(data_dir: Path, seq: int) -> None:
+    """Change an entry's content under its old hash, as an editor of the data dir would."""
+    lanes = LaneStore(data_dir / "leveldb")
+    entry = EvidenceChain(lanes).get(seq)
+    assert entry is not None
+    lanes.put(entry_key(seq), canonical_json({**entry, "n": "edited"}))
+    lanes.close()
+
+
+def test_the_offline_checkpoint_refuses_a_chain_that_does_not_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_dir = _data_dir_with_chain(tmp_path)
+    _edit_entry(data_dir, 5)
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(data_dir))
+    assert main(["decisions", "verify"]) == 1
+    verified = json.loads(capsys.readouterr().out)
+    assert (verified["problem"], verified["first_invalid_seq"]) == ("hash_mismatch", 5)
+
+    assert main(["decisions", "checkpoint"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # nothing a reviewer could keep
+    (line,) = err.splitlines()
+    assert "does not verify (hash_mismatch at seq 5)" in line
+    assert "no checkpoint is signed" in line
+    assert not (data_dir / SECRETS_DIR / KEY_FILE).exists()  # nothing was signed
+
+
+def test_the_offline_checkpoint_signs_the_head_that_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_dir = _data_dir_with_chain(tmp_path)
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(data_dir))
+    assert main(["decisions", "checkpoint"]) == 0
+    checkpoint = Checkpoint.model_validate_json(capsys.readouterr().out)
+    assert checkpoint.seq == 8
+    assert CheckpointSigner.from_data_dir(data_dir).verifier().verify(checkpoint)
+
+
+def test_every_path_to_a_checkpoint_shares_one_rule(tmp_path: Path) -> None:
+    """The API's verify and the offline command both sign through `verified_checkpoint`."""
+    data_dir = _data_dir_with_chain(tmp_path)
+    lanes = LaneStore(data_dir / "leveldb")
+    try:
+        result, checkpoint = verified_checkpoint(EvidenceChain(lanes), data_dir, ISSUED)
+        assert result.ok and checkpoint is not None
+        assert (checkpoint.seq, checkpoint.head_hash) == (result.head_seq, result.head_hash)
+        entry = EvidenceChain(lanes).get(3)
+        assert entry is not None
+        lanes.put(entry_key(3), canonical_json({**entry, "n": "edited"}))
+        result, checkpoint = verified_checkpoint(EvidenceChain(lanes), data_dir, ISSUED)
+        assert checkpoint is None
+        assert (result.problem, result.first_invalid_seq) == ("hash_mismatch", 3)
+        assert "(hash_mismatch at seq 3)" in str(ChainUnverified.of(result, "checkpoint"))
+    finally:
+        lanes.close()

@@ -213,6 +213,7 @@ def test_bad_queries_are_422(service: LiveService, query: str) -> None:
     answer = service.call("GET", f"{DECISIONS}?{query}", auditor(service))
     assert answer.status_code == 422
     assert answer.json()["errors"][0]["loc"][0] == "query"
+    assert answer.json()["detail"] == "The query string breaks the rules listed in `errors`."
 
 
 def test_one_entry_by_id(service: LiveService) -> None:
@@ -448,3 +449,12 @@ def test_a_listing_survives_a_tampered_entry_and_verify_names_it(service: LiveSe
     assert len(seqs) >= 5
     body = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
     assert (body["ok"], body["first_invalid_seq"]) == (False, victim["seq"])
+
+
+def test_a_body_that_breaks_the_rules_is_still_called_the_body(service: LiveService) -> None:
+    service.approve()
+    answer = service.call(
+        "PUT", service.session_path() + "/state", service.token(), json={"turns": "no"}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["detail"] == "The request body breaks the rules listed in `errors`."

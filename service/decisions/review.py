@@ -9,18 +9,24 @@ corrupt, not reviewed in part.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bundle
 from service.decisions.log import opa_event, prune_log
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import ChainVerification, EvidenceChain
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
+from store.signed_head import ChainUnverified, verified_checkpoint
 
 
 class ReviewError(RuntimeError):
@@ -90,9 +96,64 @@ def _verifier(data_dir: Path, public_key_file: Path | None) -> CheckpointVerifie
 
 
 def checkpoint(data_dir: Path) -> Checkpoint:
+    """A signed checkpoint of the head, only after the whole chain verified (as over HTTP).
+
+    Raises `ChainUnverified`, naming the first problem, for a chain that does not.
+    """
     with open_lanes(data_dir) as lanes:
-        head = EvidenceChain(lanes).head()
-    return CheckpointSigner.from_data_dir(data_dir).sign(head, datetime.now(UTC))
+        result, signed = verified_checkpoint(EvidenceChain(lanes), data_dir, datetime.now(UTC))
+    if signed is None:
+        raise ChainUnverified.of(result, "checkpoint")
+    return signed
+
+
+def bundle(
+    data_dir: Path,
+    out: Path,
+    tenant_id: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> EvidenceBundle:
+    """Write an evidence bundle to `out`, whole or not at all (`service.decisions.bundle`).
+
+    Refused, with `ChainUnverified`, for a chain that does not verify, as `checkpoint` is.
+    """
+    selection = _selection(tenant_id=tenant_id, since=since, until=until)
+    with open_lanes(data_dir) as lanes:
+        handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        try:
+            with os.fdopen(handle, "wb") as sink:
+                made = write_bundle(
+                    sink, EvidenceChain(lanes), data_dir, selection, datetime.now(UTC)
+                )
+                sink.flush()
+                os.fsync(sink.fileno())
+            os.replace(scratch, out)
+        except BaseException:
+            Path(scratch).unlink(missing_ok=True)
+            raise
+    return made
+
+
+_OPTION_HINTS = {  # what each option takes, as a reviewer would type it
+    "tenant_id": "--tenant: a tenant id",
+    "since": "--since: an RFC 3339 time with a time zone, e.g. 2026-01-01T00:00:00Z",
+    "until": "--until: an RFC 3339 time with a time zone, e.g. 2026-02-01T00:00:00Z",
+}
+
+
+def _selection(**values: str | None) -> BundleSelection:
+    """The bundle's selection from the command line; a bad value is named, never repeated."""
+    try:
+        return BundleSelection.model_validate(values)
+    except ValidationError as error:
+        hints = [
+            _OPTION_HINTS.get(
+                str(detail["loc"][0]) if detail["loc"] else "", "--until: after --since"
+            )
+            for detail in error.errors()
+        ]
+        raise ReviewError("invalid " + "; ".join(dict.fromkeys(hints))) from None
 
 
 def export_lines(data_dir: Path, tenant_id: str | None = None) -> Iterator[str]:

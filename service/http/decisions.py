@@ -25,10 +25,10 @@ from service.policy.gate import PolicyGate
 from service.policy.input import PolicyAction, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
-from store.chain_head import ChainHead
 from store.checkpoints import CheckpointSigner
 from store.keys import TenantResourceLane
 from store.scope import ScopeId
+from store.signed_head import verified_checkpoint
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
 
 bp = Blueprint("decisions", __name__)
@@ -199,12 +199,10 @@ def list_decisions() -> Response:
 def verify_decisions() -> Response:
     """Verify the whole chain; when it holds, hand out a signed checkpoint of that head."""
     trace, _ = audit_decision(authenticate())
-    result = context().journal.chain.verify()
-    signer = CheckpointSigner.from_data_dir(context().settings.data_dir)
-    checkpoint = None
-    if result.ok:  # a checkpoint vouches for a head; a broken chain gets none
-        verified = ChainHead(seq=result.head_seq, hash=result.head_hash)
-        checkpoint = signer.sign(verified, context().clock())
+    data_dir = context().settings.data_dir
+    # A checkpoint vouches for a head that verified; a broken chain gets none.
+    result, checkpoint = verified_checkpoint(context().journal.chain, data_dir, context().clock())
+    signer = CheckpointSigner.from_data_dir(data_dir)
     return json_response(
         DecisionVerifyResponse(
             ok=result.ok,

@@ -18,6 +18,8 @@ from store.reports import SessionStateWriteReport
 from store.violations import FieldViolation
 
 PROBLEM_TYPE_BASE = "urn:sessionstate:problem:"
+# `validation_failed` of a query string (every error under `query`) says so, not "body".
+QUERY_VALIDATION_DETAIL = "The query string breaks the rules listed in `errors`."
 
 DETAILS: dict[str, str] = {
     "token_missing": "The request needs an `Authorization: Bearer <token>` header.",
@@ -42,6 +44,8 @@ DETAILS: dict[str, str] = {
     "precondition_failed": "The stored state is not the version the request was based on.",
     "session_state_not_found": "No session state is stored for this scope.",
     "decision_not_found": "No decision with this id is in the decision log.",
+    "chain_unverified": "The decision log does not verify, so nothing is signed for it; "
+    "`GET /v1/decisions/verify` names the first problem.",
     "approval_not_found": "No such approval in this workspace.",
     "cross_site_request_rejected": "A sign-in or sign-out posted from another site is refused.",
     "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
@@ -83,9 +87,7 @@ class Problem(Exception):
             "type": PROBLEM_TYPE_BASE + self.reason,
             "title": HTTPStatus(self.status).phrase,
             "status": self.status,
-            "detail": DETAILS.get(
-                self.reason, "The policy denied the request; see `decision.reasons`."
-            ),
+            "detail": self.detail(),
             "reason": self.reason,
         }
         if self.errors:
@@ -95,6 +97,13 @@ class Problem(Exception):
         if self.write_report is not None:
             body["write_report"] = self.write_report.model_dump(mode="json")
         return body
+
+    def detail(self) -> str:
+        """Fixed text per reason; a query's validation errors are named as the query's."""
+        in_query = all(violation.loc[:1] == ("query",) for violation in self.errors)
+        if self.reason == "validation_failed" and self.errors and in_query:
+            return QUERY_VALIDATION_DETAIL
+        return DETAILS.get(self.reason, "The policy denied the request; see `decision.reasons`.")
 
     def response(self) -> Response:
         response = Response(

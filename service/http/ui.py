@@ -35,6 +35,7 @@ from service.http.decisions import (
     tenant_page,
 )
 from service.http.problems import DETAILS, Problem
+from service.http.ui_bundle import bundle_download
 from service.http.ui_chart import decision_chart
 from service.policy.input import PolicyAction
 from store.lanes import StoreOffline
@@ -65,6 +66,8 @@ _PAGE_DETAILS = {  # what the API's problem details say, in a reviewer's words
     "cross_tenant_scope_rejected": "The audit policy lets an auditor read the decisions "
     "of its own tenant only.",
     "cross_site_request_rejected": "Sign-in and sign-out are accepted from this page only.",
+    "chain_unverified": "The decision log does not verify, so no evidence bundle is signed "
+    "for it. The chain status on the decision log page names the first problem.",
 }
 _FILTER_HINTS = {
     "action": "one of the listed actions",
@@ -139,9 +142,10 @@ def decisions() -> Response:
     filters = Filters.from_args(request.args)
     query, problems = filters.query()
     page: list[DecisionLogEntry] = []
-    next_url = None
+    next_url = bundle_url = None
     chart = None
     if query is not None:
+        bundle_url = _with_query(url_for("ui.evidence_bundle"), filters.selection())
         rows, next_cursor = tenant_page(tenant, query)
         page = [DecisionLogEntry.model_validate(entry) for entry in rows]
         if next_cursor is not None:
@@ -158,9 +162,28 @@ def decisions() -> Response:
         problems=problems,
         page=page,
         next_url=next_url,
+        bundle_url=bundle_url,
         chart=chart,
     )
     return Response(body, status=200 if query is not None else 422)
+
+
+@bp.get("/evidence-bundle")
+def evidence_bundle() -> Response:
+    """The tenant's entries under the page's filters, with a signed checkpoint and a verifier.
+
+    Decided and logged like a page view; a broken chain gets no bundle (409), as it
+    gets no checkpoint. Filters that do not apply lead back to the page, which says why.
+    """
+    actor = _signed_in()
+    if actor is None:
+        return _sign_in_again()
+    filters = Filters.from_args(request.args)
+    query, _ = filters.query()
+    if query is None:
+        return _see_other(_with_query(url_for("ui.decisions"), filters.selection()))
+    trace, tenant = audit_decision(actor)
+    return bundle_download(trace, tenant, query)
 
 
 @bp.get("/decisions/<decision_id>")
@@ -224,6 +247,10 @@ def _security_headers(response: Response) -> Response:
 
 def _see_other(location: str) -> Response:
     return Response(status=303, headers={"Location": location})
+
+
+def _with_query(path: str, params: Mapping[str, str]) -> str:
+    return f"{path}?{urlencode(params)}" if params else path
 
 
 def _signed_in() -> Actor | None:
@@ -333,10 +360,14 @@ class Filters:
             return None, [f"until: {_FILTER_HINTS['until']}"]
         return query, []
 
+    def selection(self) -> dict[str, str]:
+        """The filters that select entries (not the page size or position), as sent."""
+        kept = {name: getattr(self, name) for name in ("action", "allow", "since", "until")}
+        return {name: value for name, value in kept.items() if value}
+
     def with_cursor(self, cursor: str) -> dict[str, str]:
         """Query parameters of the next page: these filters, that cursor."""
-        kept = {name: getattr(self, name) for name in ("action", "allow", "since", "until")}
-        return {**{k: v for k, v in kept.items() if v}, "limit": self.limit, "cursor": cursor}
+        return {**self.selection(), "limit": self.limit, "cursor": cursor}
 
 
 def _when(evaluated_at: str) -> str:

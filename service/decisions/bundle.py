@@ -1,0 +1,225 @@
+"""Evidence bundles: a tenant's decision log entries, packed for a reviewer to verify anywhere.
+
+A bundle is one `.tar.gz` (tar and gzip are in every base system, unlike unzip,
+and `tar -xzf` works on Linux, macOS and Windows 10+) holding one directory:
+
+- `entries.ndjson`: the selected entries, byte for byte as stored, in chain order;
+- `checkpoint.json`: a checkpoint of the head the whole chain verified up to;
+- `manifest.json` and `manifest.sig`: the selection, that head and the `[seq, hash]`
+  of every entry, signed with the checkpoint key;
+- `public-key.pem`, `verify.py` (`service.decisions.bundle_verifier`) and `README.md`.
+
+The chain is global: a tenant's entries sit between other tenants'. Their links
+cannot be shipped without their content, so the signed manifest is what ties
+each shipped entry to the signed head; the README says so, and `verify.py` says
+which links it checked by content and which rest on the signature.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from tempfile import SpooledTemporaryFile
+from typing import IO, Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
+
+from service.policy.input import PolicyAction
+from store.canonical import canonical_digest, canonical_json
+from store.chain_head import format_timestamp
+from store.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
+from store.evidence_chain import EvidenceChain, parse_entry
+from store.scope import ScopeId
+from store.signed_head import ChainUnverified, verified_checkpoint
+
+VERIFIER = Path(__file__).with_name("bundle_verifier.py")
+_SPOOL_BYTES = 8 << 20  # entries beyond this go to a temporary file, not memory
+_README = Environment(
+    loader=PackageLoader("service", "templates"),
+    autoescape=False,  # noqa: S701 (Markdown, never served as HTML)
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+).get_template("evidence/README.md")
+
+
+class BundleSelection(BaseModel):
+    """Which entries a bundle holds: one tenant's (or every tenant's), by decision, by time.
+
+    Times compare with `decision.evaluated_at`, as the API's filters do: `since`
+    inclusive, `until` exclusive.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    tenant_id: ScopeId | None = None
+    action: PolicyAction | None = None
+    allow: bool | None = None
+    since: AwareDatetime | None = None
+    until: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _until_after_since(self) -> BundleSelection:
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise ValueError("until must be after since")
+        return self
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        decision, target = _member(entry, "decision"), _member(entry, "target")
+        if self.tenant_id is not None and target.get("tenant_id") != self.tenant_id:
+            return False
+        if self.action is not None and decision.get("action") != self.action:
+            return False
+        if self.allow is not None and decision.get("allow") is not self.allow:
+            return False
+        if self.since is None and self.until is None:
+            return True
+        try:
+            evaluated = datetime.fromisoformat(decision["evaluated_at"])
+        except (KeyError, TypeError, ValueError):
+            return False  # no time to compare: not in any time range
+        if self.since is not None and evaluated < self.since:
+            return False
+        return self.until is None or evaluated < self.until
+
+    def document(self) -> dict[str, Any]:
+        """The selection as the manifest states it; times in the chain's own UTC form."""
+        return {
+            "tenant_id": self.tenant_id,
+            "action": self.action,
+            "allow": self.allow,
+            "since": None if self.since is None else format_timestamp(self.since),
+            "until": None if self.until is None else format_timestamp(self.until),
+        }
+
+
+def _member(entry: dict[str, Any], name: str) -> dict[str, Any]:
+    value = entry.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class EvidenceBundle:
+    """What was packed: the file name to offer, how many entries, and the checkpoint."""
+
+    name: str
+    entries: int
+    checkpoint: Checkpoint
+
+    @property
+    def file_name(self) -> str:
+        return self.name + ".tar.gz"
+
+
+def write_bundle(
+    sink: IO[bytes],
+    chain: EvidenceChain,
+    data_dir: Path,
+    selection: BundleSelection,
+    issued_at: datetime,
+) -> EvidenceBundle:
+    """Verify the whole chain, sign its head, and write the bundle of the selected entries.
+
+    Raises `ChainUnverified` (nothing written) when the chain does not verify, or when
+    an entry to ship no longer hashes to its hash.
+    """
+    result, checkpoint = verified_checkpoint(chain, data_dir, issued_at)
+    if checkpoint is None:
+        raise ChainUnverified.of(result, "evidence bundle")
+    signer = CheckpointSigner.from_data_dir(data_dir)
+    verified_from = result.head_seq - result.entries + 1
+    with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
+        listed: list[list[int | str]] = []
+        for seq, hash_, stored in _selected(chain, selection, checkpoint.seq):
+            staged.write(stored + b"\n")
+            listed.append([seq, hash_])
+        manifest = {
+            "kind": BUNDLE_MANIFEST_KIND,
+            "key_id": signer.key_id,
+            "issued_at": checkpoint.issued_at,
+            "head": {"seq": checkpoint.seq, "hash": checkpoint.head_hash},
+            "verified_from_seq": verified_from,
+            "selection": selection.document(),
+            "entries": listed,
+        }
+        signed, signature = signer.sign_manifest(manifest)
+        name = f"sessionstate-evidence-{selection.tenant_id or 'all'}-{checkpoint.seq}"
+        readme = _README.render(
+            tenant=f"`{selection.tenant_id}`" if selection.tenant_id else "every tenant",
+            selection=_describe(selection),
+            entries=len(listed),
+            first_seq=listed[0][0] if listed else None,
+            last_seq=listed[-1][0] if listed else None,
+            head_seq=checkpoint.seq,
+            head_hash=checkpoint.head_hash,
+            verified_from_seq=verified_from,
+            chain_entries=result.entries,
+            issued_at=checkpoint.issued_at,
+            key_id=signer.key_id,
+        )
+        files: list[tuple[str, IO[bytes], int]] = [
+            ("README.md", io.BytesIO(readme.encode()), 0o644),
+            ("verify.py", io.BytesIO(VERIFIER.read_bytes()), 0o755),
+            ("checkpoint.json", io.BytesIO(checkpoint.model_dump_json().encode() + b"\n"), 0o644),
+            ("manifest.json", io.BytesIO(signed), 0o644),
+            ("manifest.sig", io.BytesIO(signature), 0o644),
+            ("public-key.pem", io.BytesIO(signer.public_key_pem), 0o644),
+            ("entries.ndjson", staged, 0o644),
+        ]
+        _pack(sink, name, files, issued_at)
+    return EvidenceBundle(name=name, entries=len(listed), checkpoint=checkpoint)
+
+
+def _selected(
+    chain: EvidenceChain, selection: BundleSelection, head_seq: int
+) -> Iterator[tuple[int, str, bytes]]:
+    """(seq, hash, stored bytes) of each selected entry up to the head, re-checked as shipped."""
+    for seq, stored in chain.stored_entries(until_seq=head_seq):
+        entry = parse_entry(stored)
+        if entry is None:
+            raise ChainUnverified("entry_unreadable", seq, "evidence bundle")
+        if not selection.matches(entry):
+            continue
+        body = {name: value for name, value in entry.items() if name != "hash"}
+        try:
+            holds = canonical_json(entry) == stored and canonical_digest(body) == entry["hash"]
+        except Exception:  # no canonical form: the message may quote the content
+            holds = False
+        if not holds:
+            raise ChainUnverified("hash_mismatch", seq, "evidence bundle")
+        yield seq, entry["hash"], stored
+
+
+def _describe(selection: BundleSelection) -> str:
+    parts = []
+    if selection.action is not None:
+        parts.append(f"action `{selection.action}`")
+    if selection.allow is not None:
+        parts.append("allowed only" if selection.allow else "denied only")
+    document = selection.document()
+    if selection.since is not None:
+        parts.append(f"evaluated at or after {document['since']}")
+    if selection.until is not None:
+        parts.append(f"evaluated before {document['until']}")
+    return ", ".join(parts) or "every entry"
+
+
+def _pack(
+    sink: IO[bytes], name: str, files: list[tuple[str, IO[bytes], int]], issued_at: datetime
+) -> None:
+    """One directory of regular files, owned by no one, dated when the checkpoint was signed."""
+    mtime = int(issued_at.timestamp())
+    with tarfile.open(fileobj=sink, mode="w:gz") as archive:
+        folder = tarfile.TarInfo(name)
+        folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, mtime
+        archive.addfile(folder)
+        for member, content, mode in files:
+            size = content.seek(0, io.SEEK_END)
+            content.seek(0)
+            info = tarfile.TarInfo(f"{name}/{member}")
+            info.size, info.mode, info.mtime = size, mode, mtime
+            archive.addfile(info, content)

@@ -1,0 +1,419 @@
+"""Verify a sessionstate evidence bundle with Python's standard library and openssl alone.
+
+This file is shipped in every bundle as `verify.py`. Run it where the bundle was
+unpacked, with no sessionstate installed:
+
+    python3 -I verify.py [BUNDLE_DIR] [--public-key YOUR-PINNED-KEY.pem]
+
+It checks, and says, exactly this:
+
+1. `checkpoint.json` and `manifest.json` are signed by the Ed25519 key (checked by
+   `openssl pkeyutl`), both name that key, the same head and the same time.
+2. Every line of `entries.ndjson` is an entry in RFC 8785 canonical JSON, byte for
+   byte, whose `hash` is the sha256 of the canonical JSON of the rest of it.
+3. The entries are in chain order, at or below the signed head, and are exactly the
+   seqs and hashes the signed manifest lists: none edited, added, removed or moved.
+4. Entries with consecutive seqs link by content (`prev_hash`); an entry at seq 1
+   links to the genesis hash, and one at the head's seq has the head's hash.
+5. Every entry fits the selection the manifest states (tenant, action, time range).
+
+Entries of other tenants, or outside the selection, are not in the bundle: the
+links across them cannot be recomputed here, and rest on the manifest's signature.
+Without `--public-key`, the key shipped in the bundle is used, which proves only
+that the bundle is consistent: compare its key_id with the key you pinned.
+
+Exit 0: every check held. 1: a check failed. 2: it could not check (a file is
+missing, openssl is missing or older than 3.0). Needs Python 3.8 or later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
+GENESIS_HASH = "sha256:" + "0" * 64
+MAX_SAFE_INTEGER = 2**53 - 1  # RFC 8785 numbers are IEEE 754 doubles
+CHECKPOINT_FIELDS = ("head_hash", "issued_at", "key_id", "seq")
+# The DER of an Ed25519 SubjectPublicKeyInfo is these 12 bytes, then the 32-byte key.
+ED25519_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
+_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z")
+
+
+class Failed(Exception):
+    """A check that did not hold: the bundle is not what its signatures say."""
+
+
+class CannotCheck(Exception):
+    """A check that could not run here."""
+
+
+# --- RFC 8785 (JCS) canonical JSON, for the values JSON parsing gives ----------------------
+
+
+def canonical(value: Any) -> bytes:
+    """RFC 8785 bytes of a parsed JSON value; ValueError for what has no canonical form."""
+    return _canonical(value).encode("utf-8")  # a lone surrogate raises here
+
+
+def _canonical(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise ValueError("an integer beyond 2**53 has no canonical form")
+        return str(value)
+    if isinstance(value, float):
+        return _number(value)
+    if isinstance(value, str):
+        # json escapes exactly what RFC 8785 does: " \ \b \f \n \r \t, else \u00xx below 0x20.
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ",".join(_canonical(item) for item in value) + "]"
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda key: key.encode("utf-16-be"))  # by UTF-16 code units
+        members = (
+            json.dumps(key, ensure_ascii=False) + ":" + _canonical(value[key]) for key in keys
+        )
+        return "{" + ",".join(members) + "}"
+    raise ValueError("not a JSON value")
+
+
+def _number(value: float) -> str:
+    """ECMAScript's Number::toString, as RFC 8785 prescribes: the shortest digits that
+    round-trip (Python's repr finds the same), placed as JavaScript places them."""
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("NaN and Infinity are not JSON")
+    if value == 0:
+        return "0"
+    if value < 0:
+        return "-" + _number(-value)
+    mantissa, _, exponent = repr(value).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    figures = whole + fraction
+    significant = figures.lstrip("0")
+    # value == 0.<significant> * 10**point
+    point = len(whole) + int(exponent or 0) - (len(figures) - len(significant))
+    digits = significant.rstrip("0")
+    if len(digits) <= point <= 21:
+        return digits + "0" * (point - len(digits))
+    if 0 < point <= 21:
+        return digits[:point] + "." + digits[point:]
+    if -6 < point <= 0:
+        return "0." + "0" * -point + digits
+    power = point - 1
+    sign = "+" if power >= 0 else "-"
+    head = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+    return f"{head}e{sign}{abs(power)}"
+
+
+def parse(data: bytes, what: str) -> Any:
+    """One JSON document, strictly: UTF-8, no duplicate keys, no NaN or Infinity."""
+    try:
+        return json.loads(
+            data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant
+        )
+    except ValueError:
+        raise Failed(f"{what} is not one well-formed JSON document") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("duplicate key")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("NaN and Infinity are not JSON")
+
+
+def entry_hash(entry: dict[str, Any]) -> str:
+    """What an entry's `hash` must be: sha256 of the canonical JSON of the rest of it."""
+    body = {name: value for name, value in entry.items() if name != "hash"}
+    return "sha256:" + hashlib.sha256(canonical(body)).hexdigest()
+
+
+# --- signatures, with openssl --------------------------------------------------------------
+
+
+def key_id_of(public_key_pem: bytes) -> str:
+    """`ed25519:` and 16 hex of the sha256 of the raw key, as sessionstate names keys."""
+    text = public_key_pem.decode("ascii", "replace")
+    body = re.search(r"-----BEGIN PUBLIC KEY-----(.*?)-----END PUBLIC KEY-----", text, re.S)
+    try:
+        der = base64.b64decode("".join(body.group(1).split()), validate=True) if body else b""
+    except binascii.Error:
+        der = b""
+    if len(der) != 44 or not der.startswith(ED25519_SPKI_PREFIX):
+        raise CannotCheck("the public key is not an Ed25519 public key in PEM")
+    return "ed25519:" + hashlib.sha256(der[12:]).hexdigest()[:16]
+
+
+def openssl_verify(public_key: Path, payload: bytes, signature: bytes, what: str) -> None:
+    """Check an Ed25519 signature with `openssl pkeyutl -verify -rawin` (OpenSSL 3.0+)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise CannotCheck("openssl is not on PATH, so no signature can be checked here")
+    with tempfile.TemporaryDirectory() as scratch:
+        payload_file, signature_file = Path(scratch, "payload"), Path(scratch, "signature")
+        payload_file.write_bytes(payload)
+        signature_file.write_bytes(signature)
+        command = [openssl, "pkeyutl", "-verify", "-pubin", "-inkey", str(public_key)]
+        command += ["-rawin", "-in", str(payload_file), "-sigfile", str(signature_file)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603
+    if "Signature Verified Successfully" in done.stdout:
+        return
+    if "Signature Verification Failure" in done.stdout:
+        raise Failed(f"{what}: the signature does not verify with the public key")
+    said = (done.stderr.strip().splitlines() or ["no output"])[0]
+    raise CannotCheck(f"openssl could not check {what} (OpenSSL 3.0 or later is needed): {said}")
+
+
+# --- the bundle ----------------------------------------------------------------------------
+
+
+def read(bundle: Path, name: str) -> bytes:
+    try:
+        return (bundle / name).read_bytes()
+    except OSError:
+        raise CannotCheck(f"{name} is missing from {bundle}") from None
+
+
+def check_checkpoint(bundle: Path, key_file: Path, key_id: str) -> dict[str, Any]:
+    checkpoint = parse(read(bundle, "checkpoint.json"), "checkpoint.json")
+    if not isinstance(checkpoint, dict) or sorted(checkpoint) != sorted(
+        (*CHECKPOINT_FIELDS, "signature")
+    ):
+        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+    seq, head_hash = checkpoint["seq"], checkpoint["head_hash"]
+    if type(seq) is not int or seq < 0 or not isinstance(head_hash, str):
+        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+    if _HASH.fullmatch(head_hash) is None or not isinstance(checkpoint["issued_at"], str):
+        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+    if checkpoint["key_id"] != key_id:
+        raise Failed(f"checkpoint.json was signed by {checkpoint['key_id']}, not by {key_id}")
+    try:
+        signature = base64.urlsafe_b64decode(str(checkpoint["signature"]) + "==")
+    except (binascii.Error, ValueError):
+        raise Failed("checkpoint.json's signature is not base64url") from None
+    # The signed bytes: RFC 8785 canonical JSON of every field but the signature.
+    payload = canonical({name: checkpoint[name] for name in CHECKPOINT_FIELDS})
+    openssl_verify(key_file, payload, signature, "checkpoint.json")
+    return checkpoint
+
+
+def check_manifest(bundle: Path, key_file: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    signed = read(bundle, "manifest.json")
+    openssl_verify(key_file, signed, read(bundle, "manifest.sig"), "manifest.json")
+    manifest = parse(signed, "manifest.json")
+    if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
+        raise Failed(f"manifest.json is not a {MANIFEST_KIND} manifest")
+    head = manifest.get("head")
+    same = (
+        manifest.get("key_id") == checkpoint["key_id"]
+        and manifest.get("issued_at") == checkpoint["issued_at"]
+        and head == {"seq": checkpoint["seq"], "hash": checkpoint["head_hash"]}
+    )
+    if not same:
+        raise Failed("manifest.json and checkpoint.json name different heads, times or keys")
+    listed = manifest.get("entries")
+    if not isinstance(listed, list) or not all(_is_link(item) for item in listed):
+        raise Failed("manifest.json's entries are not [seq, hash] pairs")
+    if not isinstance(manifest.get("selection"), dict):
+        raise Failed("manifest.json states no selection")
+    if type(manifest.get("verified_from_seq")) is not int:
+        raise Failed("manifest.json states no verified_from_seq")
+    return manifest
+
+
+def _is_link(item: Any) -> bool:
+    return (
+        isinstance(item, list)
+        and len(item) == 2
+        and type(item[0]) is int
+        and isinstance(item[1], str)
+    )
+
+
+def check_entries(bundle: Path, manifest: dict[str, Any]) -> dict[str, int]:
+    """Each line's bytes, hash, order, links and selection; then the list against the manifest."""
+    data = read(bundle, "entries.ndjson")
+    if data and not data.endswith(b"\n"):
+        raise Failed("entries.ndjson does not end with a newline: it was cut")
+    head_seq, head_hash = manifest["head"]["seq"], manifest["head"]["hash"]
+    selection = manifest["selection"]
+    found: list[list[Any]] = []
+    linked = 0
+    previous: dict[str, Any] | None = None
+    for number, line in enumerate(data.splitlines(), start=1):
+        entry = parse(line, f"entries.ndjson line {number}")
+        if not isinstance(entry, dict):
+            raise Failed(f"entries.ndjson line {number} is not an entry")
+        seq, claimed = entry.get("seq"), entry.get("hash")
+        if type(seq) is not int or not isinstance(claimed, str) or _HASH.fullmatch(claimed) is None:
+            raise Failed(f"entries.ndjson line {number} is not an entry")
+        try:
+            exact = canonical(entry) == line
+            recomputed = entry_hash(entry)
+        except ValueError:
+            raise Failed(f"seq {seq}: its content has no canonical JSON form") from None
+        if not exact:
+            raise Failed(f"seq {seq}: not the canonical bytes the service stored")
+        if recomputed != claimed:
+            raise Failed(f"seq {seq}: its content does not hash to its hash (hash_mismatch)")
+        if previous is not None and seq <= previous["seq"]:
+            raise Failed(f"seq {seq}: out of chain order after seq {previous['seq']}")
+        if seq > head_seq or (seq == head_seq and claimed != head_hash):
+            raise Failed(f"seq {seq}: not on the chain up to the signed head")
+        if seq < manifest["verified_from_seq"]:
+            raise Failed(f"seq {seq}: below where the service verified the chain from")
+        if previous is not None and seq == previous["seq"] + 1:
+            if entry.get("prev_hash") != previous["hash"]:
+                raise Failed(f"seq {seq}: does not link to seq {seq - 1} (prev_hash_mismatch)")
+            linked += 1
+        if seq == 1 and entry.get("prev_hash") != GENESIS_HASH:
+            raise Failed("seq 1: does not link to the genesis hash (prev_hash_mismatch)")
+        why = outside(entry, selection)
+        if why is not None:
+            raise Failed(f"seq {seq}: outside the bundle's selection ({why})")
+        found.append([seq, claimed])
+        previous = entry
+    compare(found, manifest["entries"])
+    return {"entries": len(found), "linked": linked}
+
+
+def outside(entry: dict[str, Any], selection: dict[str, Any]) -> str | None:
+    """Why an entry does not fit the selection, or None when it does."""
+    decision, target = _member(entry, "decision"), _member(entry, "target")
+    tenant = selection.get("tenant_id")
+    if tenant is not None and target.get("tenant_id") != tenant:
+        return "another tenant"
+    if selection.get("action") is not None and decision.get("action") != selection["action"]:
+        return "another action"
+    if selection.get("allow") is not None and decision.get("allow") is not selection["allow"]:
+        return "another decision"
+    since, until = selection.get("since"), selection.get("until")
+    if since is None and until is None:
+        return None
+    evaluated = moment(decision.get("evaluated_at"))
+    if evaluated is None:
+        return "no evaluated_at to compare"
+    if since is not None and evaluated < _moment_of(since):
+        return "evaluated before since"
+    if until is not None and evaluated >= _moment_of(until):
+        return "evaluated at or after until"
+    return None
+
+
+def _member(entry: dict[str, Any], name: str) -> dict[str, Any]:
+    value = entry.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def moment(text: Any) -> tuple[int, ...] | None:
+    """An RFC 3339 UTC time ending in Z as comparable numbers (nanoseconds last)."""
+    match = _TIME.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    *fields, fraction = match.groups()
+    return (*(int(field) for field in fields), int((fraction or "").ljust(9, "0")))
+
+
+def _moment_of(text: Any) -> tuple[int, ...]:
+    value = moment(text)
+    if value is None:
+        raise Failed("manifest.json's selection has a time that is not RFC 3339 UTC")
+    return value
+
+
+def compare(found: list[list[Any]], listed: list[list[Any]]) -> None:
+    """The entries must be exactly the manifest's list: name the first difference."""
+    for index in range(max(len(found), len(listed))):
+        have = found[index] if index < len(found) else None
+        want = listed[index] if index < len(listed) else None
+        if have == want:
+            continue
+        if want is None or (have is not None and have[0] < want[0]):
+            raise Failed(f"seq {have[0] if have else '?'}: in entries.ndjson, not in the manifest")
+        if have is None or have[0] > want[0]:
+            raise Failed(f"seq {want[0]}: in the manifest, missing from entries.ndjson")
+        raise Failed(f"seq {have[0]}: its hash is not the one the manifest lists")
+
+
+def verify(bundle: Path, pinned: Path | None) -> list[str]:
+    """Every check, in order; what was shown, as lines. Raises Failed or CannotCheck."""
+    key_file = pinned if pinned is not None else bundle / "public-key.pem"
+    key_id = key_id_of(read(key_file.parent, key_file.name))
+    checkpoint = check_checkpoint(bundle, key_file, key_id)
+    manifest = check_manifest(bundle, key_file, checkpoint)
+    counts = check_entries(bundle, manifest)
+    entries, linked = counts["entries"], counts["linked"]
+    seqs = [item[0] for item in manifest["entries"]]
+    gaps = sum(1 for index in range(1, len(seqs)) if seqs[index] != seqs[index - 1] + 1)
+    head_seq = checkpoint["seq"]
+    if not seqs:
+        tail = f"no entries here; the signed head is seq {head_seq}"
+    elif seqs[-1] == head_seq:
+        tail = "the last entry here is the signed head"
+    elif seqs[-1] + 1 == head_seq:
+        tail = f"seq {head_seq} (the signed head) is not in this bundle"
+    else:
+        tail = f"seq {seqs[-1] + 1} to {head_seq} (the signed head) are not in this bundle"
+    selection = ", ".join(
+        f"{k} {v}" for k, v in sorted(manifest["selection"].items()) if v is not None
+    )
+    whose = (
+        "your pinned key" if pinned else "shipped in the bundle: compare with the key you pinned"
+    )
+    lines = [
+        f"key        {key_id}  ({whose})",
+        f"checkpoint head seq {checkpoint['seq']} {checkpoint['head_hash']}, issued "
+        f"{checkpoint['issued_at']}: signature verified",
+        "manifest   signature verified; same key, head and time as the checkpoint",
+        f"selection  {selection or 'every entry of the chain'}",
+        f"entries    {entries}: canonical bytes, each hash recomputed, exactly the manifest's list",
+        f"links      {linked} between consecutive seqs checked by prev_hash; {gaps} gaps cross "
+        "entries not in this bundle, and rest on the manifest's signature alone",
+        f"head       {tail}",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Verify a sessionstate evidence bundle.")
+    parser.add_argument("bundle", nargs="?", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--public-key", type=Path, help="the checkpoint key's PEM you pinned (else the bundle's)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        lines = verify(args.bundle, args.public_key)
+    except Failed as failure:
+        print(f"FAILED: {failure}", file=sys.stderr)
+        return 1
+    except CannotCheck as reason:
+        print(f"NOT CHECKED: {reason}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    print("VERIFIED (README.md says what this proves and what it does not)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
