@@ -478,3 +478,42 @@ def test_a_reviewer_signs_in_and_drills_down_in_chromium(
             assert errors == []  # e.g. nothing the CSP had to block
         finally:
             browser.close()
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_the_table_stays_inside_its_card_at_common_widths(
+    service: LiveService, chromium: str, width: int
+) -> None:
+    """Long subjects, ids and reasons wrap; no column spills out of the card."""
+    from playwright.sync_api import sync_playwright
+
+    long_ids = {"workspace": "w" * 60, "session": "s" * 60}
+    for n in range(4):
+        token = service.token(sub=f"{n}-" + "x" * 126, tenant="tenant-a", **long_ids)
+        service.call(
+            "GET", service.session_path(w=long_ids["workspace"], s="s" * 60) + "/state", token
+        )
+    service.call("GET", service.session_path() + "/state", service.token(tenant="tenant-b"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            context = browser.new_context(
+                java_script_enabled=False, viewport={"width": width, "height": 900}
+            )
+            context.add_cookies(
+                [{"name": "sessionstate_ui", "value": auditor(service), "url": service.url}]
+            )
+            page = context.new_page()
+            page.goto(service.url + UI)
+            card = page.locator("section[aria-label=Decisions]").bounding_box()
+            assert card is not None
+            for cell in page.locator("thead th, tbody td").all():
+                box = cell.bounding_box()
+                assert box is not None
+                assert box["x"] + box["width"] <= card["x"] + card["width"] + 0.5
+            page.screenshot(path=str(SCREENSHOTS / f"ui-decisions-{width}.png"), full_page=True)
+        finally:
+            browser.close()
