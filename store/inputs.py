@@ -17,7 +17,7 @@ from store.bounds import (
     MAX_CONTEXT_WINDOW,
     MAX_SOURCE_TRACE_IDS,
     MAX_TOKEN_ESTIMATE,
-    MAX_TURNS,
+    MAX_TURNS_PER_WRITE,
     Identifier,
     JsonInt,
     RawText,
@@ -111,7 +111,7 @@ class SessionStateInput(_Input):
     gene_anchors: AnchorList = Field(default_factory=list, max_length=MAX_ANCHORS_PER_LIST)
     retrieval_evidence: AnchorList = Field(default_factory=list, max_length=MAX_ANCHORS_PER_LIST)
     routing_evidence: AnchorList = Field(default_factory=list, max_length=MAX_ANCHORS_PER_LIST)
-    turns: list[SessionTurnInput] = Field(default_factory=list, max_length=MAX_TURNS)
+    turns: list[SessionTurnInput] = Field(default_factory=list, max_length=MAX_TURNS_PER_WRITE)
     source_trace_ids: list[Identifier] = Field(
         default_factory=list, max_length=MAX_SOURCE_TRACE_IDS
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -18,24 +18,50 @@ from store.canonical import canonical_json, sha256_digest
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
 from store.reasons import Blocker, CorruptionLabel
-from store.record import SessionStateRecord
+from store.record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
 from store.reports import SessionStateReadReport
 from store.scope import TenantScope
 from store.validation import record_blockers
 
 
 @dataclass(frozen=True)
+class BuiltOn:
+    """The stored version a record was built from: its state digest, or None if none was."""
+
+    version: str | None
+
+
+@dataclass(frozen=True)
 class Precondition:
-    """What the stored version must be for a write to go ahead (`If-Match`, `If-None-Match`)."""
+    """What the stored version must be for a write to go ahead (`If-Match`, `If-None-Match`).
+
+    `built_on` is the service's own condition, beside the client's: a record
+    whose summary extends the stored one is written only over that very version.
+    """
 
     if_match: str | None = None
     if_none_match_any: bool = False
+    built_on: BuiltOn | None = None
 
     def holds(self, current: str | None) -> bool:
         """`current` is the stored state digest; None when nothing is stored."""
+        if self.built_on is not None and self.built_on.version != current:
+            return False
         if self.if_none_match_any and current is not None:
             return False
         return self.if_match is None or self.if_match == current
+
+    def tied_to(self, version: str | None) -> Precondition:
+        """This precondition, holding only while `version` is the stored one."""
+        return replace(self, built_on=BuiltOn(version))
+
+
+@dataclass(frozen=True)
+class WriteBase:
+    """What a write builds on: the stored version (None: nothing) and its summary."""
+
+    version: str | None
+    compacted: CompactedTurns
 
 
 class PreconditionFailed(Exception):
@@ -69,6 +95,17 @@ class SessionStateStore:
         if stored is None:
             return None
         return read_report(scope, key.digest(), stored)
+
+    def base(self, scope: TenantScope) -> WriteBase:
+        """The stored version and its summary; a corrupt or v1 record has no summary."""
+        key = state_key(scope)
+        stored = self._lanes.get(key)
+        if stored is None:
+            return WriteBase(None, NO_COMPACTED_TURNS)
+        report = read_report(scope, key.digest(), stored)
+        if report.record is None:
+            return WriteBase(sha256_digest(stored), NO_COMPACTED_TURNS)
+        return WriteBase(report.record.state_digest, report.record.summary)
 
     def write(
         self,
