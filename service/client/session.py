@@ -249,10 +249,7 @@ class ModelServiceSession:
             except PreconditionFailed as conflict:
                 if attempt >= self.max_attempts:
                     raise
-                seen = self._compacted.count + len(self._base.turns)
-                self.load()
-                if conflict.attempts > 1 and self._may_have_compacted(pending, seen):
-                    raise
+                pending = self._after_conflict(pending, conflict)
                 continue
             except PolicyDenied as denied:
                 return self._preview_only(state, denied, attempt)
@@ -287,11 +284,27 @@ class ModelServiceSession:
             attempts=attempts,
         )
 
-    def _may_have_compacted(self, pending: Sequence[SessionTurnInput], seen: int) -> bool:
-        """Whether the record read compacted turns past the `seen` ones, and ours are not kept."""
+    def _after_conflict(
+        self, pending: Sequence[SessionTurnInput], conflict: PreconditionFailed
+    ) -> list[SessionTurnInput]:
+        """Re-read after a 412: the turns of `pending` still to write, matched by turn id.
+
+        Turns the held record kept are stored already (the fresh record may have
+        compacted them since): they are never sent again. If the fresh record
+        keeps any of the others, an attempt of ours landed with all of them.
+        """
+        held = {turn.turn_id for turn in self._base.turns}
+        seen = self._compacted.count + len(held)
+        self.load()
         kept = {turn.turn_id for turn in self._base.turns}
-        missing = any(turn.turn_id not in kept for turn in pending)
-        return missing and self._compacted.count > seen
+        new = [turn for turn in pending if turn.turn_id not in held]
+        if any(turn.turn_id in kept for turn in new):
+            return []
+        if new and conflict.attempts > 1 and self._compacted.count > seen:
+            # An attempt may have landed (its answer was lost) and turns we never saw were
+            # compacted since: ours could be among them. Sending them again could count twice.
+            raise conflict
+        return new
 
     def _adopt(self, record: SessionStateRecord) -> None:
         """Hold record as the stored version: digests only, with the configured profile."""
