@@ -9,6 +9,7 @@ Writes are compare-and-set on the current `state_digest`, synced to disk.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -74,6 +75,41 @@ class StoredWrite:
     key_digest: str
 
 
+class ParsedRecords:
+    """The last good record of each recently used session, kept with its exact stored bytes.
+
+    One exchange reads the same bytes several times (a load, a replay preview,
+    the base of the write, the journal's precondition check), and parsing and
+    checking a full window of turns is the dearest part of each. Parsing depends
+    on the scope and the bytes alone, so a record is reused only for the very
+    bytes it came from; anything else is parsed and checked afresh.
+    """
+
+    def __init__(self, sessions: int = 64) -> None:
+        self._sessions = sessions
+        self._records: OrderedDict[TenantScope, tuple[bytes, SessionStateRecord]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, scope: TenantScope, stored: bytes) -> SessionStateRecord | None:
+        with self._lock:
+            found = self._records.get(scope)
+            if found is None or found[0] != stored:
+                return None
+            self._records.move_to_end(scope)
+            return found[1]
+
+    def remember(self, record: SessionStateRecord, stored: bytes) -> None:
+        """Keep record as what `stored` parses to; only for bytes written or read good."""
+        with self._lock:
+            self._records[record.scope] = (stored, record)
+            self._records.move_to_end(record.scope)
+            while len(self._records) > self._sessions:
+                self._records.popitem(last=False)
+
+
+PARSED_RECORDS = ParsedRecords()
+
+
 def state_key(scope: TenantScope) -> LaneKey:
     return LaneKey(
         TenantResourceLane.SESSION_STATE, scope.tenant_id, scope.workspace_id, scope.session_id
@@ -123,10 +159,12 @@ class SessionStateStore:
             current = None if stored is None else stored_version(record.scope, key, stored)
             if not precondition.holds(current):
                 raise PreconditionFailed
+            encoded = canonical_json(record.to_json())
             with self._lanes.batch(sync=True) as batch:
-                batch.put(key, canonical_json(record.to_json()))
+                batch.put(key, encoded)
                 for extra_key, value in also:
                     batch.put(extra_key, value)
+            PARSED_RECORDS.remember(record, encoded)
         return StoredWrite(created=stored is None, key_digest=key.digest())
 
 
@@ -153,6 +191,18 @@ def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> str:
 
 
 def _parse(
+    scope: TenantScope, stored: bytes
+) -> tuple[SessionStateRecord | None, CorruptionLabel | None]:
+    known = PARSED_RECORDS.get(scope, stored)
+    if known is not None:
+        return known, None
+    record, label = _parse_afresh(scope, stored)
+    if record is not None:
+        PARSED_RECORDS.remember(record, stored)
+    return record, label
+
+
+def _parse_afresh(
     scope: TenantScope, stored: bytes
 ) -> tuple[SessionStateRecord | None, CorruptionLabel | None]:
     try:

@@ -169,7 +169,8 @@ class ModelServiceSession:
         self.last_decision = read.decision
         report = read.read_report
         if report.record is not None:
-            self._adopt(report.record)
+            if not (self._stored and report.record.state_digest == self._version):
+                self._adopt(report.record)  # (the version held needs no second conversion)
         elif self.replace_corrupt and report.error_digest is not None:
             self._base, self._stored, self._version = self.template, False, report.error_digest
             self._compacted = NO_COMPACTED_TURNS

@@ -28,7 +28,7 @@ from store.evidence_chain import EvidenceChain, seal
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
-from store.session_state import Precondition, state_key, stored_version
+from store.session_state import PARSED_RECORDS, Precondition, state_key, stored_version
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
@@ -209,7 +209,7 @@ class DecisionJournal:
             self._fail(batch, StoreOffline("the store is latched after a failed write"))
             return
         try:
-            sealed_entries, record_puts, head = self._prepare(batch)
+            sealed_entries, record_puts, written, head = self._prepare(batch)
             with self._lanes.batch(sync=True) as writes:
                 for key, value in record_puts:
                     writes.put(key, value)
@@ -223,6 +223,8 @@ class DecisionJournal:
             return
         self._head = head
         self.batches += 1
+        for record, encoded in written:  # what the next read of each session will find
+            PARSED_RECORDS.remember(record, encoded)
         for pending, sealed in zip(batch, sealed_entries, strict=True):
             pending.entry = sealed.entry
             pending.done.set()
@@ -235,10 +237,13 @@ class DecisionJournal:
 
     def _prepare(
         self, batch: list[_Pending]
-    ) -> tuple[list[Any], list[tuple[Any, bytes]], ChainHead]:
+    ) -> tuple[
+        list[Any], list[tuple[Any, bytes]], list[tuple[SessionStateRecord, bytes]], ChainHead
+    ]:
         """Decide each write against the state as the batch leaves it; date and seal the entries."""
         versions: dict[bytes, str | None] = {}
         record_puts = []
+        written = []
         recorded_at = format_timestamp(self._clock())
         bodies = []
         for pending in batch:
@@ -254,7 +259,9 @@ class DecisionJournal:
                     )
                 current = versions[encoded]
                 if pending.write.precondition.holds(current):
-                    record_puts.append((key, canonical_json(record.to_json())))
+                    value = canonical_json(record.to_json())
+                    record_puts.append((key, value))
+                    written.append((record, value))
                     versions[encoded] = record.state_digest
                     status, applied = (201 if current is None else 200), True
                 else:
@@ -263,7 +270,7 @@ class DecisionJournal:
             record_puts.extend(pending.puts)
             bodies.append(body)
         sealed_entries, head = seal(bodies, self._head)
-        return sealed_entries, record_puts, head
+        return sealed_entries, record_puts, written, head
 
 
 class RetentionTask:
