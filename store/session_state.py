@@ -26,6 +26,19 @@ from store.validation import record_blockers
 
 
 @dataclass(frozen=True)
+class StoredVersion:
+    """What is stored: its version (the state digest, a corrupt record's `error_digest`,
+    None for nothing) and its summary of compacted turns (empty for none, v1 or corrupt).
+    A write builds on it, and a precondition is checked against it."""
+
+    version: str | None
+    compacted: CompactedTurns = NO_COMPACTED_TURNS
+
+
+NOTHING_STORED = StoredVersion(None)
+
+
+@dataclass(frozen=True)
 class BuiltOn:
     """The stored version a record was built from: its state digest, or None if none was."""
 
@@ -36,33 +49,35 @@ class BuiltOn:
 class Precondition:
     """What the stored version must be for a write to go ahead (`If-Match`, `If-None-Match`).
 
-    `built_on` is the service's own condition, beside the client's: a record
-    whose summary extends the stored one is written only over that very version.
+    Beside the client's, the service's own conditions keep summaries exact (see
+    `extending`): `built_on`, the one version a record's summary extends, and
+    `replaces_no_summary`, for a record without one.
     """
 
     if_match: str | None = None
     if_none_match_any: bool = False
     built_on: BuiltOn | None = None
+    replaces_no_summary: bool = False
 
-    def holds(self, current: str | None) -> bool:
-        """`current` is the stored state digest; None when nothing is stored."""
-        if self.built_on is not None and self.built_on.version != current:
+    def holds(self, current: StoredVersion) -> bool:
+        if self.built_on is not None and self.built_on.version != current.version:
             return False
-        if self.if_none_match_any and current is not None:
+        if self.replaces_no_summary and current.compacted.count > 0:
             return False
-        return self.if_match is None or self.if_match == current
+        if self.if_none_match_any and current.version is not None:
+            return False
+        return self.if_match is None or self.if_match == current.version
 
-    def tied_to(self, version: str | None) -> Precondition:
-        """This precondition, holding only while `version` is the stored one."""
-        return replace(self, built_on=BuiltOn(version))
+    def extending(self, record: SessionStateRecord, base: StoredVersion) -> Precondition:
+        """This precondition, and the service's own for record, built on base.
 
-
-@dataclass(frozen=True)
-class WriteBase:
-    """What a write builds on: the stored version (None: nothing) and its summary."""
-
-    version: str | None
-    compacted: CompactedTurns
+        A record with a summary extends base's: it is written only while base is
+        the stored version (so no turn is compacted twice, and none a concurrent
+        writer compacted is lost). A record without one may replace no summary.
+        """
+        if record.summary.count > 0:
+            return replace(self, built_on=BuiltOn(base.version))
+        return replace(self, replaces_no_summary=True)
 
 
 class PreconditionFailed(Exception):
@@ -132,16 +147,11 @@ class SessionStateStore:
             return None
         return read_report(scope, key.digest(), stored)
 
-    def base(self, scope: TenantScope) -> WriteBase:
-        """The stored version and its summary; a corrupt or v1 record has no summary."""
+    def base(self, scope: TenantScope) -> StoredVersion:
+        """The stored version and its summary: what a write builds on."""
         key = state_key(scope)
         stored = self._lanes.get(key)
-        if stored is None:
-            return WriteBase(None, NO_COMPACTED_TURNS)
-        report = read_report(scope, key.digest(), stored)
-        if report.record is None:
-            return WriteBase(sha256_digest(stored), NO_COMPACTED_TURNS)
-        return WriteBase(report.record.state_digest, report.record.summary)
+        return NOTHING_STORED if stored is None else stored_version(scope, key, stored)
 
     def write(
         self,
@@ -156,7 +166,9 @@ class SessionStateStore:
         key = state_key(record.scope)
         with self._write_lock:
             stored = self._lanes.get(key)
-            current = None if stored is None else stored_version(record.scope, key, stored)
+            current = (
+                NOTHING_STORED if stored is None else stored_version(record.scope, key, stored)
+            )
             if not precondition.holds(current):
                 raise PreconditionFailed
             encoded = canonical_json(record.to_json())
@@ -182,12 +194,12 @@ def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionSt
     return SessionStateReadReport(key_digest=key_digest, record=record, corrupt=False)
 
 
-def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> str:
-    """The version a precondition compares against: a corrupt record's is its `error_digest`."""
+def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> StoredVersion:
+    """What preconditions compare against: a corrupt record's version is its `error_digest`."""
     report = read_report(scope, key.digest(), stored)
     if report.record is not None:
-        return report.record.state_digest
-    return sha256_digest(stored)
+        return StoredVersion(report.record.state_digest, report.record.summary)
+    return StoredVersion(sha256_digest(stored))
 
 
 def _parse(

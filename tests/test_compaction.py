@@ -28,9 +28,12 @@ from store.record import (
     compute_state_digest,
 )
 from store.session_state import (
+    NOTHING_STORED,
+    ParsedRecords,
     Precondition,
     PreconditionFailed,
     SessionStateStore,
+    StoredVersion,
     read_report,
     state_key,
 )
@@ -220,14 +223,29 @@ def test_a_v1_record_given_a_summary_on_disk_is_corrupt(digest_key: DigestKey) -
 # --- a write is tied to the version its summary extends -----------------------------------
 
 
-def test_a_tied_precondition_holds_only_over_its_version() -> None:
-    tied = Precondition().tied_to("sha256:" + "1" * 64)
-    assert tied.holds("sha256:" + "1" * 64)
-    assert not tied.holds("sha256:" + "2" * 64) and not tied.holds(None)
-    created = Precondition().tied_to(None)
-    assert created.holds(None) and not created.holds("sha256:" + "1" * 64)
-    both = Precondition(if_match="sha256:" + "2" * 64).tied_to("sha256:" + "1" * 64)
-    assert not both.holds("sha256:" + "1" * 64) and not both.holds("sha256:" + "2" * 64)
+ONE, TWO = StoredVersion("sha256:" + "1" * 64), StoredVersion("sha256:" + "2" * 64)
+SUMMARISED = StoredVersion(
+    "sha256:" + "3" * 64, CompactedTurns(count=1, token_estimate=0, digest=DIGEST)
+)
+
+
+def test_a_record_with_a_summary_is_written_only_over_the_version_it_extends(
+    digest_key: DigestKey,
+) -> None:
+    long = built(digest_key, turns(17), turns_kept=16)
+    tied = Precondition().extending(long, ONE)
+    assert tied.holds(ONE)
+    assert not tied.holds(TWO) and not tied.holds(NOTHING_STORED)
+    created = Precondition(if_none_match_any=True).extending(long, NOTHING_STORED)
+    assert created.holds(NOTHING_STORED) and not created.holds(ONE)
+    both = Precondition(if_match=TWO.version).extending(long, ONE)  # read ONE, named TWO
+    assert not both.holds(ONE) and not both.holds(TWO)
+
+
+def test_a_record_without_a_summary_never_replaces_one(digest_key: DigestKey) -> None:
+    short = Precondition().extending(built(digest_key, turns(2)), ONE)
+    assert short.holds(ONE) and short.holds(TWO) and short.holds(NOTHING_STORED)
+    assert not short.holds(SUMMARISED)  # a summary another writer made meanwhile stays
 
 
 def test_the_base_of_a_write_is_the_stored_version_and_its_summary(
@@ -261,14 +279,17 @@ def test_an_unconditional_write_tied_to_a_version_replaced_meanwhile_fails(
     state_store.write(theirs)  # another writer lands first, compacting the same two turns
     journal = DecisionJournal(lanes)
     try:
-        result = journal.record_write(entry("d-1"), mine, Precondition().tied_to(base.version))
+        unconditional = Precondition().extending(mine, base)
+        result = journal.record_write(entry("d-1"), mine, unconditional)
         assert result.applied is False and result.entry["outcome"]["status"] == 412
         with pytest.raises(PreconditionFailed):
-            state_store.write(mine, Precondition().tied_to(base.version))
+            state_store.write(mine, unconditional)
         fresh = state_store.base(scope())  # the retry builds on what is stored now
         kept = [turn.model_dump() for turn in theirs.turns]
         retried = built(digest_key, kept + history[20:], compacted=fresh.compacted, turns_kept=16)
-        again = journal.record_write(entry("d-2"), retried, Precondition().tied_to(fresh.version))
+        again = journal.record_write(
+            entry("d-2"), retried, Precondition().extending(retried, fresh)
+        )
         assert again.applied is True
     finally:
         journal.close()
@@ -285,3 +306,32 @@ def entry(decision_id: str) -> dict[str, Any]:
         "target": {"tenant_id": "tenant-a"},
         "input": {},
     }
+
+
+# --- one parse per exchange ---------------------------------------------------------------
+
+
+def test_a_record_is_parsed_once_for_the_same_bytes_and_afresh_for_others(
+    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+) -> None:
+    written = built(digest_key, turns(20), turns_kept=16)
+    state_store.write(written)
+    first, second = state_store.read(scope()), state_store.read(scope())
+    assert first is not None and second is not None
+    assert first.record is second.record is written  # the write left its record to be read
+    stored = lanes.get(state_key(scope()))
+    assert stored is not None
+    lanes.put(state_key(scope()), stored.replace(b'"count":4', b'"count":5'))
+    tampered = state_store.read(scope())
+    assert tampered is not None and tampered.corrupt is True
+    assert read_report(scope("tenant-b"), "sha256:" + "0" * 64, stored).corrupt is True
+
+
+def test_the_parsed_records_kept_are_bounded() -> None:
+    kept = ParsedRecords(sessions=2)
+    records = [record(DigestKey(b"k" * 32), scope(session=f"s-{n}")) for n in range(3)]
+    for one in records:
+        kept.remember(one, b"bytes of " + one.scope.session_id.encode())
+    assert kept.get(records[0].scope, b"bytes of s-0") is None
+    assert kept.get(records[2].scope, b"bytes of s-2") is records[2]
+    assert kept.get(records[2].scope, b"other bytes") is None

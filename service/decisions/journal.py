@@ -28,7 +28,14 @@ from store.evidence_chain import EvidenceChain, seal
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
-from store.session_state import PARSED_RECORDS, Precondition, state_key, stored_version
+from store.session_state import (
+    NOTHING_STORED,
+    PARSED_RECORDS,
+    Precondition,
+    StoredVersion,
+    state_key,
+    stored_version,
+)
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
@@ -241,7 +248,7 @@ class DecisionJournal:
         list[Any], list[tuple[Any, bytes]], list[tuple[SessionStateRecord, bytes]], ChainHead
     ]:
         """Decide each write against the state as the batch leaves it; date and seal the entries."""
-        versions: dict[bytes, str | None] = {}
+        versions: dict[bytes, StoredVersion] = {}
         record_puts = []
         written = []
         recorded_at = format_timestamp(self._clock())
@@ -255,15 +262,17 @@ class DecisionJournal:
                 if encoded not in versions:
                     stored = self._lanes.get(key)
                     versions[encoded] = (
-                        None if stored is None else stored_version(record.scope, key, stored)
+                        NOTHING_STORED
+                        if stored is None
+                        else stored_version(record.scope, key, stored)
                     )
                 current = versions[encoded]
                 if pending.write.precondition.holds(current):
                     value = canonical_json(record.to_json())
                     record_puts.append((key, value))
                     written.append((record, value))
-                    versions[encoded] = record.state_digest
-                    status, applied = (201 if current is None else 200), True
+                    versions[encoded] = StoredVersion(record.state_digest, record.summary)
+                    status, applied = (201 if current.version is None else 200), True
                 else:
                     status, applied = 412, False
                 body["outcome"] = {"status": status, "applied": applied, "approval_id": None}

@@ -26,7 +26,7 @@ from store.inputs import SessionStateInput
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 from store.scope import TenantScope
-from store.session_state import Precondition, WriteBase, state_key
+from store.session_state import Precondition, StoredVersion, state_key
 from store.validation import record_blockers
 from store.violations import InputRejected
 
@@ -65,7 +65,7 @@ def put_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     if blockers:  # the store's own gate, whatever a policy edit allows
         report = _write_report(scope, applied=False, requested=True, blocked=blockers)
         raise Problem(403, blockers[0], decision=trace, write_report=report)
-    written = journal_write(record, _tied_to_base(precondition, record, base))
+    written = journal_write(record, precondition.extending(record, base))
     if not written.applied:
         report = _write_report(
             scope, applied=False, requested=True, blocked=["precondition_failed"]
@@ -119,7 +119,7 @@ def replay_preview(tenant_id: str, workspace_id: str, session_id: str) -> Respon
     return json_response(ReplayPreviewResponse(preview=preview, decision=trace))
 
 
-def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, WriteBase]:
+def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, StoredVersion]:
     """The record the body makes over the stored version: its summary, extended by the overflow."""
     state = json_body(SessionStateInput)
     base = context().states.base(scope)
@@ -134,19 +134,6 @@ def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, WriteBase
     except InputRejected as rejected:
         raise Problem(422, "validation_failed", errors=rejected.violations) from None
     return record, base
-
-
-def _tied_to_base(
-    precondition: Precondition, record: SessionStateRecord, base: WriteBase
-) -> Precondition:
-    """A summary that extends the stored one is written over that version only, else 412.
-
-    So two writers never both extend one summary (a double count) and an
-    unconditional write never drops turns another writer compacted meanwhile.
-    """
-    if record.summary.count == 0:
-        return precondition
-    return precondition.tied_to(base.version)
 
 
 def _precondition() -> Precondition:
