@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -335,3 +337,27 @@ def test_the_parsed_records_kept_are_bounded() -> None:
     assert kept.get(records[0].scope, b"bytes of s-0") is None
     assert kept.get(records[2].scope, b"bytes of s-2") is records[2]
     assert kept.get(records[2].scope, b"other bytes") is None
+
+
+# --- the recipe docs/model-service.md gives -----------------------------------------------
+
+
+def test_the_documented_recipe_recomputes_the_summary_digest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "model-service.md").read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", page, re.DOTALL)
+    at = next(n for n, (kind, text) in enumerate(blocks) if "def summary_digest" in text)
+    assert blocks[at][0] == "python" and blocks[at + 1][0] == "text"
+    namespace: dict[str, Any] = {}
+    exec(blocks[at][1], namespace)
+    printed = capsys.readouterr().out.strip()
+    assert printed == blocks[at + 1][1].strip()
+    ours = extend(
+        NO_COMPACTED_TURNS, digests([t | {"token_estimate": 0} for t in namespace["turns"]])
+    )
+    assert printed == ours.digest
+    assert (
+        namespace["summary_digest"](turns(40))
+        == extend(NO_COMPACTED_TURNS, digests(turns(40))).digest
+    )
