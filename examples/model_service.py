@@ -5,7 +5,9 @@ load the session's state, preview the replay inputs, build the runtime request
 from them and the prompt, run the model, and commit the user and assistant
 turns. Only digests of the turns are stored, and only if the deployment, an
 operator's approval and the policy allow; otherwise the chat goes on
-preview-only. The transcript itself (step 5) stays in this process.
+preview-only. The transcript itself (step 5) stays in this process. A chat
+may go on for ever: the stored record keeps the newest turns and summarises
+the older ones, and each exchange sends only that window and the new turns.
 
     SVC=$(.venv/bin/sessionstate token --sub demo-model --role model-service \\
           --tenant acme --workspace support --session chat-1)
@@ -103,7 +105,8 @@ def describe(commit: CommitResult | None) -> str:
         return "state: untouched"
     turns = len(commit.record.turns)
     if commit.applied:
-        return f"state: stored {commit.state_digest} ({turns} turns)"
+        compacted = commit.record.summary.count
+        return f"state: stored {commit.state_digest} ({turns} turns kept, {compacted} compacted)"
     return f"state: preview-only ({turns} turns held); blocked: {', '.join(commit.blocked_reasons)}"
 
 

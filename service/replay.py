@@ -2,7 +2,10 @@
 
 The design note's Replay Preview: retrieval inputs come from memory-chain and
 retrieval anchors, routing inputs from the runtime profile and routing anchors,
-gene inputs from gene-chain anchors. The planner works on a record already read
+gene inputs from gene-chain anchors. Beside them it reports the history the
+record holds: the kept turns and the summary of the compacted ones (counts
+and token estimates), so a model service can budget its context without
+fetching the record. The planner works on a record already read
 (and authorised) by the caller; it never touches a store and, since a record
 holds no raw text, can emit none. A blocked preview carries reasons and no
 inputs at all.
@@ -19,7 +22,12 @@ from store.bounds import JsonInt
 from store.canonical import canonical_digest
 from store.digests import Digest
 from store.inputs import TaskProfile
-from store.record import SessionRuntimeProfile, SessionStateAnchor, SessionStateRecord
+from store.record import (
+    SessionRuntimeProfile,
+    SessionStateAnchor,
+    SessionStateRecord,
+    Sha256Digest,
+)
 
 DEFAULT_REPLAY_INPUTS = 16
 MAX_REPLAY_INPUTS = 256
@@ -68,6 +76,16 @@ class ReplayInput(_Shape):
         return self
 
 
+class ReplayHistory(_Shape):
+    """The turns behind a replay: those the record keeps, and the summary of older ones."""
+
+    kept_turns: int = Field(ge=0, description="turns the record keeps (its newest)")
+    kept_token_estimate: int = Field(ge=0)
+    compacted_turns: int = Field(ge=0, description="older turns, summarised")
+    compacted_token_estimate: int = Field(ge=0)
+    compacted_digest: Sha256Digest = Field(description="the summary's hash chain over them")
+
+
 class SessionReplayPreview(_Shape):
     """The replay preview of API.md: inputs and their combined digest, or why there are none."""
 
@@ -77,6 +95,7 @@ class SessionReplayPreview(_Shape):
     gene_inputs: list[ReplayInput]
     evidence_digest: Digest | None = Field(description="digest of the three lists; None if blocked")
     blocked_reasons: list[str]
+    history: ReplayHistory | None = Field(description="the record's turns; None if blocked")
     raw_payload_exposed: Literal[False] = False
     read_only: Literal[True] = True
     report_only: Literal[True] = True
@@ -94,7 +113,9 @@ class SessionReplayPlanner:
         routing = [_from_runtime_profile(record.runtime_profile)]
         routing += _from_anchors(record.routing_evidence)
         gene = _from_anchors(record.gene_anchors)
-        return _allowed(retrieval[:max_inputs], routing[:max_inputs], gene[:max_inputs])
+        return _allowed(
+            retrieval[:max_inputs], routing[:max_inputs], gene[:max_inputs], _history(record)
+        )
 
     @staticmethod
     def blocked(reasons: Sequence[str]) -> SessionReplayPreview:
@@ -106,11 +127,15 @@ class SessionReplayPlanner:
             gene_inputs=[],
             evidence_digest=None,
             blocked_reasons=sorted(set(reasons)),
+            history=None,
         )
 
 
 def _allowed(
-    retrieval: list[ReplayInput], routing: list[ReplayInput], gene: list[ReplayInput]
+    retrieval: list[ReplayInput],
+    routing: list[ReplayInput],
+    gene: list[ReplayInput],
+    history: ReplayHistory,
 ) -> SessionReplayPreview:
     lists = {"retrieval_inputs": retrieval, "routing_inputs": routing, "gene_inputs": gene}
     digest = canonical_digest(
@@ -123,6 +148,18 @@ def _allowed(
         gene_inputs=gene,
         evidence_digest=digest,
         blocked_reasons=[],
+        history=history,
+    )
+
+
+def _history(record: SessionStateRecord) -> ReplayHistory:
+    summary = record.summary
+    return ReplayHistory(
+        kept_turns=len(record.turns),
+        kept_token_estimate=sum(turn.token_estimate for turn in record.turns),
+        compacted_turns=summary.count,
+        compacted_token_estimate=summary.token_estimate,
+        compacted_digest=summary.digest,
     )
 
 

@@ -18,6 +18,8 @@ from annotated_types import Ge, Le
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from store.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "SESSIONSTATE_"
 # Read by other tools of the project, not by the service: never warned about.
@@ -61,6 +63,8 @@ class Settings(BaseSettings):
     # Per actor (token subject and tenant), in the `limits` notation; "off" disables.
     rate_limit: str = "500/second;15000/minute"
     denial_rate_limit: str = "20/minute"
+    # The window: a record keeps the newest turns; older ones go into its compacted summary.
+    max_turns_kept: int = Field(default=DEFAULT_TURNS_KEPT, ge=MIN_TURNS_KEPT, le=MAX_TURNS)
 
     def resolved_opa_bin(self) -> str:
         """The OPA binary for the local sidecar: configured, project-built, or on PATH."""

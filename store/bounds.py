@@ -9,7 +9,13 @@ from pydantic.config import JsonDict
 
 MAX_RAW_TEXT_CHARS = 65_536
 MAX_ANCHORS_PER_LIST = 256
-MAX_TURNS = 1_024
+MAX_TURNS = 1_024  # the most turns a record keeps (v1 records hold up to this many)
+# A write carries the turns a record keeps plus what is new, so it may hold twice as many:
+# a full record, even a v1 record of 1,024 turns, plus up to 1,024 new turns always fits.
+MAX_TURNS_PER_WRITE = 2 * MAX_TURNS
+MIN_TURNS_KEPT = 16  # bounds and default of SESSIONSTATE_MAX_TURNS_KEPT, the window
+DEFAULT_TURNS_KEPT = 256
+MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON reader (OPA, JavaScript) keeps exact
 MAX_SOURCE_TRACE_IDS = 64
 MAX_CONTEXT_WINDOW = 10_000_000
 MAX_TOKEN_ESTIMATE = 10_000_000

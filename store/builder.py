@@ -3,6 +3,8 @@
 Every raw text is digested under the digest key here and goes no further.
 Exact duplicates of an anchor or turn collapse to the first; two entries with
 the same id but different content are an input error, never a silent pick.
+Turns beyond the window (`turns_kept`) are compacted into the summary the
+record is based on (`store.compaction`); the caller never supplies a summary.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from store.bounds import DEFAULT_TURNS_KEPT
 from store.canonical import canonical_digest
+from store.compaction import compact
 from store.digests import DigestKey
 from store.inputs import SessionStateAnchorInput, SessionStateInput, SessionTurnInput
 from store.record import (
     ANCHOR_LISTS,
+    NO_COMPACTED_TURNS,
     RECORD_SCHEMA,
     AnchorKind,
+    CompactedTurns,
     SessionRuntimeProfile,
     SessionStateAnchor,
     SessionStateRecord,
@@ -31,9 +37,18 @@ T = TypeVar("T")
 
 
 def build_record(
-    scope: TenantScope, state: SessionStateInput, key: DigestKey
+    scope: TenantScope,
+    state: SessionStateInput,
+    key: DigestKey,
+    *,
+    compacted: CompactedTurns = NO_COMPACTED_TURNS,
+    turns_kept: int = DEFAULT_TURNS_KEPT,
 ) -> SessionStateRecord:
-    """The sanitized record for scope: digests and bounded metadata only."""
+    """The sanitized record for scope: digests and bounded metadata only.
+
+    `compacted` is the summary of the stored version this record replaces; the
+    oldest turns beyond `turns_kept` extend it, in order.
+    """
     violations: list[FieldViolation] = []
     profile = state.runtime_profile
     runtime_profile = SessionRuntimeProfile(
@@ -68,6 +83,7 @@ def build_record(
     )
     if violations:
         raise InputRejected(violations)
+    summary, kept = compact(compacted, turns, turns_kept)
     content = SessionStateRecord.model_construct(
         schema_=RECORD_SCHEMA,
         state_id=state.state_id or default_state_id(scope),
@@ -77,7 +93,8 @@ def build_record(
         gene_anchors=anchors["gene_anchors"],
         retrieval_evidence=anchors["retrieval_evidence"],
         routing_evidence=anchors["routing_evidence"],
-        turns=turns,
+        turns=kept,
+        compacted_turns=summary,
         source_trace_ids=list(dict.fromkeys(state.source_trace_ids)),
         raw_messages_stored=False,
         read_only=True,

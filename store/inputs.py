@@ -17,7 +17,7 @@ from store.bounds import (
     MAX_CONTEXT_WINDOW,
     MAX_SOURCE_TRACE_IDS,
     MAX_TOKEN_ESTIMATE,
-    MAX_TURNS,
+    MAX_TURNS_PER_WRITE,
     Identifier,
     JsonInt,
     RawText,
@@ -102,7 +102,8 @@ class SessionStateInput(_Input):
 
     Raw text (`payload`, `evidence`, `cancellation_anchor`) is digested and dropped.
     Exact duplicates of an anchor id (per list) or a turn id collapse to one; the
-    same id with different content is refused (`duplicate_id_conflict`).
+    same id with different content is refused (`duplicate_id_conflict`). There is
+    no summary of compacted turns here: only the service makes one.
     """
 
     state_id: Identifier | None = None
@@ -111,7 +112,14 @@ class SessionStateInput(_Input):
     gene_anchors: AnchorList = Field(default_factory=list, max_length=MAX_ANCHORS_PER_LIST)
     retrieval_evidence: AnchorList = Field(default_factory=list, max_length=MAX_ANCHORS_PER_LIST)
     routing_evidence: AnchorList = Field(default_factory=list, max_length=MAX_ANCHORS_PER_LIST)
-    turns: list[SessionTurnInput] = Field(default_factory=list, max_length=MAX_TURNS)
+    turns: list[SessionTurnInput] = Field(
+        default_factory=list,
+        max_length=MAX_TURNS_PER_WRITE,
+        description=(
+            "oldest first: the turns the stored record keeps, then the new ones; the service "
+            "folds the oldest beyond its window into the record's compacted_turns"
+        ),
+    )
     source_trace_ids: list[Identifier] = Field(
         default_factory=list, max_length=MAX_SOURCE_TRACE_IDS
     )

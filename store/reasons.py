@@ -14,6 +14,7 @@ class Blocker(StrEnum):
     PREVIEW_FLAGS_INVALID = "session_state_preview_flags_invalid"
     SCHEMA_MISMATCH = "session_state_schema_mismatch"
     DIGEST_MISMATCH = "session_state_digest_mismatch"
+    COMPACTED_TURNS_INVALID = "session_state_compacted_turns_invalid"
 
 
 class CorruptionLabel(StrEnum):

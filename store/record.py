@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from store.bounds import (
     MAX_ANCHORS_PER_LIST,
     MAX_CONTEXT_WINDOW,
+    MAX_SAFE_INTEGER,
     MAX_SOURCE_TRACE_IDS,
     MAX_TOKEN_ESTIMATE,
     MAX_TURNS,
@@ -21,7 +22,16 @@ from store.digests import Digest
 from store.inputs import TaskProfile, TurnRole
 from store.scope import TenantScope
 
-RECORD_SCHEMA = "sessionstate.record.v1"
+RECORD_SCHEMA = "sessionstate.record.v2"
+"""What every write produces: a record with `compacted_turns`."""
+RECORD_SCHEMA_V1 = "sessionstate.record.v1"
+"""Records written before compaction existed: no `compacted_turns`; they read as they are."""
+RECORD_SCHEMAS = (RECORD_SCHEMA_V1, RECORD_SCHEMA)
+
+GENESIS_DIGEST = "sha256:" + "0" * 64
+"""The summary digest of no compacted turns: where the hash chain starts."""
+
+Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
 class _Record(BaseModel):
@@ -68,6 +78,28 @@ class SessionTurnDigest(_Record):
     token_estimate: int = Field(ge=0, le=MAX_TOKEN_ESTIMATE)
 
 
+class CompactedTurns(_Record):
+    """The turns a record no longer keeps: how many, their token estimate, and a hash chain.
+
+    `digest` starts at `GENESIS_DIGEST` and takes each compacted turn in order
+    (see `store.compaction.chain_step`), so anyone holding the turns recomputes it.
+    """
+
+    count: int = Field(ge=0, le=MAX_SAFE_INTEGER)
+    token_estimate: int = Field(ge=0, le=MAX_SAFE_INTEGER)
+    digest: Sha256Digest
+
+
+NO_COMPACTED_TURNS = CompactedTurns(count=0, token_estimate=0, digest=GENESIS_DIGEST)
+
+
+def _present_when_set(schema: dict[str, Any]) -> None:
+    """Absent (never null) on v1 records: the published schema says 'optional', not 'nullable'."""
+    options = [option for option in schema.pop("anyOf") if option != {"type": "null"}]
+    schema.update(options[0])
+    schema.pop("default", None)
+
+
 Anchors = list[SessionStateAnchor]
 
 # Which anchor kind each list of the record holds.
@@ -91,6 +123,15 @@ class SessionStateRecord(_Record):
     retrieval_evidence: Anchors = Field(max_length=MAX_ANCHORS_PER_LIST)
     routing_evidence: Anchors = Field(max_length=MAX_ANCHORS_PER_LIST)
     turns: list[SessionTurnDigest] = Field(max_length=MAX_TURNS)
+    compacted_turns: CompactedTurns | None = Field(
+        default=None,
+        description=(
+            "the older turns the record no longer keeps in `turns` (always present in "
+            f"{RECORD_SCHEMA}; absent in {RECORD_SCHEMA_V1} records)"
+        ),
+        exclude_if=lambda summary: summary is None,
+        json_schema_extra=_present_when_set,
+    )
     source_trace_ids: list[Identifier] = Field(max_length=MAX_SOURCE_TRACE_IDS)
     raw_messages_stored: bool = False
     read_only: bool = True
@@ -110,6 +151,11 @@ class SessionStateRecord(_Record):
                     {"list": list_name, "kind": kind.value},
                 )
         return self
+
+    @property
+    def summary(self) -> CompactedTurns:
+        """The compacted turns; a v1 record has none."""
+        return NO_COMPACTED_TURNS if self.compacted_turns is None else self.compacted_turns
 
     def content(self) -> dict[str, Any]:
         """The record as JSON, without its `state_digest`: what the digest covers."""

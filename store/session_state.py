@@ -9,8 +9,9 @@ Writes are compare-and-set on the current `state_digest`, synced to disk.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -18,24 +19,65 @@ from store.canonical import canonical_json, sha256_digest
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
 from store.reasons import Blocker, CorruptionLabel
-from store.record import SessionStateRecord
+from store.record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
 from store.reports import SessionStateReadReport
 from store.scope import TenantScope
 from store.validation import record_blockers
 
 
 @dataclass(frozen=True)
+class StoredVersion:
+    """What is stored: its version (the state digest, a corrupt record's `error_digest`,
+    None for nothing) and its summary of compacted turns (empty for none, v1 or corrupt).
+    A write builds on it, and a precondition is checked against it."""
+
+    version: str | None
+    compacted: CompactedTurns = NO_COMPACTED_TURNS
+
+
+NOTHING_STORED = StoredVersion(None)
+
+
+@dataclass(frozen=True)
+class BuiltOn:
+    """The stored version a record was built from: its state digest, or None if none was."""
+
+    version: str | None
+
+
+@dataclass(frozen=True)
 class Precondition:
-    """What the stored version must be for a write to go ahead (`If-Match`, `If-None-Match`)."""
+    """What the stored version must be for a write to go ahead (`If-Match`, `If-None-Match`).
+
+    Beside the client's, the service's own conditions keep summaries exact (see
+    `extending`): `built_on`, the one version a record's summary extends, and
+    `replaces_no_summary`, for a record without one.
+    """
 
     if_match: str | None = None
     if_none_match_any: bool = False
+    built_on: BuiltOn | None = None
+    replaces_no_summary: bool = False
 
-    def holds(self, current: str | None) -> bool:
-        """`current` is the stored state digest; None when nothing is stored."""
-        if self.if_none_match_any and current is not None:
+    def holds(self, current: StoredVersion) -> bool:
+        if self.built_on is not None and self.built_on.version != current.version:
             return False
-        return self.if_match is None or self.if_match == current
+        if self.replaces_no_summary and current.compacted.count > 0:
+            return False
+        if self.if_none_match_any and current.version is not None:
+            return False
+        return self.if_match is None or self.if_match == current.version
+
+    def extending(self, record: SessionStateRecord, base: StoredVersion) -> Precondition:
+        """This precondition, and the service's own for record, built on base.
+
+        A record with a summary extends base's: it is written only while base is
+        the stored version (so no turn is compacted twice, and none a concurrent
+        writer compacted is lost). A record without one may replace no summary.
+        """
+        if record.summary.count > 0:
+            return replace(self, built_on=BuiltOn(base.version))
+        return replace(self, replaces_no_summary=True)
 
 
 class PreconditionFailed(Exception):
@@ -46,6 +88,41 @@ class PreconditionFailed(Exception):
 class StoredWrite:
     created: bool
     key_digest: str
+
+
+class ParsedRecords:
+    """The last good record of each recently used session, kept with its exact stored bytes.
+
+    One exchange reads the same bytes several times (a load, a replay preview,
+    the base of the write, the journal's precondition check), and parsing and
+    checking a full window of turns is the dearest part of each. Parsing depends
+    on the scope and the bytes alone, so a record is reused only for the very
+    bytes it came from; anything else is parsed and checked afresh.
+    """
+
+    def __init__(self, sessions: int = 64) -> None:
+        self._sessions = sessions
+        self._records: OrderedDict[TenantScope, tuple[bytes, SessionStateRecord]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, scope: TenantScope, stored: bytes) -> SessionStateRecord | None:
+        with self._lock:
+            found = self._records.get(scope)
+            if found is None or found[0] != stored:
+                return None
+            self._records.move_to_end(scope)
+            return found[1]
+
+    def remember(self, record: SessionStateRecord, stored: bytes) -> None:
+        """Keep record as what `stored` parses to; only for bytes written or read good."""
+        with self._lock:
+            self._records[record.scope] = (stored, record)
+            self._records.move_to_end(record.scope)
+            while len(self._records) > self._sessions:
+                self._records.popitem(last=False)
+
+
+PARSED_RECORDS = ParsedRecords()
 
 
 def state_key(scope: TenantScope) -> LaneKey:
@@ -70,6 +147,12 @@ class SessionStateStore:
             return None
         return read_report(scope, key.digest(), stored)
 
+    def base(self, scope: TenantScope) -> StoredVersion:
+        """The stored version and its summary: what a write builds on."""
+        key = state_key(scope)
+        stored = self._lanes.get(key)
+        return NOTHING_STORED if stored is None else stored_version(scope, key, stored)
+
     def write(
         self,
         record: SessionStateRecord,
@@ -83,13 +166,17 @@ class SessionStateStore:
         key = state_key(record.scope)
         with self._write_lock:
             stored = self._lanes.get(key)
-            current = None if stored is None else stored_version(record.scope, key, stored)
+            current = (
+                NOTHING_STORED if stored is None else stored_version(record.scope, key, stored)
+            )
             if not precondition.holds(current):
                 raise PreconditionFailed
+            encoded = canonical_json(record.to_json())
             with self._lanes.batch(sync=True) as batch:
-                batch.put(key, canonical_json(record.to_json()))
+                batch.put(key, encoded)
                 for extra_key, value in also:
                     batch.put(extra_key, value)
+            PARSED_RECORDS.remember(record, encoded)
         return StoredWrite(created=stored is None, key_digest=key.digest())
 
 
@@ -107,15 +194,27 @@ def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionSt
     return SessionStateReadReport(key_digest=key_digest, record=record, corrupt=False)
 
 
-def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> str:
-    """The version a precondition compares against: a corrupt record's is its `error_digest`."""
+def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> StoredVersion:
+    """What preconditions compare against: a corrupt record's version is its `error_digest`."""
     report = read_report(scope, key.digest(), stored)
     if report.record is not None:
-        return report.record.state_digest
-    return sha256_digest(stored)
+        return StoredVersion(report.record.state_digest, report.record.summary)
+    return StoredVersion(sha256_digest(stored))
 
 
 def _parse(
+    scope: TenantScope, stored: bytes
+) -> tuple[SessionStateRecord | None, CorruptionLabel | None]:
+    known = PARSED_RECORDS.get(scope, stored)
+    if known is not None:
+        return known, None
+    record, label = _parse_afresh(scope, stored)
+    if record is not None:
+        PARSED_RECORDS.remember(record, stored)
+    return record, label
+
+
+def _parse_afresh(
     scope: TenantScope, stored: bytes
 ) -> tuple[SessionStateRecord | None, CorruptionLabel | None]:
     try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.bounds import MAX_TURNS
 from store.builder import build_record
+from store.canonical import canonical_digest, canonical_json
 from store.digests import DigestKey
 from store.inputs import SessionStateInput
 from store.record import SessionStateRecord
@@ -51,3 +53,30 @@ def record(
     return build_record(
         target or scope(), SessionStateInput.model_validate(state_input(**overrides)), key
     )
+
+
+# Every member of a record as the v1 code path wrote it (before `compacted_turns`).
+V1_MEMBERS = {
+    "schema", "state_id", "scope", "runtime_profile", "memory_anchors", "gene_anchors",
+    "retrieval_evidence", "routing_evidence", "turns", "source_trace_ids",
+    "raw_messages_stored", "read_only", "report_only", "preview_only", "write_allowed",
+    "state_digest",
+}  # fmt: skip
+
+
+def v1_record_bytes(
+    key: DigestKey, target: TenantScope | None = None, **overrides: Any
+) -> tuple[bytes, str]:
+    """The bytes a v1 service stored for this input (up to 1,024 turns), and its state digest."""
+    built = build_record(
+        target or scope(),
+        SessionStateInput.model_validate(state_input(**overrides)),
+        key,
+        turns_kept=MAX_TURNS,
+    )
+    content = {name: value for name, value in built.content().items() if name != "compacted_turns"}
+    content["schema"] = "sessionstate.record.v1"
+    digest = canonical_digest(content)
+    stored = {**content, "state_digest": digest}
+    assert set(stored) == V1_MEMBERS
+    return canonical_json(stored), digest

@@ -9,7 +9,7 @@ from service.policy.input import PolicyInput
 NOW = 1_800_000_000
 SCOPE = {"tenant_id": "tenant-a", "workspace_id": "ws-1", "session_id": "chat-1"}
 RECORD = {
-    "schema": "sessionstate.record.v1",
+    "schema": "sessionstate.record.v2",
     "state_id": "state-1",
     "state_digest": "sha256:" + "ab" * 32,
     "digest_valid": True,
@@ -19,6 +19,7 @@ RECORD = {
         "retrieval_evidence": 0,
         "routing_evidence": 0,
         "turns": 2,
+        "compacted_turns": 0,
         "source_trace_ids": 1,
     },
     "flags": {

@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SMALL_RUNS = {
     "store_bench.py": ["--seconds", "0.05"],
+    "long_session_bench.py": [
+        "--turns", "20", "100", "--exchanges", "2", "--warmup", "1", "--window", "16",
+    ],
     "policy_bench.py": ["--requests", "5"],
     "decision_log_bench.py": ["--entries", "16", "--threads", "1", "4"],
     "slow_clients_bench.py": ["--seconds", "1", "--headers", "2", "--bodies", "2", "--pause", "0.5"],

@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
+
+import pytest
 
 from examples.model_service import EchoModelService, chat
 from service.auth import mint_token
@@ -14,7 +17,7 @@ from service.client import NotFound, SessionStateClient
 from store.record import SessionStateRecord
 from tests.factories import scope
 from tests.live import JWT_SECRET
-from tests.served import ROOT, Served
+from tests.served import ROOT, Served, start
 
 SCOPE = scope()
 
@@ -103,3 +106,40 @@ def test_without_an_approval_the_chat_goes_on_preview_only(served: Served) -> No
     with SessionStateClient(served.url, token("model-service")) as client:
         assert stored(client) is None
     assert canary.encode() not in stop(served)
+
+
+@pytest.mark.slow
+def test_a_2000_exchange_chat_runs_to_the_end(opa_bin: str, tmp_path: Path) -> None:
+    """Past the old 1,024-turn cap, with durable writes: a small window keeps the run short."""
+    served = start(opa_bin, tmp_path / "var", tmp_path, {"SESSIONSTATE_MAX_TURNS_KEPT": "16"})
+    try:
+        with SessionStateClient(served.url, token("operator")) as operator:
+            operator.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 600, "reason": "long"})
+        env = {
+            **os.environ,
+            "SESSIONSTATE_URL": served.url,
+            "SESSIONSTATE_TOKEN": token("model-service"),
+        }
+        cli = subprocess.run(
+            [sys.executable, "examples/model_service.py"],
+            input="".join(f"message {n}\n" for n in range(2000)),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        replies = cli.stdout.splitlines()
+        assert len(replies) == 2000
+        assert replies[-1].startswith("echo: message 1999 ")
+        assert replies[-1].endswith("3998 turns before]")
+        states = cli.stderr.splitlines()
+        assert len(states) == 2000 and all(line.startswith("state: stored ") for line in states)
+        assert states[-1].endswith("(16 turns kept, 3984 compacted)")
+        with SessionStateClient(served.url, token("model-service")) as client:
+            record = stored(client)
+        assert record is not None and len(record.turns) == 16
+        assert record.summary.count + len(record.turns) == 4000
+    finally:
+        stop(served)

@@ -28,7 +28,12 @@ def test_record_keeps_scope_profile_and_anchors_with_redacted_turn_digests(
     digest_key: DigestKey,
 ) -> None:
     built = record(digest_key).to_json()
-    assert built["schema"] == "sessionstate.record.v1"
+    assert built["schema"] == "sessionstate.record.v2"
+    assert built["compacted_turns"] == {
+        "count": 0,
+        "token_estimate": 0,
+        "digest": "sha256:" + "0" * 64,
+    }
     assert built["scope"] == {
         "tenant_id": "tenant-a",
         "workspace_id": "ws-1",

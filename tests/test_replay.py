@@ -9,9 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from service.replay import ReplayPreviewRequest, SessionReplayPlanner
+from store.builder import build_record
 from store.canonical import canonical_digest
 from store.digests import DigestKey
-from tests.factories import GENE_DIGEST, record, state_input
+from store.inputs import SessionStateInput
+from tests.factories import GENE_DIGEST, record, scope, state_input
 
 planner = SessionReplayPlanner()
 
@@ -158,7 +160,27 @@ def test_turns_and_traces_are_no_replay_inputs(digest_key: DigestKey) -> None:
         turns=[{"turn_id": "turn-9", "role": "user", "payload": "something else"}],
         source_trace_ids=["trace:other"],
     )
-    assert planner.preview(changed, 16) == before
+    after = planner.preview(changed, 16)
+    assert after.model_dump(exclude={"history"}) == before.model_dump(exclude={"history"})
+    assert after.history is not None and after.history.kept_turns == 1  # reported, not input
+
+
+def test_the_preview_reports_the_kept_turns_and_the_summary(digest_key: DigestKey) -> None:
+    turns = [
+        {"turn_id": f"turn-{n}", "role": "user", "payload_digest": GENE_DIGEST, "token_estimate": n}
+        for n in range(20)
+    ]
+    state = SessionStateInput.model_validate(state_input(turns=turns))
+    long = build_record(scope(), state, digest_key, turns_kept=16)
+    history = planner.preview(long, 16).history
+    assert history is not None
+    assert history.model_dump() == {
+        "kept_turns": 16,
+        "kept_token_estimate": sum(range(4, 20)),
+        "compacted_turns": 4,
+        "compacted_token_estimate": sum(range(4)),
+        "compacted_digest": long.summary.digest,
+    }
 
 
 def test_blocked_preview_has_reasons_and_no_inputs() -> None:
@@ -172,6 +194,7 @@ def test_blocked_preview_has_reasons_and_no_inputs() -> None:
         "gene_inputs": [],
         "evidence_digest": None,
         "blocked_reasons": ["role_not_permitted", "session_replay_cross_tenant_rejected"],
+        "history": None,
         "raw_payload_exposed": False,
         "read_only": True,
         "report_only": True,

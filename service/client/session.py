@@ -10,8 +10,12 @@
    once committed, and a product that needs transcripts keeps them elsewhere.
 
 The state held is a `SessionStateInput`: the stored record's anchors and
-turns as digests (with the session's configured runtime profile), plus the
-turns that could only be previewed, which the next allowed write stores.
+the turns it keeps, as digests (with the session's configured runtime
+profile), plus the turns that could only be previewed, which the next allowed
+write stores. A long session's record keeps only the newest turns (the
+service's window) and summarises older ones in `compacted_turns`; the session
+holds and sends that window plus what is new, never the whole history, so a
+turn costs the same at the 10,000th exchange as at the 10th.
 One session object serves one conversation at a time; it is not thread-safe.
 """
 
@@ -35,7 +39,13 @@ from service.replay import (
 from store.builder import estimate_tokens
 from store.digests import Digest, DigestKey
 from store.inputs import SessionStateAnchorInput, SessionStateInput, SessionTurnInput, TurnRole
-from store.record import SessionStateAnchor, SessionStateRecord, SessionTurnDigest
+from store.record import (
+    NO_COMPACTED_TURNS,
+    CompactedTurns,
+    SessionStateAnchor,
+    SessionStateRecord,
+    SessionTurnDigest,
+)
 from store.reports import SessionStateWriteReport
 from store.scope import TenantScope
 
@@ -53,8 +63,13 @@ class RuntimeRequest(BaseModel):
     gene_inputs: list[ReplayInput]
     evidence_digest: Digest | None = Field(description="the replay preview's; None if blocked")
     replay_blocked_reasons: list[str]
-    history_turns: int = Field(ge=0, description="turns the session holds before this one")
+    history_turns: int = Field(
+        ge=0, description="turns of the session before this one, compacted ones included"
+    )
     history_token_estimate: int = Field(ge=0)
+    compacted_turns: int = Field(
+        ge=0, description="of history_turns, those the record summarises and no longer keeps"
+    )
 
 
 class CommitResult(BaseModel):
@@ -106,12 +121,18 @@ class ModelServiceSession:
         self._base = template  # the stored record as input, or the template if none
         self._version: str | None = None  # what If-Match names; None: If-None-Match
         self._stored = False  # a readable record is stored
+        self._compacted = NO_COMPACTED_TURNS  # the summary of the record held
         self._unsaved: list[SessionTurnInput] = []  # previewed, not yet written
 
     @property
     def state(self) -> SessionStateInput:
         """The state held: the stored (or new) state plus the turns not yet written."""
         return _with_turns(self._base, self._unsaved)
+
+    @property
+    def compacted(self) -> CompactedTurns:
+        """The summary of the turns the stored record no longer keeps (count 0: none)."""
+        return self._compacted
 
     @property
     def version(self) -> str | None:
@@ -142,14 +163,17 @@ class ModelServiceSession:
         except NotFound:
             if self._stored:  # it was there: the store was reset under us; start over
                 self._base, self._stored = self.template, False
+                self._compacted = NO_COMPACTED_TURNS
             self._version = None
             return self.state
         self.last_decision = read.decision
         report = read.read_report
         if report.record is not None:
-            self._adopt(report.record)
+            if not (self._stored and report.record.state_digest == self._version):
+                self._adopt(report.record)  # (the version held needs no second conversion)
         elif self.replace_corrupt and report.error_digest is not None:
             self._base, self._stored, self._version = self.template, False, report.error_digest
+            self._compacted = NO_COMPACTED_TURNS
         else:
             raise CorruptState(report)
         return self.state
@@ -188,18 +212,26 @@ class ModelServiceSession:
             gene_inputs=preview.gene_inputs,
             evidence_digest=preview.evidence_digest,
             replay_blocked_reasons=preview.blocked_reasons,
-            history_turns=len(held),
-            history_token_estimate=sum(turn.token_estimate or 0 for turn in held),
+            history_turns=self._compacted.count + len(held),
+            history_token_estimate=self._compacted.token_estimate
+            + sum(turn.token_estimate or 0 for turn in held),
+            compacted_turns=self._compacted.count,
         )
 
     # Step 4
     def commit_turns(self, turns: Sequence[SessionTurnInput]) -> CommitResult:
         """Write the state with `turns` appended, if the policy allows; else preview it.
 
-        The write names the version held (`If-Match`, or `If-None-Match: *`). On
-        412 the session re-reads, appends its turns the fresh record lacks (by
-        turn id) and writes again, up to `max_attempts` writes; then the last
-        `PreconditionFailed` is raised. On 403 it previews instead and returns
+        The write names the version held (`If-Match`, or `If-None-Match: *`)
+        and carries the turns the record keeps plus the new ones; the service
+        compacts the oldest beyond its window. On 412 the session re-reads
+        (dropping turns the fresh record compacted), appends its turns the
+        fresh record lacks (by turn id) and writes again, up to `max_attempts`
+        writes; then the last `PreconditionFailed` is raised. It is raised at
+        once, too, when an earlier attempt of this write may have landed (its
+        answer was lost) and the fresh record compacted turns the session
+        never saw: its own turns could be among them, and sending them again
+        would count them twice. On 403 it previews instead and returns
         `applied=False` with every blocked reason: the turns stay held, as
         digests, and the next allowed write stores them.
         """
@@ -215,10 +247,10 @@ class ModelServiceSession:
                     if_match=self._version,
                     if_none_match=self._version is None,
                 )
-            except PreconditionFailed:
+            except PreconditionFailed as conflict:
                 if attempt >= self.max_attempts:
                     raise
-                self.load()
+                pending = self._after_conflict(pending, conflict)
                 continue
             except PolicyDenied as denied:
                 return self._preview_only(state, denied, attempt)
@@ -253,6 +285,28 @@ class ModelServiceSession:
             attempts=attempts,
         )
 
+    def _after_conflict(
+        self, pending: Sequence[SessionTurnInput], conflict: PreconditionFailed
+    ) -> list[SessionTurnInput]:
+        """Re-read after a 412: the turns of `pending` still to write, matched by turn id.
+
+        Turns the held record kept are stored already (the fresh record may have
+        compacted them since): they are never sent again. If the fresh record
+        keeps any of the others, an attempt of ours landed with all of them.
+        """
+        held = {turn.turn_id for turn in self._base.turns}
+        seen = self._compacted.count + len(held)
+        self.load()
+        kept = {turn.turn_id for turn in self._base.turns}
+        new = [turn for turn in pending if turn.turn_id not in held]
+        if any(turn.turn_id in kept for turn in new):
+            return []
+        if new and conflict.attempts > 1 and self._compacted.count > seen:
+            # An attempt may have landed (its answer was lost) and turns we never saw were
+            # compacted since: ours could be among them. Sending them again could count twice.
+            raise conflict
+        return new
+
     def _adopt(self, record: SessionStateRecord) -> None:
         """Hold record as the stored version: digests only, with the configured profile."""
         self._base = SessionStateInput(
@@ -267,6 +321,7 @@ class ModelServiceSession:
         )
         self._version = record.state_digest
         self._stored = True
+        self._compacted = record.summary
 
 
 def _with_turns(state: SessionStateInput, turns: Iterable[SessionTurnInput]) -> SessionStateInput:

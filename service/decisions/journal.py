@@ -28,7 +28,14 @@ from store.evidence_chain import EvidenceChain, seal
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
-from store.session_state import Precondition, state_key, stored_version
+from store.session_state import (
+    NOTHING_STORED,
+    PARSED_RECORDS,
+    Precondition,
+    StoredVersion,
+    state_key,
+    stored_version,
+)
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
@@ -209,7 +216,7 @@ class DecisionJournal:
             self._fail(batch, StoreOffline("the store is latched after a failed write"))
             return
         try:
-            sealed_entries, record_puts, head = self._prepare(batch)
+            sealed_entries, record_puts, written, head = self._prepare(batch)
             with self._lanes.batch(sync=True) as writes:
                 for key, value in record_puts:
                     writes.put(key, value)
@@ -223,6 +230,8 @@ class DecisionJournal:
             return
         self._head = head
         self.batches += 1
+        for record, encoded in written:  # what the next read of each session will find
+            PARSED_RECORDS.remember(record, encoded)
         for pending, sealed in zip(batch, sealed_entries, strict=True):
             pending.entry = sealed.entry
             pending.done.set()
@@ -235,10 +244,13 @@ class DecisionJournal:
 
     def _prepare(
         self, batch: list[_Pending]
-    ) -> tuple[list[Any], list[tuple[Any, bytes]], ChainHead]:
+    ) -> tuple[
+        list[Any], list[tuple[Any, bytes]], list[tuple[SessionStateRecord, bytes]], ChainHead
+    ]:
         """Decide each write against the state as the batch leaves it; date and seal the entries."""
-        versions: dict[bytes, str | None] = {}
+        versions: dict[bytes, StoredVersion] = {}
         record_puts = []
+        written = []
         recorded_at = format_timestamp(self._clock())
         bodies = []
         for pending in batch:
@@ -250,20 +262,24 @@ class DecisionJournal:
                 if encoded not in versions:
                     stored = self._lanes.get(key)
                     versions[encoded] = (
-                        None if stored is None else stored_version(record.scope, key, stored)
+                        NOTHING_STORED
+                        if stored is None
+                        else stored_version(record.scope, key, stored)
                     )
                 current = versions[encoded]
                 if pending.write.precondition.holds(current):
-                    record_puts.append((key, canonical_json(record.to_json())))
-                    versions[encoded] = record.state_digest
-                    status, applied = (201 if current is None else 200), True
+                    value = canonical_json(record.to_json())
+                    record_puts.append((key, value))
+                    written.append((record, value))
+                    versions[encoded] = StoredVersion(record.state_digest, record.summary)
+                    status, applied = (201 if current.version is None else 200), True
                 else:
                     status, applied = 412, False
                 body["outcome"] = {"status": status, "applied": applied, "approval_id": None}
             record_puts.extend(pending.puts)
             bodies.append(body)
         sealed_entries, head = seal(bodies, self._head)
-        return sealed_entries, record_puts, head
+        return sealed_entries, record_puts, written, head
 
 
 class RetentionTask:

@@ -26,7 +26,7 @@ from store.inputs import SessionStateInput
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 from store.scope import TenantScope
-from store.session_state import Precondition, state_key
+from store.session_state import Precondition, StoredVersion, state_key
 from store.validation import record_blockers
 from store.violations import InputRejected
 
@@ -40,7 +40,7 @@ def preview_state(tenant_id: str, workspace_id: str, session_id: str) -> Respons
     """Build the sanitized record and say what a write would do; never writes."""
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
-    record = _record_from_body(scope)
+    record, _ = _record_from_body(scope)
     approval = context().approvals.covering(scope, context().clock())
     trace = decide("preview", actor, target_of(scope), record=record, approval=approval)
     report = _write_report(scope, applied=False, requested=False, blocked=trace.reasons)
@@ -54,7 +54,7 @@ def put_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
     precondition = _precondition()
-    record = _record_from_body(scope)
+    record, base = _record_from_body(scope)
     approval = context().approvals.covering(scope, context().clock())
     trace = decide("write", actor, target_of(scope), record=record, approval=approval)
     PolicyGate.enforce(
@@ -65,7 +65,7 @@ def put_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     if blockers:  # the store's own gate, whatever a policy edit allows
         report = _write_report(scope, applied=False, requested=True, blocked=blockers)
         raise Problem(403, blockers[0], decision=trace, write_report=report)
-    written = journal_write(record, precondition)
+    written = journal_write(record, precondition.extending(record, base))
     if not written.applied:
         report = _write_report(
             scope, applied=False, requested=True, blocked=["precondition_failed"]
@@ -119,12 +119,21 @@ def replay_preview(tenant_id: str, workspace_id: str, session_id: str) -> Respon
     return json_response(ReplayPreviewResponse(preview=preview, decision=trace))
 
 
-def _record_from_body(scope: TenantScope) -> SessionStateRecord:
+def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, StoredVersion]:
+    """The record the body makes over the stored version: its summary, extended by the overflow."""
     state = json_body(SessionStateInput)
+    base = context().states.base(scope)
     try:
-        return build_record(scope, state, context().digest_key)
+        record = build_record(
+            scope,
+            state,
+            context().digest_key,
+            compacted=base.compacted,
+            turns_kept=context().settings.max_turns_kept,
+        )
     except InputRejected as rejected:
         raise Problem(422, "validation_failed", errors=rejected.violations) from None
+    return record, base
 
 
 def _precondition() -> Precondition:

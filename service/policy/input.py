@@ -79,7 +79,10 @@ class RecordCounts(_Strict):
     gene_anchors: int = Field(ge=0)
     retrieval_evidence: int = Field(ge=0)
     routing_evidence: int = Field(ge=0)
-    turns: int = Field(ge=0)
+    turns: int = Field(ge=0, description="turns the record keeps")
+    compacted_turns: int = Field(
+        ge=0, description="older turns summarised in `compacted_turns` (0 for a v1 record)"
+    )
     source_trace_ids: int = Field(ge=0)
 
 
@@ -173,6 +176,7 @@ def record_summary(record: SessionStateRecord) -> PolicyRecordSummary:
                 "retrieval_evidence": len(record.retrieval_evidence),
                 "routing_evidence": len(record.routing_evidence),
                 "turns": len(record.turns),
+                "compacted_turns": record.summary.count,
                 "source_trace_ids": len(record.source_trace_ids),
             },
             "flags": {

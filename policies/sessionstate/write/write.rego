@@ -65,7 +65,9 @@ _store_reasons contains "session_state_operator_approval_missing" if not _approv
 # and this gate alone reports it.
 _store_reasons contains "session_state_record_missing" if object.get(input, "record", null) == null
 
-_store_reasons contains "session_state_schema_mismatch" if input.record.schema != "sessionstate.record.v1"
+# v2 records carry a summary of compacted turns; v1 records (written before
+# compaction existed) are still read as they are, so both are known schemas.
+_store_reasons contains "session_state_schema_mismatch" if not input.record.schema in _record_schemas
 
 # A record must be anchored to memory and gene chains to be replayable.
 _store_reasons contains "session_state_memory_anchor_missing" if input.record.counts.memory_anchors == 0
@@ -88,6 +90,9 @@ _store_reasons contains "session_state_digest_mismatch" if input.record.digest_v
 
 # The service's own validation blockers pass through, so they always block a write.
 _store_reasons contains blocker if some blocker in input.record.blockers
+
+# The record schemas a write may carry.
+_record_schemas := {"sessionstate.record.v1", "sessionstate.record.v2"}
 
 # --- Operator approval ---
 

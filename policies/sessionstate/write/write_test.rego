@@ -31,7 +31,7 @@ valid_input := {
 		"revoked": false,
 	},
 	"record": {
-		"schema": "sessionstate.record.v1",
+		"schema": "sessionstate.record.v2",
 		"state_id": "state-1",
 		"state_digest": "sha256:0000000000000000000000000000000000000000000000000000000000000000",
 		"digest_valid": true,
@@ -41,6 +41,7 @@ valid_input := {
 			"retrieval_evidence": 0,
 			"routing_evidence": 0,
 			"turns": 2,
+			"compacted_turns": 0,
 			"source_trace_ids": 1,
 		},
 		"flags": {
@@ -201,9 +202,22 @@ test_write_without_record_rejected if {
 }
 
 test_record_schema_mismatch_rejected if {
-	changes := {"record": {"schema": "sessionstate.record.v2"}}
+	changes := {"record": {"schema": "sessionstate.record.v3"}}
 	decision := write.decision with input as object.union(valid_input, changes)
 	decision == denied(["session_state_schema_mismatch"])
+}
+
+test_v1_record_schema_still_known if {
+	changes := {"record": {"schema": "sessionstate.record.v1"}}
+	decision := write.decision with input as object.union(valid_input, changes)
+	decision == allowed
+}
+
+# However many turns a long session has compacted, its writes are decided the same.
+test_write_allowed_with_compacted_turns if {
+	changes := {"record": {"counts": {"turns": 256, "compacted_turns": 100000}}}
+	decision := write.decision with input as object.union(valid_input, changes)
+	decision == allowed
 }
 
 test_record_without_memory_anchor_rejected if {

@@ -1,0 +1,62 @@
+"""canonical_json is RFC 8785 exactly: its fast path for plain values agrees with `rfc8785`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import rfc8785
+from hypothesis import given
+from hypothesis import strategies as st
+
+from store.canonical import canonical_json
+
+TEXT = st.text(st.characters(exclude_categories=()))  # surrogates, controls, astral planes
+KEYS = st.one_of(
+    TEXT, st.text(st.characters(max_codepoint=0x7F)), st.sampled_from(["a", "é", "😀", "\ue000"])
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**60), max_value=2**60),
+    st.sampled_from([2**53 - 1, -(2**53 - 1), 2**53, -(2**53)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    TEXT,
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(KEYS, inner, max_size=5),
+    ),
+    max_leaves=30,
+)
+
+
+def reference(value: Any) -> bytes | type[BaseException]:
+    try:
+        return bytes(rfc8785.dumps(value))
+    except Exception as error:
+        return type(error)
+
+
+@given(VALUES)
+def test_canonical_json_is_rfc8785(value: Any) -> None:
+    expected = reference(value)
+    if isinstance(expected, bytes):
+        assert canonical_json(value) == expected
+    else:
+        try:
+            canonical_json(value)
+        except expected:
+            return
+        raise AssertionError("canonical_json encoded what rfc8785 refuses")
+
+
+def test_plain_values_and_the_rest_agree_on_known_cases() -> None:
+    for value in [
+        {"b": 1, "a": [True, None, 'x\u0000\u001f\u007f"\\\n'], "é": "ü", "😀": 1, "\ue000": 2},
+        {"n": 2**53 - 1, "f": 1.0, "e": 1e21, "s": "😀"},
+        ("t", 1),
+    ]:
+        assert canonical_json(value) == rfc8785.dumps(value)
