@@ -21,10 +21,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from service.decisions.log import decision_id_key, index_puts, prune_log
+from service.decisions.log import (
+    DecisionEntryBody,
+    DecisionOutcome,
+    decision_id_key,
+    index_puts,
+    prune_log,
+)
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
-from store.evidence_chain import EvidenceChain, seal
+from store.evidence_chain import EvidenceChain, SealedEntry, seal
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
@@ -51,12 +57,25 @@ class _StateWrite:
 
 @dataclass
 class _Pending:
-    body: dict[str, Any]
+    """One entry on its way to the chain, with what it changes if its decision allowed."""
+
+    body: DecisionEntryBody
+    status: int = 0  # of a write: decided at commit, by its precondition
+    approval_id: str | None = None
     write: _StateWrite | None = None
     puts: list[tuple[LaneKey, bytes]] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
+
+    def outcome(self, written: bool | None) -> DecisionOutcome:
+        """The entry's outcome, built here only: `written` is a write's precondition result
+        (None for any other entry, which is applied exactly when it has keys to store)."""
+        if written is None:
+            status, applied = self.status, bool(self.puts)
+        else:
+            status, applied = (self.status, True) if written else (412, False)
+        return DecisionOutcome(status=status, applied=applied, approval_id=self.approval_id)
 
 
 @dataclass(frozen=True)
@@ -99,15 +118,15 @@ class DecisionJournal:
         """The newest committed entry (kept in memory by the one writer)."""
         return self._head
 
-    def record(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Append one decision entry; returns it sealed, once it is on disk."""
-        pending = self._submit(_Pending(body))
+    def record(self, body: DecisionEntryBody, *, status: int) -> dict[str, Any]:
+        """Append one decision entry that changed nothing; returns it sealed, once on disk."""
+        pending = self._submit(_Pending(body, status))
         assert pending.entry is not None
         return pending.entry
 
     def record_effect(
         self,
-        body: dict[str, Any],
+        body: DecisionEntryBody,
         *,
         status: int,
         puts: Sequence[tuple[LaneKey, bytes]] = (),
@@ -117,24 +136,23 @@ class DecisionJournal:
 
         The outcome says `applied` exactly when there was something to store.
         """
-        outcome = {"status": status, "applied": bool(puts), "approval_id": approval_id}
-        pending = self._submit(_Pending(dict(body, outcome=outcome), puts=list(puts)))
+        pending = self._submit(_Pending(body, status, approval_id, puts=list(puts)))
         assert pending.entry is not None
         return pending.entry
 
     def record_write(
-        self, body: dict[str, Any], record: SessionStateRecord, precondition: Precondition
+        self, body: DecisionEntryBody, record: SessionStateRecord, precondition: Precondition
     ) -> WriteResult:
         """Store record if precondition holds at commit, with its entry, in one batch.
 
         The entry's outcome is set here: 201 created, 200 replaced, or 412 and
         not applied when the stored version moved on.
         """
-        pending = self._submit(_Pending(body, _StateWrite(record, precondition)))
+        pending = self._submit(_Pending(body, write=_StateWrite(record, precondition)))
         assert pending.entry is not None
-        outcome = pending.entry["outcome"]
+        outcome = DecisionOutcome.model_validate(pending.entry["outcome"])
         return WriteResult(
-            applied=bool(outcome["applied"]), created=outcome["status"] == 201, entry=pending.entry
+            applied=outcome.applied, created=outcome.status == 201, entry=pending.entry
         )
 
     def find(self, decision_id: str) -> dict[str, Any] | None:
@@ -213,9 +231,9 @@ class DecisionJournal:
             with self._lanes.batch(sync=True) as writes:
                 for key, value in record_puts:
                     writes.put(key, value)
-                for sealed in sealed_entries:
+                for pending, sealed in zip(batch, sealed_entries, strict=True):
                     writes.put(sealed.key, sealed.value)
-                    for index_key, index_value in index_puts(sealed.entry):
+                    for index_key, index_value in index_puts(pending.body, sealed.seq):
                         writes.put(index_key, index_value)
         except Exception as error:  # nothing of this batch was acknowledged; each fails closed
             log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
@@ -235,14 +253,14 @@ class DecisionJournal:
 
     def _prepare(
         self, batch: list[_Pending]
-    ) -> tuple[list[Any], list[tuple[Any, bytes]], ChainHead]:
+    ) -> tuple[list[SealedEntry], list[tuple[LaneKey, bytes]], ChainHead]:
         """Decide each write against the state as the batch leaves it; date and seal the entries."""
         versions: dict[bytes, str | None] = {}
-        record_puts = []
+        record_puts: list[tuple[LaneKey, bytes]] = []
         recorded_at = format_timestamp(self._clock())
-        bodies = []
+        documents = []
         for pending in batch:
-            body = dict(pending.body, recorded_at=recorded_at)
+            written = None
             if pending.write is not None:
                 record = pending.write.record
                 key = state_key(record.scope)
@@ -253,16 +271,14 @@ class DecisionJournal:
                         None if stored is None else stored_version(record.scope, key, stored)
                     )
                 current = versions[encoded]
-                if pending.write.precondition.holds(current):
+                written = pending.write.precondition.holds(current)
+                if written:
                     record_puts.append((key, canonical_json(record.to_json())))
                     versions[encoded] = record.state_digest
-                    status, applied = (201 if current is None else 200), True
-                else:
-                    status, applied = 412, False
-                body["outcome"] = {"status": status, "applied": applied, "approval_id": None}
+                    pending.status = 201 if current is None else 200
             record_puts.extend(pending.puts)
-            bodies.append(body)
-        sealed_entries, head = seal(bodies, self._head)
+            documents.append(pending.body.sealable(pending.outcome(written), recorded_at))
+        sealed_entries, head = seal(documents, self._head)
         return sealed_entries, record_puts, head
 
 
