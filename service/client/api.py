@@ -19,6 +19,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 import httpx
 from pydantic import BaseModel
 
+from service import contract
 from service.approvals import ApprovalGrantInput
 from service.client.errors import (
     ServiceUnavailable,
@@ -26,27 +27,6 @@ from service.client.errors import (
     error_from_response,
 )
 from service.client.retries import NOTHING_DONE, RetryPolicy, parse_retry_after
-from service.contract import (
-    APPROVAL,
-    APPROVALS,
-    DECISION,
-    DECISION_ID_HEADER,
-    DECISIONS,
-    DECISIONS_EXPORT,
-    DECISIONS_VERIFY,
-    HEALTHZ,
-    IF_MATCH,
-    IF_NONE_MATCH,
-    METRICS,
-    OPENAPI,
-    READYZ,
-    REPLAY_PREVIEW,
-    REQUEST_ID,
-    RETRY_AFTER,
-    STATE,
-    STATE_PREVIEW,
-    fill,
-)
 from service.decisions.log import DecisionLogEntry
 from service.policy.input import PolicyAction
 from service.wire import (
@@ -126,7 +106,9 @@ class SessionStateClient:
 
     def preview_state(self, scope: TenantScope, state: StateBody) -> SessionStateResponse:
         """`POST S/state/preview`: the sanitized record and what a write would do. Never writes."""
-        response = self._call("POST", _session(STATE_PREVIEW, scope), safe=True, body=state)
+        response = self._call(
+            "POST", _session(contract.STATE_PREVIEW, scope), safe=True, body=state
+        )
         return _model(response, SessionStateResponse)
 
     def put_state(
@@ -147,11 +129,11 @@ class SessionStateClient:
             raise ValueError("send If-Match or If-None-Match, not both")
         headers = {}
         if if_match is not None:
-            headers[IF_MATCH] = if_match if if_match.startswith('"') else f'"{if_match}"'
+            headers[contract.IF_MATCH] = if_match if if_match.startswith('"') else f'"{if_match}"'
         if if_none_match:
-            headers[IF_NONE_MATCH] = "*"
+            headers[contract.IF_NONE_MATCH] = "*"
         response = self._call(
-            "PUT", _session(STATE, scope), safe=bool(headers), body=state, headers=headers
+            "PUT", _session(contract.STATE, scope), safe=bool(headers), body=state, headers=headers
         )
         return _model(response, SessionStateResponse)
 
@@ -160,14 +142,16 @@ class SessionStateClient:
 
         Raises `NotFound` when nothing is stored.
         """
-        return _model(self._call("GET", _session(STATE, scope)), SessionStateReadResponse)
+        return _model(self._call("GET", _session(contract.STATE, scope)), SessionStateReadResponse)
 
     def replay_preview(
         self, scope: TenantScope, max_inputs: int | None = None
     ) -> ReplayPreviewResponse:
         """`POST S/replay-preview`: replay inputs from digests (default 16 per list)."""
         body = {} if max_inputs is None else {"max_inputs": max_inputs}
-        response = self._call("POST", _session(REPLAY_PREVIEW, scope), safe=True, body=body)
+        response = self._call(
+            "POST", _session(contract.REPLAY_PREVIEW, scope), safe=True, body=body
+        )
         return _model(response, ReplayPreviewResponse)
 
     # --- approvals, for operators ----------------------------------------------------------
@@ -179,20 +163,20 @@ class SessionStateClient:
         grant: ApprovalGrantInput | Mapping[str, Any],
     ) -> ApprovalResponse:
         """`POST .../approvals` (201). Not retried on a connection failure: it may have landed."""
-        path = _workspace(APPROVALS, tenant_id, workspace_id)
+        path = _workspace(contract.APPROVALS, tenant_id, workspace_id)
         response = self._call("POST", path, safe=False, body=grant, ok=(201,))
         return _model(response, ApprovalResponse)
 
     def list_approvals(self, tenant_id: str, workspace_id: str) -> ApprovalListResponse:
         """`GET .../approvals`: the approvals in force."""
-        path = _workspace(APPROVALS, tenant_id, workspace_id)
+        path = _workspace(contract.APPROVALS, tenant_id, workspace_id)
         return _model(self._call("GET", path), ApprovalListResponse)
 
     def revoke_approval(self, tenant_id: str, workspace_id: str, approval_id: str) -> str:
         """`DELETE .../approvals/{id}` (204): revoked at once. Returns the decision id."""
-        path = _workspace(APPROVAL, tenant_id, workspace_id, approval_id=approval_id)
+        path = _workspace(contract.APPROVAL, tenant_id, workspace_id, approval_id=approval_id)
         response = self._call("DELETE", path, ok=(204,))
-        decision_id: str = response.headers.get(DECISION_ID_HEADER, "")
+        decision_id: str = response.headers.get(contract.DECISION_ID_HEADER, "")
         if not decision_id:
             raise _unexpected(response)
         return decision_id
@@ -212,7 +196,7 @@ class SessionStateClient:
             params["limit"] = str(limit)
         if cursor is not None:
             params["cursor"] = cursor
-        return _model(self._call("GET", DECISIONS, params=params), DecisionListResponse)
+        return _model(self._call("GET", contract.DECISIONS, params=params), DecisionListResponse)
 
     def iter_decisions(
         self, *, page_size: int | None = None, **filters: Unpack[DecisionFilters]
@@ -237,12 +221,12 @@ class SessionStateClient:
 
     def get_decision(self, decision_id: str) -> DecisionEntryResponse:
         """`GET /v1/decisions/{decision_id}`: one entry of the log."""
-        path = fill(DECISION, decision_id=decision_id)
+        path = contract.fill(contract.DECISION, decision_id=decision_id)
         return _model(self._call("GET", path), DecisionEntryResponse)
 
     def verify_decisions(self) -> DecisionVerifyResponse:
         """`GET /v1/decisions/verify`: the chain's state and a signed checkpoint to keep."""
-        return _model(self._call("GET", DECISIONS_VERIFY), DecisionVerifyResponse)
+        return _model(self._call("GET", contract.DECISIONS_VERIFY), DecisionVerifyResponse)
 
     def export_decisions(self, **filters: Unpack[DecisionFilters]) -> Iterator[dict[str, Any]]:
         """`GET /v1/decisions/export`: one OPA-style event a line, streamed.
@@ -250,7 +234,7 @@ class SessionStateClient:
         The request goes out when iteration starts; errors are raised from there.
         """
         params = _decision_params(filters)
-        response = self._call("GET", DECISIONS_EXPORT, params=params, stream=True)
+        response = self._call("GET", contract.DECISIONS_EXPORT, params=params, stream=True)
         try:
             for line in response.iter_lines():
                 if line.strip():
@@ -263,20 +247,22 @@ class SessionStateClient:
     # --- operations, for anyone ------------------------------------------------------------
 
     def healthz(self) -> Health:
-        return _model(self._call("GET", HEALTHZ, auth=False), Health)
+        return _model(self._call("GET", contract.HEALTHZ, auth=False), Health)
 
     def readyz(self) -> Readiness:
         """Readiness as reported: `ready` is False on a 503 answer, which is not retried."""
-        response = self._call("GET", READYZ, auth=False, ok=(200, 503), retry_refusals=False)
+        response = self._call(
+            "GET", contract.READYZ, auth=False, ok=(200, 503), retry_refusals=False
+        )
         return _model(response, Readiness)
 
     def metrics(self) -> str:
         """The Prometheus text exposition."""
-        return self._call("GET", METRICS, auth=False).text
+        return self._call("GET", contract.METRICS, auth=False).text
 
     def openapi(self) -> dict[str, Any]:
         """The OpenAPI 3.1 document."""
-        response = self._call("GET", OPENAPI, auth=False)
+        response = self._call("GET", contract.OPENAPI, auth=False)
         document = _json_document(response)
         if not isinstance(document, dict):
             raise _unexpected(response)
@@ -330,7 +316,7 @@ class SessionStateClient:
                 response.close()
                 wait = None
                 if response.status_code in NOTHING_DONE and retry_refusals:
-                    retry_after = parse_retry_after(response.headers.get(RETRY_AFTER))
+                    retry_after = parse_retry_after(response.headers.get(contract.RETRY_AFTER))
                     wait = self.retry_policy.wait(attempt, retry_after)
                 if wait is None:
                     raise error_from_response(response, attempts=attempt)
@@ -339,7 +325,7 @@ class SessionStateClient:
     def _headers(
         self, request_id: str, has_body: bool, auth: bool, extra: Mapping[str, str] | None
     ) -> dict[str, str]:
-        headers = {REQUEST_ID: request_id, **(extra or {})}
+        headers = {contract.REQUEST_ID: request_id, **(extra or {})}
         if has_body:
             headers["Content-Type"] = "application/json"
         token = self._token() if callable(self._token) else self._token
@@ -350,7 +336,7 @@ class SessionStateClient:
 
 def _session(path: str, scope: TenantScope) -> str:
     _check_scope_ids(scope.tenant_id, scope.workspace_id, scope.session_id)
-    return fill(
+    return contract.fill(
         path,
         tenant_id=scope.tenant_id,
         workspace_id=scope.workspace_id,
@@ -360,7 +346,7 @@ def _session(path: str, scope: TenantScope) -> str:
 
 def _workspace(path: str, tenant_id: str, workspace_id: str, **more: str) -> str:
     _check_scope_ids(tenant_id, workspace_id)
-    return fill(path, tenant_id=tenant_id, workspace_id=workspace_id, **more)
+    return contract.fill(path, tenant_id=tenant_id, workspace_id=workspace_id, **more)
 
 
 def _check_scope_ids(*ids: str) -> None:
@@ -420,7 +406,7 @@ def _unexpected(response: httpx.Response) -> UnexpectedResponse:
     return UnexpectedResponse(
         response.status_code,
         "response_not_in_contract",
-        request_id=response.headers.get(REQUEST_ID),
+        request_id=response.headers.get(contract.REQUEST_ID),
     )
 
 

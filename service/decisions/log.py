@@ -5,6 +5,10 @@ Every decision the service makes becomes one entry of the evidence chain
 policy input (which never holds raw text), and the outcome (HTTP status,
 whether anything was applied). Indexes by tenant and by decision id live in
 the `trace_index` lane and are written in the same batch as the entry.
+
+An entry is a `DecisionEntryBody` from the moment a request builds it until
+the journal gives it its outcome and the chain seals it; what the chain holds
+reads back as a `DecisionLogEntry` (`service.decisions.reader`).
 """
 
 from __future__ import annotations
