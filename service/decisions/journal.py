@@ -60,7 +60,7 @@ class _Pending:
     """One entry on its way to the chain, with what it changes if its decision allowed."""
 
     body: DecisionEntryBody
-    status: int = 0  # of a write: decided at commit, by its precondition
+    status: int = 0  # the answer's; a write's is decided at commit, by its precondition
     approval_id: str | None = None
     write: _StateWrite | None = None
     puts: list[tuple[LaneKey, bytes]] = field(default_factory=list)
@@ -68,13 +68,16 @@ class _Pending:
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
 
-    def outcome(self, written: bool | None) -> DecisionOutcome:
-        """The entry's outcome, built here only: `written` is a write's precondition result
-        (None for any other entry, which is applied exactly when it has keys to store)."""
-        if written is None:
+    def outcome(self, stored_version: str | None) -> DecisionOutcome:
+        """The entry's outcome, built here only. Any entry but a write is applied exactly
+        when it has keys to store; a write, when its precondition holds against the stored
+        version at commit (201 created, 200 replaced), else it is 412 and not applied."""
+        if self.write is None:
             status, applied = self.status, bool(self.puts)
+        elif self.write.precondition.holds(stored_version):
+            status, applied = (201 if stored_version is None else 200), True
         else:
-            status, applied = (self.status, True) if written else (412, False)
+            status, applied = 412, False
         return DecisionOutcome(status=status, applied=applied, approval_id=self.approval_id)
 
 
@@ -260,26 +263,26 @@ class DecisionJournal:
         recorded_at = format_timestamp(self._clock())
         documents = []
         for pending in batch:
-            written = None
-            if pending.write is not None:
-                record = pending.write.record
-                key = state_key(record.scope)
-                encoded = key.encode()
-                if encoded not in versions:
-                    stored = self._lanes.get(key)
-                    versions[encoded] = (
-                        None if stored is None else stored_version(record.scope, key, stored)
-                    )
-                current = versions[encoded]
-                written = pending.write.precondition.holds(current)
-                if written:
-                    record_puts.append((key, canonical_json(record.to_json())))
-                    versions[encoded] = record.state_digest
-                    pending.status = 201 if current is None else 200
+            write = pending.write
+            outcome = pending.outcome(None if write is None else self._version(write, versions))
+            if write is not None and outcome.applied:
+                key = state_key(write.record.scope)
+                record_puts.append((key, canonical_json(write.record.to_json())))
+                versions[key.encode()] = write.record.state_digest
             record_puts.extend(pending.puts)
-            documents.append(pending.body.sealable(pending.outcome(written), recorded_at))
+            documents.append(pending.body.sealable(outcome, recorded_at))
         sealed_entries, head = seal(documents, self._head)
         return sealed_entries, record_puts, head
+
+    def _version(self, write: _StateWrite, versions: dict[bytes, str | None]) -> str | None:
+        """The version of the write's record as the batch leaves it so far (None: absent)."""
+        scope = write.record.scope
+        key = state_key(scope)
+        encoded = key.encode()
+        if encoded not in versions:
+            stored = self._lanes.get(key)
+            versions[encoded] = None if stored is None else stored_version(scope, key, stored)
+        return versions[encoded]
 
 
 class RetentionTask:
