@@ -35,7 +35,6 @@ from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
 
 CONTEXT_KEY = "sessionstate"
-PENDING = "pending_decision"
 WriteReportOf = Callable[[DecisionTrace], SessionStateWriteReport]
 """What a refused write or preview reports, from the decision that refused it."""
 
@@ -99,14 +98,14 @@ def authorize(
         ctx.rate_limiter.charge_denial(actor, target)
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
-    setattr(g, PENDING, PendingDecision(entry_body(trace, policy_input, actor)))
+    g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor))
     PolicyGate.enforce(trace, write_report=None if write_report is None else write_report(trace))
     return trace
 
 
 def pending_decision() -> PendingDecision | None:
     """This request's decision, while it is not kept (or dropped) yet."""
-    pending = cast(PendingDecision | None, g.get(PENDING))
+    pending = cast(PendingDecision | None, g.get("pending_decision"))
     return None if pending is None or pending.settled else pending
 
 
