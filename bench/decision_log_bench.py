@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.auth import Actor
 from service.decisions.journal import DecisionJournal
-from service.decisions.log import DecisionOutcome, entry_body
+from service.decisions.log import DecisionEntryBody, DecisionOutcome, entry_body
 from service.policy.trace import DecisionEngine, DecisionTrace
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import GENESIS, format_timestamp
@@ -42,7 +42,10 @@ from tests.policy_inputs import allowed_input
 WARM_UP = 16  # entries written before the clock starts: the first sync creates files
 
 
-def write_body() -> dict[str, Any]:
+WRITTEN = DecisionOutcome(status=201, applied=True, approval_id=None)
+
+
+def write_body() -> DecisionEntryBody:
     """An allowed, applied write's entry body, before the chain seals and the journal dates it."""
     policy_input = allowed_input("write")
     trace = DecisionTrace(
@@ -64,14 +67,18 @@ def write_body() -> dict[str, Any]:
         workspace_id="ws-1",
         session_id="chat-1",
     )
-    return entry_body(
-        trace, policy_input, actor, DecisionOutcome(status=201, applied=True, approval_id=None)
-    )
+    return entry_body(trace, policy_input, actor)
 
 
-def fresh(template: dict[str, Any]) -> dict[str, Any]:
+def fresh(template: DecisionEntryBody) -> DecisionEntryBody:
     """template with its own decision id, as every decision has (the id index is keyed on it)."""
-    return {**template, "decision": {**template["decision"], "decision_id": str(uuid.uuid4())}}
+    decision = template.decision.model_copy(update={"decision_id": str(uuid.uuid4())})
+    return template.model_copy(update={"decision": decision})
+
+
+def sealable(template: DecisionEntryBody) -> dict[str, Any]:
+    """A fresh body as the journal hands it to the chain: with its outcome, dated now."""
+    return fresh(template).sealable(WRITTEN, format_timestamp(datetime.now(UTC)))
 
 
 @dataclass
@@ -122,16 +129,18 @@ def check_chain(name: str, chain: EvidenceChain, run: Run, expected: int) -> Non
 
 
 def journal_run(
-    tmp: Path, template: dict[str, Any], threads: int, per_thread: int
+    tmp: Path, template: DecisionEntryBody, threads: int, per_thread: int
 ) -> tuple[Run, float]:
     """Group commit: the run, and the average entries per synced batch."""
     lanes = LaneStore(tmp / f"journal-{threads}")
     journal = DecisionJournal(lanes)
     try:
         for _ in range(WARM_UP):
-            journal.record(fresh(template))
+            journal.record(fresh(template), status=WRITTEN.status)
         warm_batches = journal.batches
-        run = run_threads(threads, per_thread, lambda: journal.record(fresh(template)))
+        run = run_threads(
+            threads, per_thread, lambda: journal.record(fresh(template), status=WRITTEN.status)
+        )
         journal.close()
         timed_batches = journal.batches - warm_batches
         check_chain(f"journal T={threads}", journal.chain, run, WARM_UP + len(run.seqs))
@@ -141,15 +150,13 @@ def journal_run(
     return run, len(run.seqs) / timed_batches
 
 
-def synced_run(tmp: Path, template: dict[str, Any], threads: int, per_thread: int) -> Run:
+def synced_run(tmp: Path, template: DecisionEntryBody, threads: int, per_thread: int) -> Run:
     """Baseline: one synced `EvidenceChain.append` per entry."""
     lanes = LaneStore(tmp / f"synced-{threads}")
     chain = EvidenceChain(lanes)
 
     def append() -> dict[str, Any]:
-        body = fresh(template)
-        body["recorded_at"] = format_timestamp(datetime.now(UTC))  # the journal adds it itself
-        return chain.append([body])[0]
+        return chain.append([sealable(template)])[0]
 
     try:
         for _ in range(WARM_UP):
@@ -161,10 +168,9 @@ def synced_run(tmp: Path, template: dict[str, Any], threads: int, per_thread: in
     return run
 
 
-def seal_rate(template: dict[str, Any], count: int, batch: int = 32) -> float:
+def seal_rate(template: DecisionEntryBody, count: int, batch: int = 32) -> float:
     """Entries/s that `seal` alone chains, in batches of `batch`: CPU only, no disk."""
-    stamp = format_timestamp(datetime.now(UTC))
-    bodies = [dict(fresh(template), recorded_at=stamp) for _ in range(count)]
+    bodies = [sealable(template) for _ in range(count)]
     head, started = GENESIS, time.perf_counter()
     for at in range(0, count, batch):
         _, head = seal(bodies[at : at + batch], head)
@@ -186,7 +192,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     template = write_body()
-    size = len(canonical_json({**template, "recorded_at": format_timestamp(datetime.now(UTC))}))
+    size = len(canonical_json(sealable(template)))
 
     sealing = seal_rate(template, args.entries)
     rows = []

@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.policy.client import DECISION_PACKAGES, PolicyClient
+from service.contract import DECISION_PACKAGES
+from service.policy.client import PolicyClient
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from tests.policy_inputs import allowed_input

@@ -12,24 +12,17 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
+from service.contract import DOCS, OPENAPI, REQUEST_ID
 from service.decisions.journal import JournalClosed
 from service.http import approvals, decisions, ops, state, ui
 from service.http.body import MAX_BODY_BYTES
-from service.http.common import CONTEXT_KEY, context, journal_decision, unkept_decision
-from service.http.problems import Problem
+from service.http.common import CONTEXT_KEY, context, drop_decision, journal_decision
+from service.http.problems import REFUSALS, Problem, problem_of
+from service.reasons import Reason
 from store.lanes import StoreOffline
 
 log = logging.getLogger("sessionstate.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-DOCS_PATH = "/docs"
-OPENAPI_PATH = "/openapi.json"
-_HTTP_REASONS = {
-    400: "malformed_request",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "body_too_large",
-    415: "unsupported_media_type",
-}
 
 
 def create_app(ctx: ServiceContext) -> Flask:
@@ -39,25 +32,24 @@ def create_app(ctx: ServiceContext) -> Flask:
     for blueprint in (state.bp, approvals.bp, decisions.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.register_blueprint(
-        get_swaggerui_blueprint(DOCS_PATH, OPENAPI_PATH, config={"app_name": "sessionstate"})
+        get_swaggerui_blueprint(DOCS, OPENAPI, config={"app_name": "sessionstate"})
     )
     app.before_request(_begin)
     app.after_request(_finish)
-    app.register_error_handler(Problem, _problem)
-    app.register_error_handler(JournalClosed, _unkept)
-    app.register_error_handler(StoreOffline, _unkept)
-    app.register_error_handler(HTTPException, _http_error)
+    # Every answer that is an error is a problem document (`service.http.problems`).
+    for refusal in (Problem, HTTPException, *REFUSALS):
+        app.register_error_handler(refusal, _refused)
     app.register_error_handler(Exception, _unexpected)
     return app
 
 
 def _begin() -> None:
-    incoming = request.headers.get("X-Request-Id", "")
+    incoming = request.headers.get(REQUEST_ID, "")
     g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(8)
     g.started = time.perf_counter()
     # Over 1 MiB is refused before anything reads, authenticates or parses the body.
     if (request.content_length or 0) > MAX_BODY_BYTES:
-        raise Problem(413, "body_too_large")
+        raise Problem(Reason.BODY_TOO_LARGE)
 
 
 def _finish(response: Response) -> Response:
@@ -65,9 +57,9 @@ def _finish(response: Response) -> Response:
         journal_decision(response.status_code)
     except (JournalClosed, StoreOffline) as error:
         # A decision that cannot be kept is not answered: compliance needs every one.
-        response = _problem(unkept_decision(error))
+        response = _problem(problem_of(error))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-    response.headers["X-Request-Id"] = g.get("request_id", "")
+    response.headers[REQUEST_ID] = g.get("request_id", "")
     if not _is_public_document(request.path):
         # State, records, approvals and decisions (problems carry decisions too) must not
         # sit in a browser's or a proxy's cache; one rule for every answer keeps it so.
@@ -94,7 +86,7 @@ def _finish(response: Response) -> Response:
 
 def _is_public_document(path: str) -> bool:
     """The OpenAPI document and the Swagger UI's static assets: the same for everyone."""
-    return path in (OPENAPI_PATH, DOCS_PATH) or path.startswith(DOCS_PATH + "/")
+    return path in (OPENAPI, DOCS) or path.startswith(DOCS + "/")
 
 
 def _problem(problem: Problem) -> Response:
@@ -102,16 +94,10 @@ def _problem(problem: Problem) -> Response:
     return problem.response()
 
 
-def _unkept(error: Exception) -> Response:
-    g.pop("decision_entry", None)  # nothing was done, and the log cannot take it now
-    return _problem(unkept_decision(error))
-
-
-def _http_error(error: HTTPException) -> Response:
-    status = error.code or 500
-    # Keep what HTTP requires of the status, e.g. `Allow` on a 405.
-    kept = {name: value for name, value in error.get_headers() if name in {"Allow", "Retry-After"}}
-    return _problem(Problem(status, _HTTP_REASONS.get(status, "malformed_request"), headers=kept))
+def _refused(error: Exception) -> Response:
+    if isinstance(error, JournalClosed | StoreOffline):
+        drop_decision()  # nothing was done, and the log cannot take it now
+    return _problem(problem_of(error))
 
 
 def _unexpected(error: Exception) -> Response:
@@ -120,4 +106,4 @@ def _unexpected(error: Exception) -> Response:
         "unexpected_error",
         extra={"request_id": g.get("request_id"), "error_type": type(error).__name__},
     )
-    return _problem(Problem(500, "internal_error"))
+    return _problem(Problem(Reason.INTERNAL_ERROR))

@@ -11,7 +11,6 @@ cover another tenant's, workspace's or session's state.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import threading
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from service.contract import APPROVAL_ID, APPROVAL_ID_PATTERN
 from service.policy.input import PolicyApproval
 from store.bounds import JsonInt
 from store.canonical import canonical_json, sha256_digest
@@ -28,8 +28,6 @@ from store.scope import ScopeId, TenantScope, is_scope_id
 
 logger = logging.getLogger(__name__)
 
-APPROVAL_ID_PATTERN = r"^appr_[0-9a-f]{24}$"
-_APPROVAL_ID_RE = re.compile(APPROVAL_ID_PATTERN)
 MAX_APPROVAL_TTL_SECONDS = 86_400
 
 
@@ -92,7 +90,7 @@ class Approval(BaseModel):
 
 
 def is_approval_id(value: object) -> bool:
-    return isinstance(value, str) and _APPROVAL_ID_RE.fullmatch(value) is not None
+    return isinstance(value, str) and APPROVAL_ID.fullmatch(value) is not None
 
 
 def approval_key(tenant_id: str, workspace_id: str, approval_id: str) -> LaneKey:

@@ -21,7 +21,6 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from enum import StrEnum
 from typing import Annotated, Any
 
 import jwt
@@ -33,6 +32,7 @@ from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.policy.input import PolicyActor
+from service.reasons import Reason
 from store.scope import ScopeId, is_scope_id
 
 MIN_HS256_SECRET_BYTES = 32  # RFC 7518 §3.2: at least the size of the hash output
@@ -53,18 +53,10 @@ _BEARER_RE = re.compile(r"Bearer ([A-Za-z0-9\-._~+/]+=*)")
 SCOPE_CLAIMS = {"tenant": "tenant_id", "workspace": "workspace_id", "session": "session_id"}
 
 
-class AuthFailureReason(StrEnum):
-    MISSING = "token_missing"
-    INVALID = "token_invalid"
-    EXPIRED = "token_expired"
-    CLAIMS_INVALID = "token_claims_invalid"
-    LIFETIME_TOO_LONG = "token_lifetime_too_long"
-
-
 class AuthenticationFailed(Exception):
     """The request is not authenticated. The message names the reason and nothing else."""
 
-    def __init__(self, reason: AuthFailureReason) -> None:
+    def __init__(self, reason: Reason) -> None:
         super().__init__(f"authentication failed: {reason.value}")
         self.reason = reason
 
@@ -139,23 +131,23 @@ class TokenVerifier:
 
     def _bearer_token(self, header: str | None) -> str:
         if not header:
-            raise AuthenticationFailed(AuthFailureReason.MISSING)
+            raise AuthenticationFailed(Reason.TOKEN_MISSING)
         match = _BEARER_RE.fullmatch(header)
         if match is None or len(match.group(1)) > self._max_token_bytes:
-            raise AuthenticationFailed(AuthFailureReason.INVALID)
+            raise AuthenticationFailed(Reason.TOKEN_INVALID)
         return match.group(1)
 
     def _verified_claims(self, token: str) -> dict[str, Any]:
         try:
             algorithm = jwt.get_unverified_header(token).get("alg")
             if not isinstance(algorithm, str) or algorithm not in self._keys:
-                raise AuthenticationFailed(AuthFailureReason.INVALID)
+                raise AuthenticationFailed(Reason.TOKEN_INVALID)
             key = self._keys[algorithm]
             return jwt.decode(token, key, algorithms=[algorithm], options=_DECODE_OPTIONS)
         except _CLAIM_ERRORS:
-            raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID) from None
+            raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID) from None
         except jwt_errors.PyJWTError:  # bad encoding, bad signature
-            raise AuthenticationFailed(AuthFailureReason.INVALID) from None
+            raise AuthenticationFailed(Reason.TOKEN_INVALID) from None
 
 
 def _numeric_date(claims: Mapping[str, Any], name: str) -> int | float | None:
@@ -164,9 +156,9 @@ def _numeric_date(claims: Mapping[str, Any], name: str) -> int | float | None:
         return None
     value = claims[name]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+        raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID)
     if isinstance(value, float) and not math.isfinite(value):
-        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+        raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID)
     return value
 
 
@@ -179,32 +171,32 @@ def _check_dates(claims: Mapping[str, Any], *, now: float, max_lifetime: int) ->
     nbf = _numeric_date(claims, "nbf")
     iat = _numeric_date(claims, "iat")
     if exp is None:  # `require` has already refused this; kept for the type checker
-        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+        raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID)
     if exp <= now:
-        raise AuthenticationFailed(AuthFailureReason.EXPIRED)
+        raise AuthenticationFailed(Reason.TOKEN_EXPIRED)
     if (nbf is not None and nbf > now) or (iat is not None and iat > now):
-        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+        raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID)
     if exp > now + max_lifetime + LIFETIME_LEEWAY_SECONDS or (
         iat is not None and exp > iat + max_lifetime
     ):
-        raise AuthenticationFailed(AuthFailureReason.LIFETIME_TOO_LONG)
+        raise AuthenticationFailed(Reason.TOKEN_LIFETIME_TOO_LONG)
 
 
 def _actor(claims: Mapping[str, Any]) -> Actor:
     roles = claims.get("roles")
     if not isinstance(roles, list) or not all(isinstance(role, str) for role in roles):
-        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+        raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID)
     scope: dict[str, str] = {}
     for claim, field in SCOPE_CLAIMS.items():
         if claim not in claims:
             continue
         if not is_scope_id(claims[claim]):  # exactly as given: never trimmed or case-folded
-            raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID)
+            raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID)
         scope[field] = claims[claim]
     try:
         return Actor.model_validate({"sub": claims.get("sub"), "roles": tuple(roles), **scope})
     except ValidationError:
-        raise AuthenticationFailed(AuthFailureReason.CLAIMS_INVALID) from None
+        raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID) from None
 
 
 def _hs256_secret(secret: bytes) -> bytes:

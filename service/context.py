@@ -16,6 +16,7 @@ from service.approvals import ApprovalStore
 from service.auth import TokenVerifier
 from service.decisions.journal import DecisionJournal, RetentionTask
 from service.decisions.rate_limit_log import RateLimitLog
+from service.decisions.reader import DecisionLogReader
 from service.metrics import ServiceMetrics
 from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
@@ -53,6 +54,7 @@ class ServiceContext:
     metrics: ServiceMetrics
     clock: Callable[[], datetime]
     journal: DecisionJournal
+    decision_log: DecisionLogReader
     rate_limiter: ActorRateLimiter
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
@@ -100,6 +102,8 @@ class ServiceContext:
             metrics=metrics,
             clock=clock,
             journal=journal,
+            # Pages end at the head the journal keeps in memory, not one read from the store.
+            decision_log=DecisionLogReader(lanes, head=lambda: journal.head),
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             retention=(

@@ -1,6 +1,7 @@
 """The OpenAPI 3.1 document, generated from the pydantic wire models.
 
-Paths are a table of operations (method, path, models in and out); every
+Paths are a table of operations (method, path, models in and out) over the
+contract's path templates (`service.contract`, which the routes use too); every
 schema comes from `models_json_schema`, so a renamed field changes the
 document with it.
 """
@@ -14,7 +15,26 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from service.approvals import ApprovalGrantInput
-from service.http.decisions import DecisionQuery
+from service.contract import (
+    APPROVAL,
+    APPROVALS,
+    DECISION,
+    DECISION_ID_HEADER,
+    DECISIONS,
+    DECISIONS_EXPORT,
+    DECISIONS_VERIFY,
+    HEALTHZ,
+    METRICS,
+    PATH_PATTERNS,
+    READYZ,
+    REPLAY_PREVIEW,
+    RETRY_AFTER,
+    STATE,
+    STATE_PREVIEW,
+    parameters,
+)
+from service.decisions.query import DecisionQuery
+from service.reasons import Reason
 from service.replay import ReplayPreviewRequest
 from service.wire import (
     ApprovalListResponse,
@@ -30,12 +50,8 @@ from service.wire import (
     SessionStateResponse,
 )
 from store.inputs import SessionStateInput
-from store.scope import SCOPE_ID_PATTERN
 
-SESSION = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}/sessions/{session_id}"
-WORKSPACE = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}"
 REF = "#/components/schemas/{model}"
-PATH_PATTERNS = {"approval_id": r"^appr_[0-9a-f]{24}$", "decision_id": r"^[A-Za-z0-9._:-]{1,64}$"}
 
 
 class Operation(NamedTuple):
@@ -51,33 +67,33 @@ class Operation(NamedTuple):
     media: str = "application/json"
 
 
-RETRY_AFTER = {
+RATE_LIMIT_RETRY_AFTER = {
     "required": True,
     "description": "seconds until the actor's budget has room again",
     "schema": {"type": "integer", "minimum": 1},
 }
 UNAVAILABLE = (
-    "problem details (RFC 9457); nothing was done. `reason`: `policy_engine_unavailable` (OPA "
-    "did not answer in time), `policy_engine_refused` (OPA refused the service's token), "
-    "`decision_log_unavailable` or `store_unavailable`"
+    f"problem details (RFC 9457); nothing was done. `reason`: `{Reason.POLICY_ENGINE_UNAVAILABLE}` "
+    f"(OPA did not answer in time), `{Reason.POLICY_ENGINE_REFUSED}` (OPA refused the service's "
+    f"token), `{Reason.DECISION_LOG_UNAVAILABLE}` or `{Reason.STORE_UNAVAILABLE}`"
 )
 AUTHED = (400, 401, 403, 429, 503)  # 429: rate_limited, before any policy call
 WITH_BODY = (413, 415, 422)
 
 OPERATIONS = [
-    Operation("post", SESSION + "/state/preview", "state", "Preview the sanitized record and what a write would do; never writes", SessionStateInput, 200, SessionStateResponse, AUTHED + WITH_BODY),
-    Operation("put", SESSION + "/state", "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (*AUTHED, 412, *WITH_BODY)),
-    Operation("get", SESSION + "/state", "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
-    Operation("post", SESSION + "/replay-preview", "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
-    Operation("post", WORKSPACE + "/approvals", "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
-    Operation("get", WORKSPACE + "/approvals", "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),
-    Operation("delete", WORKSPACE + "/approvals/{approval_id}", "approvals", "Revoke an approval at once", None, 204, None, (*AUTHED, 404)),
-    Operation("get", "/v1/decisions", "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
-    Operation("get", "/v1/decisions/verify", "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422)),
-    Operation("get", "/v1/decisions/export", "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
-    Operation("get", "/v1/decisions/{decision_id}", "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
-    Operation("get", "/healthz", "ops", "Liveness", None, 200, Health),
-    Operation("get", "/readyz", "ops", "Readiness: OPA answers with a loaded policy, store open", None, 200, Readiness, (503,)),
+    Operation("post", STATE_PREVIEW, "state", "Preview the sanitized record and what a write would do; never writes", SessionStateInput, 200, SessionStateResponse, AUTHED + WITH_BODY),
+    Operation("put", STATE, "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (*AUTHED, 412, *WITH_BODY)),
+    Operation("get", STATE, "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
+    Operation("post", REPLAY_PREVIEW, "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
+    Operation("post", APPROVALS, "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
+    Operation("get", APPROVALS, "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),
+    Operation("delete", APPROVAL, "approvals", "Revoke an approval at once", None, 204, None, (*AUTHED, 404)),
+    Operation("get", DECISIONS, "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
+    Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422)),
+    Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
+    Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
+    Operation("get", HEALTHZ, "ops", "Liveness", None, 200, Health),
+    Operation("get", READYZ, "ops", "Readiness: OPA answers with a loaded policy, store open", None, 200, Readiness, (503,)),
 ]  # fmt: skip
 
 
@@ -93,7 +109,7 @@ def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op, refs)
-    paths["/metrics"] = {"get": {"tags": ["ops"], "summary": "Prometheus metrics", "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}  # fmt: skip
+    paths[METRICS] = {"get": {"tags": ["ops"], "summary": "Prometheus metrics", "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}  # fmt: skip
     return {
         "openapi": "3.1.0",
         "info": {
@@ -114,15 +130,14 @@ def openapi_document() -> dict[str, Any]:
 
 
 def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
-    names = [part[1:-1] for part in op.path.split("/") if part.startswith("{")]
-    parameters = [_path_parameter(name) for name in names]
+    listed = [_path_parameter(name) for name in parameters(op.path)]
     if op.query is not None:
-        parameters += _query_parameters(op.query)
+        listed += _query_parameters(op.query)
     operation: dict[str, Any] = {
         "tags": [op.tag],
         "summary": op.summary,
         "operationId": f"{op.method}_{op.path}".replace("/", "_").replace("{", "").replace("}", ""),
-        "parameters": parameters,
+        "parameters": listed,
         "responses": {str(op.status): _success(op, refs)},
     }
     if op.body is not None:
@@ -140,19 +155,18 @@ def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
             },
         }
         if error == 429:
-            operation["responses"]["429"]["headers"] = {"Retry-After": RETRY_AFTER}
+            operation["responses"]["429"]["headers"] = {RETRY_AFTER: RATE_LIMIT_RETRY_AFTER}
         if error == 503 and op.tag != "ops":
             operation["responses"]["503"]["description"] = UNAVAILABLE
     return operation
 
 
 def _path_parameter(name: str) -> dict[str, Any]:
-    pattern = PATH_PATTERNS.get(name, SCOPE_ID_PATTERN)
     return {
         "name": name,
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "pattern": pattern},
+        "schema": {"type": "string", "pattern": PATH_PATTERNS[name]},
     }
 
 
@@ -174,11 +188,11 @@ def _plain(prop: dict[str, Any]) -> dict[str, Any]:
 def _success(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     if op.media == "application/x-ndjson":
         return {
-            "description": "one JSON event a line; the governing decision's id is in `Sessionstate-Decision-Id`",
+            "description": f"one JSON event a line; the governing decision's id is in `{DECISION_ID_HEADER}`",
             "content": {op.media: {"schema": {"type": "string"}}},
         }
     if op.out is None:
-        return {"description": "done; the governing decision's id is in `Sessionstate-Decision-Id`"}
+        return {"description": f"done; the governing decision's id is in `{DECISION_ID_HEADER}`"}
     doc = op.out.__doc__
     return {
         "description": doc.strip().splitlines()[0] if doc else op.out.__name__,

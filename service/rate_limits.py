@@ -82,6 +82,14 @@ class Refusal:
     retry_after: int  # whole seconds, at least 1
 
 
+class RateLimited(Exception):
+    """An actor over its budget: refused before any policy call, nothing was done."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"rate limited: {refusal.budget}")
+        self.refusal = refusal
+
+
 class ActorRateLimiter:
     """Counts each actor's requests and out-of-scope denials against its budgets."""
 

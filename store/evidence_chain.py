@@ -73,6 +73,10 @@ class SealedEntry(NamedTuple):
     value: bytes
     entry: dict[str, Any]
 
+    @property
+    def seq(self) -> int:
+        return int.from_bytes(self.key.name, "big")
+
 
 class ChainVerification(BaseModel):
     """The outcome of walking the chain: ok, or the first problem and the seq it is at."""

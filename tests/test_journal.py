@@ -20,6 +20,9 @@ from typing import Any
 import pytest
 
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
+from service.decisions.log import DecisionEntryBody
+from service.policy.input import PolicyActor, PolicyTarget
+from service.policy.trace import DecisionEngine, DecisionTrace
 from store.digests import DigestKey
 from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore
@@ -30,14 +33,26 @@ KEY = DigestKey(b"k" * 32)
 CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-def body(n: int, tenant: str = "tenant-a") -> dict[str, Any]:
-    """A decision entry body as the routes build it, cut to what the journal reads."""
-    return {
-        "decision": {"decision_id": f"decision-{n}", "allow": True},
-        "actor": {"sub": "svc"},
-        "target": {"tenant_id": tenant},
-        "input": {"n": n},
-    }
+def body(n: int, tenant: str = "tenant-a", **extra: Any) -> DecisionEntryBody:
+    """A decision entry body as the routes build it, with a small input."""
+    trace = DecisionTrace(
+        decision_id=f"decision-{n}",
+        action="read",
+        policy="sessionstate/read",
+        allow=True,
+        reasons=[],
+        policy_revision="sha256:" + "0" * 64,
+        input_digest="sha256:" + "1" * 64,
+        evaluated_at="2026-11-30T12:00:00.000Z",
+        engine=DecisionEngine(version="test"),
+        latency_ms=0.5,
+    )
+    return DecisionEntryBody(
+        decision=trace,
+        actor=PolicyActor(sub="svc", roles=["model-service"]),
+        target=PolicyTarget(tenant_id=tenant),
+        input={"n": n, **extra},
+    )
 
 
 @pytest.fixture
@@ -50,7 +65,7 @@ def journal(lanes: LaneStore) -> Iterator[DecisionJournal]:
 def test_entries_form_one_gapless_chain_and_are_found_by_decision_id(
     journal: DecisionJournal, lanes: LaneStore
 ) -> None:
-    sealed = [journal.record(dict(body(n), outcome={"status": 200})) for n in range(5)]
+    sealed = [journal.record(body(n), status=200) for n in range(5)]
     assert [entry["seq"] for entry in sealed] == [1, 2, 3, 4, 5]
     assert [entry["prev_hash"] for entry in sealed[1:]] == [e["hash"] for e in sealed[:-1]]
     assert journal.head.seq == 5
@@ -64,7 +79,7 @@ def test_concurrent_requests_share_commits(journal: DecisionJournal, lanes: Lane
 
     def one(n: int) -> None:
         barrier.wait()
-        journal.record(dict(body(n), outcome={"status": 200}))
+        journal.record(body(n), status=200)
 
     threads = [threading.Thread(target=one, args=(n,)) for n in range(32)]
     for thread in threads:
@@ -125,26 +140,26 @@ def test_an_if_match_on_a_stale_version_is_412_and_stores_nothing(
 
 def test_a_body_the_chain_cannot_seal_fails_only_its_batch(journal: DecisionJournal) -> None:
     with pytest.raises(JournalClosed):
-        journal.record({"seq": 7, "target": {"tenant_id": "t"}, "decision": {}})  # chain field
-    assert journal.record(dict(body(1), outcome={"status": 200}))["seq"] == 1
+        journal.record(body(7, big=2.0**60), status=200)  # no canonical JSON reads it back
+    assert journal.record(body(1), status=200)["seq"] == 1
 
 
 def test_a_closed_journal_refuses_and_stores_nothing(lanes: LaneStore) -> None:
     journal = DecisionJournal(lanes, clock=lambda: CLOCK)
-    journal.record(dict(body(1), outcome={"status": 200}))
+    journal.record(body(1), status=200)
     journal.close()
     with pytest.raises(JournalClosed):
-        journal.record(dict(body(2), outcome={"status": 200}))
+        journal.record(body(2), status=200)
     assert EvidenceChain(lanes).head().seq == 1
 
 
 def test_a_new_journal_extends_the_chain_it_finds(lanes: LaneStore) -> None:
     first = DecisionJournal(lanes, clock=lambda: CLOCK)
-    first.record(dict(body(1), outcome={"status": 200}))
+    first.record(body(1), status=200)
     first.close()
     second = DecisionJournal(lanes, clock=lambda: CLOCK)
     try:
-        assert second.record(dict(body(2), outcome={"status": 200}))["seq"] == 2
+        assert second.record(body(2), status=200)["seq"] == 2
     finally:
         second.close()
 
@@ -186,17 +201,17 @@ def test_after_a_failed_write_the_journal_refuses_then_reopens_by_itself(
         acknowledged = []
         with pytest.raises(JournalStoreUnavailable):
             for n in range(10_000):
-                padded = dict(body(n), outcome={"status": 200}, pad="x" * 2000)
-                acknowledged.append(journal.record(padded)["hash"])
+                padded = body(n, pad="x" * 2000)
+                acknowledged.append(journal.record(padded, status=200)["hash"])
         assert not lanes.writable
         with pytest.raises(JournalStoreUnavailable):  # refused at once, nothing written
-            journal.record(dict(body(-1), outcome={"status": 200}))
+            journal.record(body(-1), status=200)
         balloon.unlink()
         deadline = time.monotonic() + 10
         while not lanes.writable and time.monotonic() < deadline:
             time.sleep(0.05)  # no request: the committer reopens it on its own
         assert lanes.writable and lanes.reopens == 1
-        after = journal.record(dict(body(99_999), outcome={"status": 200}))
+        after = journal.record(body(99_999), status=200)
         chain = EvidenceChain(lanes)
         # Every acknowledged entry is there as acknowledged; the new one extends the chain
         # (after the failed batch, if its sync failed but its bytes had reached the disk).

@@ -265,9 +265,9 @@ def test_the_chart_counts_allowed_and_denied_over_time(service: LiveService) -> 
 def test_the_chart_buckets_between_the_first_and_last_decision() -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
 
-    def entry(minutes: int, allow: bool) -> dict[str, Any]:
+    def entry(minutes: int, allow: bool) -> tuple[str, bool]:
         moment = start + timedelta(minutes=minutes)
-        return {"decision": {"evaluated_at": moment.isoformat(), "allow": allow}}
+        return moment.isoformat(), allow
 
     chart = decision_chart([entry(0, True), entry(0, False), entry(60, True), entry(120, True)])
     assert chart is not None

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, TypedDict, TypeVar, Unpack
-from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 
+from service import contract
 from service.approvals import ApprovalGrantInput
 from service.client.errors import (
     ServiceUnavailable,
@@ -49,7 +49,6 @@ TokenSource = str | Callable[[], str] | None
 """A bearer token, or a function that returns a current one (called once per attempt)."""
 StateBody = SessionStateInput | Mapping[str, Any]
 """A `SessionStateInput`, or the same as a JSON-ready mapping (the service validates it)."""
-DECISION_ID_HEADER = "Sessionstate-Decision-Id"
 
 
 class DecisionFilters(TypedDict, total=False):
@@ -107,7 +106,9 @@ class SessionStateClient:
 
     def preview_state(self, scope: TenantScope, state: StateBody) -> SessionStateResponse:
         """`POST S/state/preview`: the sanitized record and what a write would do. Never writes."""
-        response = self._call("POST", _session(scope, "state/preview"), safe=True, body=state)
+        response = self._call(
+            "POST", _session(contract.STATE_PREVIEW, scope), safe=True, body=state
+        )
         return _model(response, SessionStateResponse)
 
     def put_state(
@@ -128,11 +129,11 @@ class SessionStateClient:
             raise ValueError("send If-Match or If-None-Match, not both")
         headers = {}
         if if_match is not None:
-            headers["If-Match"] = if_match if if_match.startswith('"') else f'"{if_match}"'
+            headers[contract.IF_MATCH] = if_match if if_match.startswith('"') else f'"{if_match}"'
         if if_none_match:
-            headers["If-None-Match"] = "*"
+            headers[contract.IF_NONE_MATCH] = "*"
         response = self._call(
-            "PUT", _session(scope, "state"), safe=bool(headers), body=state, headers=headers
+            "PUT", _session(contract.STATE, scope), safe=bool(headers), body=state, headers=headers
         )
         return _model(response, SessionStateResponse)
 
@@ -141,14 +142,16 @@ class SessionStateClient:
 
         Raises `NotFound` when nothing is stored.
         """
-        return _model(self._call("GET", _session(scope, "state")), SessionStateReadResponse)
+        return _model(self._call("GET", _session(contract.STATE, scope)), SessionStateReadResponse)
 
     def replay_preview(
         self, scope: TenantScope, max_inputs: int | None = None
     ) -> ReplayPreviewResponse:
         """`POST S/replay-preview`: replay inputs from digests (default 16 per list)."""
         body = {} if max_inputs is None else {"max_inputs": max_inputs}
-        response = self._call("POST", _session(scope, "replay-preview"), safe=True, body=body)
+        response = self._call(
+            "POST", _session(contract.REPLAY_PREVIEW, scope), safe=True, body=body
+        )
         return _model(response, ReplayPreviewResponse)
 
     # --- approvals, for operators ----------------------------------------------------------
@@ -160,20 +163,20 @@ class SessionStateClient:
         grant: ApprovalGrantInput | Mapping[str, Any],
     ) -> ApprovalResponse:
         """`POST .../approvals` (201). Not retried on a connection failure: it may have landed."""
-        path = _workspace(tenant_id, workspace_id, "approvals")
+        path = _workspace(contract.APPROVALS, tenant_id, workspace_id)
         response = self._call("POST", path, safe=False, body=grant, ok=(201,))
         return _model(response, ApprovalResponse)
 
     def list_approvals(self, tenant_id: str, workspace_id: str) -> ApprovalListResponse:
         """`GET .../approvals`: the approvals in force."""
-        path = _workspace(tenant_id, workspace_id, "approvals")
+        path = _workspace(contract.APPROVALS, tenant_id, workspace_id)
         return _model(self._call("GET", path), ApprovalListResponse)
 
     def revoke_approval(self, tenant_id: str, workspace_id: str, approval_id: str) -> str:
         """`DELETE .../approvals/{id}` (204): revoked at once. Returns the decision id."""
-        path = _workspace(tenant_id, workspace_id, "approvals/" + quote(approval_id, safe=""))
+        path = _workspace(contract.APPROVAL, tenant_id, workspace_id, approval_id=approval_id)
         response = self._call("DELETE", path, ok=(204,))
-        decision_id: str = response.headers.get(DECISION_ID_HEADER, "")
+        decision_id: str = response.headers.get(contract.DECISION_ID_HEADER, "")
         if not decision_id:
             raise _unexpected(response)
         return decision_id
@@ -193,7 +196,7 @@ class SessionStateClient:
             params["limit"] = str(limit)
         if cursor is not None:
             params["cursor"] = cursor
-        return _model(self._call("GET", "/v1/decisions", params=params), DecisionListResponse)
+        return _model(self._call("GET", contract.DECISIONS, params=params), DecisionListResponse)
 
     def iter_decisions(
         self, *, page_size: int | None = None, **filters: Unpack[DecisionFilters]
@@ -218,12 +221,12 @@ class SessionStateClient:
 
     def get_decision(self, decision_id: str) -> DecisionEntryResponse:
         """`GET /v1/decisions/{decision_id}`: one entry of the log."""
-        path = "/v1/decisions/" + quote(decision_id, safe="")
+        path = contract.fill(contract.DECISION, decision_id=decision_id)
         return _model(self._call("GET", path), DecisionEntryResponse)
 
     def verify_decisions(self) -> DecisionVerifyResponse:
         """`GET /v1/decisions/verify`: the chain's state and a signed checkpoint to keep."""
-        return _model(self._call("GET", "/v1/decisions/verify"), DecisionVerifyResponse)
+        return _model(self._call("GET", contract.DECISIONS_VERIFY), DecisionVerifyResponse)
 
     def export_decisions(self, **filters: Unpack[DecisionFilters]) -> Iterator[dict[str, Any]]:
         """`GET /v1/decisions/export`: one OPA-style event a line, streamed.
@@ -231,7 +234,7 @@ class SessionStateClient:
         The request goes out when iteration starts; errors are raised from there.
         """
         params = _decision_params(filters)
-        response = self._call("GET", "/v1/decisions/export", params=params, stream=True)
+        response = self._call("GET", contract.DECISIONS_EXPORT, params=params, stream=True)
         try:
             for line in response.iter_lines():
                 if line.strip():
@@ -244,20 +247,22 @@ class SessionStateClient:
     # --- operations, for anyone ------------------------------------------------------------
 
     def healthz(self) -> Health:
-        return _model(self._call("GET", "/healthz", auth=False), Health)
+        return _model(self._call("GET", contract.HEALTHZ, auth=False), Health)
 
     def readyz(self) -> Readiness:
         """Readiness as reported: `ready` is False on a 503 answer, which is not retried."""
-        response = self._call("GET", "/readyz", auth=False, ok=(200, 503), retry_refusals=False)
+        response = self._call(
+            "GET", contract.READYZ, auth=False, ok=(200, 503), retry_refusals=False
+        )
         return _model(response, Readiness)
 
     def metrics(self) -> str:
         """The Prometheus text exposition."""
-        return self._call("GET", "/metrics", auth=False).text
+        return self._call("GET", contract.METRICS, auth=False).text
 
     def openapi(self) -> dict[str, Any]:
         """The OpenAPI 3.1 document."""
-        response = self._call("GET", "/openapi.json", auth=False)
+        response = self._call("GET", contract.OPENAPI, auth=False)
         document = _json_document(response)
         if not isinstance(document, dict):
             raise _unexpected(response)
@@ -311,7 +316,7 @@ class SessionStateClient:
                 response.close()
                 wait = None
                 if response.status_code in NOTHING_DONE and retry_refusals:
-                    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                    retry_after = parse_retry_after(response.headers.get(contract.RETRY_AFTER))
                     wait = self.retry_policy.wait(attempt, retry_after)
                 if wait is None:
                     raise error_from_response(response, attempts=attempt)
@@ -320,7 +325,7 @@ class SessionStateClient:
     def _headers(
         self, request_id: str, has_body: bool, auth: bool, extra: Mapping[str, str] | None
     ) -> dict[str, str]:
-        headers = {"X-Request-Id": request_id, **(extra or {})}
+        headers = {contract.REQUEST_ID: request_id, **(extra or {})}
         if has_body:
             headers["Content-Type"] = "application/json"
         token = self._token() if callable(self._token) else self._token
@@ -329,15 +334,19 @@ class SessionStateClient:
         return headers
 
 
-def _session(scope: TenantScope, tail: str) -> str:
-    ids = (scope.tenant_id, scope.workspace_id, scope.session_id)
-    _check_scope_ids(*ids)
-    return "/v1/tenants/{}/workspaces/{}/sessions/{}/".format(*ids) + tail
+def _session(path: str, scope: TenantScope) -> str:
+    _check_scope_ids(scope.tenant_id, scope.workspace_id, scope.session_id)
+    return contract.fill(
+        path,
+        tenant_id=scope.tenant_id,
+        workspace_id=scope.workspace_id,
+        session_id=scope.session_id,
+    )
 
 
-def _workspace(tenant_id: str, workspace_id: str, tail: str) -> str:
+def _workspace(path: str, tenant_id: str, workspace_id: str, **more: str) -> str:
     _check_scope_ids(tenant_id, workspace_id)
-    return f"/v1/tenants/{tenant_id}/workspaces/{workspace_id}/{tail}"
+    return contract.fill(path, tenant_id=tenant_id, workspace_id=workspace_id, **more)
 
 
 def _check_scope_ids(*ids: str) -> None:
@@ -397,7 +406,7 @@ def _unexpected(response: httpx.Response) -> UnexpectedResponse:
     return UnexpectedResponse(
         response.status_code,
         "response_not_in_contract",
-        request_id=response.headers.get("X-Request-Id"),
+        request_id=response.headers.get(contract.REQUEST_ID),
     )
 
 

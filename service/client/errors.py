@@ -12,7 +12,9 @@ import json
 import httpx
 
 from service.client.retries import parse_retry_after
+from service.contract import REQUEST_ID, RETRY_AFTER
 from service.policy.trace import DecisionTrace
+from service.reasons import Reason
 from service.wire import FieldError, ProblemDocument
 from store.reports import SessionStateReadReport, SessionStateWriteReport
 
@@ -191,10 +193,10 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
     429: RateLimited,
 }
 _BY_503_REASON: dict[str, type[SessionStateError]] = {
-    "policy_engine_unavailable": PolicyEngineUnavailable,
-    "policy_engine_refused": PolicyEngineRefused,
-    "decision_log_unavailable": DecisionLogUnavailable,
-    "store_unavailable": StoreUnavailable,
+    Reason.POLICY_ENGINE_UNAVAILABLE: PolicyEngineUnavailable,
+    Reason.POLICY_ENGINE_REFUSED: PolicyEngineRefused,
+    Reason.DECISION_LOG_UNAVAILABLE: DecisionLogUnavailable,
+    Reason.STORE_UNAVAILABLE: StoreUnavailable,
 }
 
 
@@ -203,7 +205,7 @@ def error_from_response(response: httpx.Response, *, attempts: int = 1) -> Sessi
     status = response.status_code
     problem = parse_problem(response.content)
     reason = problem.reason if problem is not None else f"http_{status}"
-    request_id = response.headers.get("X-Request-Id")
+    request_id = response.headers.get(REQUEST_ID)
     if status == 503:
         kind = _BY_503_REASON.get(reason, ServiceUnavailable)
     elif status == 403 and (problem is None or problem.decision is None):
@@ -211,7 +213,7 @@ def error_from_response(response: httpx.Response, *, attempts: int = 1) -> Sessi
     else:
         kind = _BY_STATUS.get(status, UnexpectedResponse)
     if kind is RateLimited:
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        retry_after = parse_retry_after(response.headers.get(RETRY_AFTER))
         return RateLimited(
             status,
             reason,

@@ -29,11 +29,12 @@ from typing import IO, Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 
+from service.decisions.reader import DecisionLogReader
 from service.policy.input import PolicyAction
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import format_timestamp
 from store.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
-from store.evidence_chain import EvidenceChain, parse_entry
+from store.evidence_chain import parse_entry
 from store.scope import ScopeId
 from store.signed_head import ChainUnverified, verified_checkpoint
 
@@ -117,7 +118,7 @@ class EvidenceBundle:
 
 def write_bundle(
     sink: IO[bytes],
-    chain: EvidenceChain,
+    reader: DecisionLogReader,
     data_dir: Path,
     selection: BundleSelection,
     issued_at: datetime,
@@ -127,14 +128,14 @@ def write_bundle(
     Raises `ChainUnverified` (nothing written) when the chain does not verify, or when
     an entry to ship no longer hashes to its hash.
     """
-    result, checkpoint = verified_checkpoint(chain, data_dir, issued_at)
+    result, checkpoint = verified_checkpoint(reader.chain, data_dir, issued_at)
     if checkpoint is None:
         raise ChainUnverified.of(result, "evidence bundle")
     signer = CheckpointSigner.from_data_dir(data_dir)
     verified_from = result.head_seq - result.entries + 1
     with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
         listed: list[list[int | str]] = []
-        for seq, hash_, stored in _selected(chain, selection, checkpoint.seq):
+        for seq, hash_, stored in _selected(reader, selection, checkpoint.seq):
             staged.write(stored + b"\n")
             listed.append([seq, hash_])
         manifest = {
@@ -175,10 +176,10 @@ def write_bundle(
 
 
 def _selected(
-    chain: EvidenceChain, selection: BundleSelection, head_seq: int
+    reader: DecisionLogReader, selection: BundleSelection, head_seq: int
 ) -> Iterator[tuple[int, str, bytes]]:
     """(seq, hash, stored bytes) of each selected entry up to the head, re-checked as shipped."""
-    for seq, stored in chain.stored_entries(until_seq=head_seq):
+    for seq, stored in reader.stored(until_seq=head_seq):
         entry = parse_entry(stored)
         if entry is None:
             raise ChainUnverified("entry_unreadable", seq, "evidence bundle")

@@ -21,10 +21,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from service.decisions.log import decision_id_key, index_puts, prune_log
+from service.decisions.log import (
+    DecisionEntryBody,
+    DecisionOutcome,
+    decision_id_key,
+    index_puts,
+    prune_log,
+)
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
-from store.evidence_chain import EvidenceChain, seal
+from store.evidence_chain import EvidenceChain, SealedEntry, seal
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
@@ -58,12 +64,28 @@ class _StateWrite:
 
 @dataclass
 class _Pending:
-    body: dict[str, Any]
+    """One entry on its way to the chain, with what it changes if its decision allowed."""
+
+    body: DecisionEntryBody
+    status: int = 0  # the answer's; a write's is decided at commit, by its precondition
+    approval_id: str | None = None
     write: _StateWrite | None = None
     puts: list[tuple[LaneKey, bytes]] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
+
+    def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
+        """The entry's outcome, built here only. Any entry but a write is applied exactly
+        when it has keys to store; a write, when its precondition holds against the stored
+        version at commit (201 created, 200 replaced), else it is 412 and not applied."""
+        if self.write is None or stored is None:
+            status, applied = self.status, bool(self.puts)
+        elif self.write.precondition.holds(stored):
+            status, applied = (201 if stored.version is None else 200), True
+        else:
+            status, applied = 412, False
+        return DecisionOutcome(status=status, applied=applied, approval_id=self.approval_id)
 
 
 @dataclass(frozen=True)
@@ -106,15 +128,15 @@ class DecisionJournal:
         """The newest committed entry (kept in memory by the one writer)."""
         return self._head
 
-    def record(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Append one decision entry; returns it sealed, once it is on disk."""
-        pending = self._submit(_Pending(body))
+    def record(self, body: DecisionEntryBody, *, status: int) -> dict[str, Any]:
+        """Append one decision entry that changed nothing; returns it sealed, once on disk."""
+        pending = self._submit(_Pending(body, status))
         assert pending.entry is not None
         return pending.entry
 
     def record_effect(
         self,
-        body: dict[str, Any],
+        body: DecisionEntryBody,
         *,
         status: int,
         puts: Sequence[tuple[LaneKey, bytes]] = (),
@@ -124,24 +146,23 @@ class DecisionJournal:
 
         The outcome says `applied` exactly when there was something to store.
         """
-        outcome = {"status": status, "applied": bool(puts), "approval_id": approval_id}
-        pending = self._submit(_Pending(dict(body, outcome=outcome), puts=list(puts)))
+        pending = self._submit(_Pending(body, status, approval_id, puts=list(puts)))
         assert pending.entry is not None
         return pending.entry
 
     def record_write(
-        self, body: dict[str, Any], record: SessionStateRecord, precondition: Precondition
+        self, body: DecisionEntryBody, record: SessionStateRecord, precondition: Precondition
     ) -> WriteResult:
         """Store record if precondition holds at commit, with its entry, in one batch.
 
         The entry's outcome is set here: 201 created, 200 replaced, or 412 and
         not applied when the stored version moved on.
         """
-        pending = self._submit(_Pending(body, _StateWrite(record, precondition)))
+        pending = self._submit(_Pending(body, write=_StateWrite(record, precondition)))
         assert pending.entry is not None
-        outcome = pending.entry["outcome"]
+        outcome = DecisionOutcome.model_validate(pending.entry["outcome"])
         return WriteResult(
-            applied=bool(outcome["applied"]), created=outcome["status"] == 201, entry=pending.entry
+            applied=outcome.applied, created=outcome.status == 201, entry=pending.entry
         )
 
     def find(self, decision_id: str) -> dict[str, Any] | None:
@@ -220,9 +241,9 @@ class DecisionJournal:
             with self._lanes.batch(sync=True) as writes:
                 for key, value in record_puts:
                     writes.put(key, value)
-                for sealed in sealed_entries:
+                for pending, sealed in zip(batch, sealed_entries, strict=True):
                     writes.put(sealed.key, sealed.value)
-                    for index_key, index_value in index_puts(sealed.entry):
+                    for index_key, index_value in index_puts(pending.body, sealed.seq):
                         writes.put(index_key, index_value)
         except Exception as error:  # nothing of this batch was acknowledged; each fails closed
             log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
@@ -245,41 +266,44 @@ class DecisionJournal:
     def _prepare(
         self, batch: list[_Pending]
     ) -> tuple[
-        list[Any], list[tuple[Any, bytes]], list[tuple[SessionStateRecord, bytes]], ChainHead
+        list[SealedEntry],
+        list[tuple[LaneKey, bytes]],
+        list[tuple[SessionStateRecord, bytes]],
+        ChainHead,
     ]:
         """Decide each write against the state as the batch leaves it; date and seal the entries."""
         versions: dict[bytes, StoredVersion] = {}
-        record_puts = []
-        written = []
+        record_puts: list[tuple[LaneKey, bytes]] = []
+        written: list[tuple[SessionStateRecord, bytes]] = []
         recorded_at = format_timestamp(self._clock())
-        bodies = []
+        documents = []
         for pending in batch:
-            body = dict(pending.body, recorded_at=recorded_at)
-            if pending.write is not None:
-                record = pending.write.record
-                key = state_key(record.scope)
-                encoded = key.encode()
-                if encoded not in versions:
-                    stored = self._lanes.get(key)
-                    versions[encoded] = (
-                        NOTHING_STORED
-                        if stored is None
-                        else stored_version(record.scope, key, stored)
-                    )
-                current = versions[encoded]
-                if pending.write.precondition.holds(current):
-                    value = canonical_json(record.to_json())
-                    record_puts.append((key, value))
-                    written.append((record, value))
-                    versions[encoded] = StoredVersion(record.state_digest, record.summary)
-                    status, applied = (201 if current.version is None else 200), True
-                else:
-                    status, applied = 412, False
-                body["outcome"] = {"status": status, "applied": applied, "approval_id": None}
+            write = pending.write
+            outcome = pending.outcome(None if write is None else self._version(write, versions))
+            if write is not None and outcome.applied:
+                key = state_key(write.record.scope)
+                value = canonical_json(write.record.to_json())
+                record_puts.append((key, value))
+                written.append((write.record, value))
+                versions[key.encode()] = StoredVersion(
+                    write.record.state_digest, write.record.summary
+                )
             record_puts.extend(pending.puts)
-            bodies.append(body)
-        sealed_entries, head = seal(bodies, self._head)
+            documents.append(pending.body.sealable(outcome, recorded_at))
+        sealed_entries, head = seal(documents, self._head)
         return sealed_entries, record_puts, written, head
+
+    def _version(self, write: _StateWrite, versions: dict[bytes, StoredVersion]) -> StoredVersion:
+        """What the write's record replaces as the batch leaves it so far."""
+        scope = write.record.scope
+        key = state_key(scope)
+        encoded = key.encode()
+        if encoded not in versions:
+            stored = self._lanes.get(key)
+            versions[encoded] = (
+                NOTHING_STORED if stored is None else stored_version(scope, key, stored)
+            )
+        return versions[encoded]
 
 
 class RetentionTask:

@@ -5,11 +5,15 @@ Every decision the service makes becomes one entry of the evidence chain
 policy input (which never holds raw text), and the outcome (HTTP status,
 whether anything was applied). Indexes by tenant and by decision id live in
 the `trace_index` lane and are written in the same batch as the entry.
+
+An entry is a `DecisionEntryBody` from the moment a request builds it until
+the journal gives it its outcome and the chain seals it; what the chain holds
+reads back as a `DecisionLogEntry` (`service.decisions.reader`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +39,25 @@ class DecisionOutcome(BaseModel):
     )
 
 
+class DecisionEntryBody(BaseModel):
+    """An entry as a request builds it: before the journal dates it and gives it its outcome,
+    and the chain seals it (seq, hashes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    decision: DecisionTrace
+    actor: PolicyActor
+    target: PolicyTarget
+    input: dict[str, Any] = Field(description="what was decided on: the full policy input")
+
+    def sealable(self, outcome: DecisionOutcome, recorded_at: str) -> dict[str, Any]:
+        """The entry's JSON for the chain to seal: the only place the model becomes a dict."""
+        document = self.model_dump(mode="json")
+        document["outcome"] = outcome.model_dump(mode="json")
+        document["recorded_at"] = recorded_at
+        return document
+
+
 class DecisionLogEntry(BaseModel):
     """One link of the chain, as stored, listed and verified."""
 
@@ -51,19 +74,14 @@ class DecisionLogEntry(BaseModel):
     hash: str
 
 
-def entry_body(
-    trace: DecisionTrace, policy_input: PolicyInput, actor: Actor, outcome: DecisionOutcome | None
-) -> dict[str, Any]:
-    """An entry before the chain seals it (seq, hashes) and the journal dates it."""
-    body: dict[str, Any] = {
-        "decision": trace.model_dump(mode="json"),
-        "actor": actor.to_policy().model_dump(mode="json"),
-        "target": policy_input.target.model_dump(mode="json"),
-        "input": policy_input.model_dump(mode="json", by_alias=True),
-    }
-    if outcome is not None:
-        body["outcome"] = outcome.model_dump(mode="json")
-    return body
+def entry_body(trace: DecisionTrace, policy_input: PolicyInput, actor: Actor) -> DecisionEntryBody:
+    """A decision OPA made, as an entry of the log (the outcome follows when it is known)."""
+    return DecisionEntryBody(
+        decision=trace,
+        actor=actor.to_policy(),
+        target=policy_input.target,
+        input=policy_input.model_dump(mode="json", by_alias=True),
+    )
 
 
 def seq_name(seq: int) -> bytes:
@@ -78,27 +96,27 @@ def decision_id_key(decision_id: str) -> LaneKey:
     return LaneKey(TenantResourceLane.TRACE_INDEX, name=b"id:" + decision_id.encode())
 
 
-def index_puts(entry: dict[str, Any]) -> Iterator[tuple[LaneKey, bytes]]:
-    """The index keys of a sealed entry: its tenant's listing, and its decision id."""
-    seq = int(entry["seq"])
-    yield tenant_index_key(entry["target"]["tenant_id"], seq), b""
-    yield decision_id_key(entry["decision"]["decision_id"]), seq_name(seq)
+def index_puts(body: DecisionEntryBody, seq: int) -> Iterator[tuple[LaneKey, bytes]]:
+    """The index keys of entry seq: its tenant's listing, and its decision id."""
+    yield tenant_index_key(body.target.tenant_id, seq), b""
+    yield decision_id_key(body.decision.decision_id), seq_name(seq)
 
 
-def opa_event(entry: dict[str, Any]) -> dict[str, Any]:
-    """An entry in the field names of OPA's decision log events, where they overlap."""
-    decision = entry["decision"]
+def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry in the field names of OPA's decision log events, where they overlap; the
+    entry itself beside them, as stored."""
+    decision = entry.decision
     return {
-        "decision_id": decision["decision_id"],
-        "path": decision["policy"] + "/decision",
-        "input": entry["input"],
-        "result": {"allow": decision["allow"], "reasons": decision["reasons"]},
-        "timestamp": decision["evaluated_at"],
-        "bundles": {"sessionstate": {"revision": decision["policy_revision"]}},
-        "requested_by": entry["actor"]["sub"],
-        "labels": {"app": "sessionstate", "engine_version": decision["engine"]["version"]},
-        "metrics": {"timer_server_handler_ns": int(decision["latency_ms"] * 1_000_000)},
-        "sessionstate": entry,
+        "decision_id": decision.decision_id,
+        "path": decision.policy + "/decision",
+        "input": entry.input,
+        "result": {"allow": decision.allow, "reasons": decision.reasons},
+        "timestamp": decision.evaluated_at,
+        "bundles": {"sessionstate": {"revision": decision.policy_revision}},
+        "requested_by": entry.actor.sub,
+        "labels": {"app": "sessionstate", "engine_version": decision.engine.version},
+        "metrics": {"timer_server_handler_ns": int(decision.latency_ms * 1_000_000)},
+        "sessionstate": as_stored,
     }
 
 

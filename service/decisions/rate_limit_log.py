@@ -19,16 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
 from service.decisions.journal import DecisionJournal, JournalClosed
-from service.decisions.log import DecisionOutcome
+from service.decisions.log import DecisionEntryBody
 from service.policy.input import PolicyAction, PolicyActor, PolicyTarget
-from service.policy.trace import RATE_LIMITED, DecisionEngine, DecisionTrace
+from service.policy.trace import DecisionEngine, DecisionTrace
 from service.rate_limits import Budget, RateLimits, Refusal, actor_key
+from service.reasons import Reason
 from store.canonical import canonical_digest
 from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
 
@@ -79,7 +80,7 @@ class _Episode:
         )
 
 
-def summary_entry_body(summary: RateLimitSummary) -> dict[str, Any]:
+def summary_entry_body(summary: RateLimitSummary) -> DecisionEntryBody:
     """A summary as a decision log entry, before the journal dates and seals it."""
     document = summary.model_dump(mode="json")
     trace = DecisionTrace(
@@ -87,22 +88,16 @@ def summary_entry_body(summary: RateLimitSummary) -> dict[str, Any]:
         action=summary.action,
         policy=RATE_LIMIT_POLICY,
         allow=False,
-        reasons=[RATE_LIMITED],
+        reasons=[Reason.RATE_LIMITED.value],
         policy_revision=canonical_digest(document["limits"]),
         input_digest=canonical_digest(document),
         evaluated_at=summary.first_at,
         engine=DecisionEngine(name="sessionstate", version=_service_version()),
         latency_ms=0.0,
     )
-    return {
-        "decision": trace.model_dump(mode="json"),
-        "actor": document["actor"],
-        "target": document["target"],
-        "outcome": DecisionOutcome(status=429, applied=False, approval_id=None).model_dump(
-            mode="json"
-        ),
-        "input": document,
-    }
+    return DecisionEntryBody(
+        decision=trace, actor=summary.actor, target=summary.target, input=document
+    )
 
 
 class RateLimitLog:
@@ -160,7 +155,8 @@ class RateLimitLog:
         kept = 0
         for number, episode in enumerate(due):
             try:
-                self._journal.record(summary_entry_body(episode.summary(self._limits)))
+                body = summary_entry_body(episode.summary(self._limits))
+                self._journal.record(body, status=Reason.RATE_LIMITED.status)
             except JournalClosed:
                 # Tried again at the next tick; only close gives up on them.
                 with self._lock:

@@ -8,7 +8,6 @@ corrupt, not reviewed in part.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +19,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bundle
-from service.decisions.log import opa_event, prune_log
+from service.decisions.log import prune_log
+from service.decisions.reader import DecisionLogReader
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import ChainVerification, EvidenceChain
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
@@ -124,7 +124,7 @@ def bundle(
         try:
             with os.fdopen(handle, "wb") as sink:
                 made = write_bundle(
-                    sink, EvidenceChain(lanes), data_dir, selection, datetime.now(UTC)
+                    sink, DecisionLogReader(lanes), data_dir, selection, datetime.now(UTC)
                 )
                 sink.flush()
                 os.fsync(sink.fileno())
@@ -159,20 +159,14 @@ def _selection(**values: str | None) -> BundleSelection:
 def export_lines(data_dir: Path, tenant_id: str | None = None) -> Iterator[str]:
     """NDJSON lines in OPA's decision log field names, optionally of one tenant."""
     with open_lanes(data_dir) as lanes:
-        for entry in EvidenceChain(lanes).scan():
-            if tenant_id is None or entry["target"]["tenant_id"] == tenant_id:
-                yield json.dumps(opa_event(entry))
+        for line in DecisionLogReader(lanes).export(tenant_id):
+            yield line.rstrip("\n")
 
 
 def tail(data_dir: Path, count: int) -> list[dict[str, Any]]:
     """The newest `count` entries, oldest first."""
     with open_lanes(data_dir) as lanes:
-        newest = []
-        for entry in EvidenceChain(lanes).scan(reverse=True):
-            newest.append(entry)
-            if len(newest) == count:
-                break
-    return list(reversed(newest))
+        return DecisionLogReader(lanes).newest(count)
 
 
 def prune(data_dir: Path, older_than_days: int) -> int:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
 from service.http.problems import Problem
+from service.reasons import Reason
 from store.violations import violations_of
 
 M = TypeVar("M", bound=BaseModel)
@@ -43,11 +44,11 @@ def json_body(model: type[M], *, optional: bool = False) -> M:
     except HTTPException:
         raise  # 413 and friends keep their own status
     except Exception:  # the server's body reader: bad chunking, a cut connection
-        raise Problem(400, "malformed_request") from None
+        raise Problem(Reason.MALFORMED_REQUEST) from None
     if optional and not raw:
         return model()
     if request.mimetype != "application/json" and not request.mimetype.endswith("+json"):
-        raise Problem(415, "unsupported_media_type")
+        raise Problem(Reason.UNSUPPORTED_MEDIA_TYPE)
     try:
         document = json.loads(
             raw.decode("utf-8"),
@@ -55,8 +56,8 @@ def json_body(model: type[M], *, optional: bool = False) -> M:
             parse_constant=_no_constants,
         )
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise Problem(400, "malformed_json") from None
+        raise Problem(Reason.MALFORMED_JSON) from None
     try:
         return model.model_validate(document)
     except ValidationError as error:
-        raise Problem(422, "validation_failed", errors=violations_of(error, model)) from None
+        raise Problem(Reason.VALIDATION_FAILED, errors=violations_of(error, model)) from None

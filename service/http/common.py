@@ -1,36 +1,42 @@
-"""What every route does first: find the context, authenticate, check scope ids, decide."""
+"""What every route does first: find the context, authenticate, check scope ids, authorize.
+
+`authorize` is a route's one way to a decision: the actor's rate limits first
+(OPA is not asked when they refuse), then the policy, whose decision is kept as
+the request's `PendingDecision` (`g.pending_decision`) and returned only when it
+allows; otherwise the domain's refusal is raised, and `service.http.problems`
+answers it. The pending decision is kept in the log with the effect, the write
+or, by the app when the answer leaves, the status of the request.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from flask import Response, current_app, g, request
 from pydantic import BaseModel
 
 from service.approvals import Approval
-from service.auth import Actor, AuthenticationFailed
+from service.auth import Actor
 from service.context import ServiceContext
 from service.decisions.journal import WriteResult
-from service.decisions.log import DecisionOutcome, entry_body
+from service.decisions.log import entry_body
+from service.decisions.pending import PendingDecision
 from service.http.problems import Problem
+from service.policy.gate import PolicyGate
 from service.policy.input import PolicyAction, PolicyTarget
-from service.policy.trace import RATE_LIMITED, DecisionTrace
+from service.policy.trace import DecisionTrace
+from service.rate_limits import RateLimited
+from service.reasons import Reason
 from store.keys import LaneKey
-from store.lanes import StoreOffline
 from store.record import SessionStateRecord
+from store.reports import SessionStateWriteReport
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
 
 CONTEXT_KEY = "sessionstate"
-STORE_RETRY_AFTER = {"Retry-After": "5"}
-
-
-def unkept_decision(error: Exception) -> Problem:
-    """The answer when a decision cannot be kept: the store's fault, or the journal's."""
-    if isinstance(error, StoreOffline):
-        return Problem(503, "store_unavailable", headers=STORE_RETRY_AFTER)
-    return Problem(503, "decision_log_unavailable")
+WriteReportOf = Callable[[DecisionTrace], SessionStateWriteReport]
+"""What a refused write or preview reports, from the decision that refused it."""
 
 
 def context() -> ServiceContext:
@@ -38,13 +44,8 @@ def context() -> ServiceContext:
 
 
 def authenticate() -> Actor:
-    """The verified actor of the request, or 401."""
-    try:
-        actor = context().verifier.verify(request.headers.get("Authorization"))
-    except AuthenticationFailed as failure:
-        raise Problem(
-            401, failure.reason, headers={"WWW-Authenticate": 'Bearer realm="sessionstate"'}
-        ) from None
+    """The verified actor of the request; `AuthenticationFailed` (401) otherwise."""
+    actor = context().verifier.verify(request.headers.get("Authorization"))
     g.actor_sub = actor.sub
     return actor
 
@@ -52,7 +53,7 @@ def authenticate() -> Actor:
 def checked_ids(*ids: str) -> None:
     """Scope ids from the path exactly as sent, or 400: never trimmed or case-folded."""
     if not all(is_scope_id(value) for value in ids):
-        raise Problem(400, "invalid_scope_id")
+        raise Problem(Reason.INVALID_SCOPE_ID)
 
 
 def session_scope(tenant_id: str, workspace_id: str, session_id: str) -> TenantScope:
@@ -70,54 +71,72 @@ def json_response(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status=status, mimetype="application/json")
 
 
-def decide(
+def authorize(
     action: PolicyAction,
     actor: Actor,
     target: PolicyTarget,
     *,
     record: SessionStateRecord | None = None,
     approval: Approval | None = None,
+    write_report: WriteReportOf | None = None,
 ) -> DecisionTrace:
-    """The policy decision for this request, remembered for its log line and the decision log.
+    """The policy's decision for this request, when it allows; a refusal raised otherwise.
 
-    An actor over its budget is refused with 429 first: OPA is not asked and
-    the request adds no entry of its own (see `service.decisions.rate_limit_log`).
+    `RateLimited` before any policy call (the request adds no entry of its own:
+    see `service.decisions.rate_limit_log`); then `PolicyDenied`,
+    `PolicyEngineUnavailable` or `PolicyEngineRefused`, with the write report
+    `write_report` makes of the decision. Every decision made is pending in the log.
     """
     ctx = context()
     refusal = ctx.rate_limiter.admit(actor)
     if refusal is not None:
         ctx.metrics.rate_limited.labels(refusal.budget).inc()
         ctx.rate_limit_log.note(actor, refusal, action, target)
-        raise Problem(429, RATE_LIMITED, headers={"Retry-After": str(refusal.retry_after)})
+        raise RateLimited(refusal)
     trace, policy_input = ctx.gate.decide(action, actor, target, record=record, approval=approval)
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target)
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
-    g.decision_entry = entry_body(trace, policy_input, actor, outcome=None)
+    g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor))
+    PolicyGate.enforce(trace, write_report=None if write_report is None else write_report(trace))
     return trace
 
 
+def pending_decision() -> PendingDecision | None:
+    """This request's decision, while it is not kept (or dropped) yet."""
+    pending = cast(PendingDecision | None, g.get("pending_decision"))
+    return None if pending is None or pending.settled else pending
+
+
 def journal_decision(status: int) -> None:
-    """Append this request's decision with its final status, unless a write already did."""
-    body = g.pop("decision_entry", None)
-    if body is None:
-        return
-    body["outcome"] = DecisionOutcome(status=status, applied=False, approval_id=None).model_dump(
-        mode="json"
-    )
-    context().journal.record(body)
+    """Keep this request's decision with its final status, unless an effect or write did."""
+    pending = pending_decision()
+    if pending is not None:
+        pending.record(context().journal, status)
+
+
+def drop_decision() -> None:
+    """Forget this request's decision: nothing was done, and the log cannot take it now."""
+    pending = pending_decision()
+    if pending is not None:
+        pending.drop()
 
 
 def journal_effect(
     status: int, puts: Sequence[tuple[LaneKey, bytes]] = (), *, approval_id: str | None = None
 ) -> None:
     """Commit what an allowed decision changes, with its entry, in one batch."""
-    body = g.pop("decision_entry")
-    context().journal.record_effect(body, status=status, puts=puts, approval_id=approval_id)
+    _allowed().record_effect(context().journal, status, puts, approval_id=approval_id)
 
 
 def journal_write(record: SessionStateRecord, precondition: Precondition) -> WriteResult:
     """Commit a durable write and its decision entry together."""
-    body = g.pop("decision_entry")
-    return context().journal.record_write(body, record, precondition)
+    return _allowed().record_write(context().journal, record, precondition)
+
+
+def _allowed() -> PendingDecision:
+    pending = pending_decision()
+    if pending is None:  # a route that changes state without authorize(): never let it pass
+        raise RuntimeError("no pending decision allows this change")
+    return pending

@@ -31,6 +31,7 @@ from prometheus_client import Counter
 
 from service.http.body import MAX_BODY_BYTES
 from service.http.problems import Problem
+from service.reasons import Reason
 
 MAX_TARGET_BYTES = 8 * 1024  # path and query
 MAX_HEADER_BYTES = 16 * 1024  # all header lines together
@@ -65,13 +66,13 @@ class BoundedWSGIWrapper(WSGIWrapper):
         call_soon: Callable[..., Any],
     ) -> None:
         if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_TARGET_BYTES:
-            await self._answer(send, Problem(414, "request_target_too_long"))
+            await self._answer(send, Problem(Reason.REQUEST_TARGET_TOO_LONG))
             return
         if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEADER_BYTES:
-            await self._answer(send, Problem(431, "request_headers_too_large"))
+            await self._answer(send, Problem(Reason.REQUEST_HEADERS_TOO_LARGE))
             return
         if _declared_length(scope) > self.max_body_size:
-            await self._answer(send, Problem(413, "body_too_large"))
+            await self._answer(send, Problem(Reason.BODY_TOO_LARGE))
             return
         body = bytearray()
         deadline = asyncio.get_running_loop().time() + self.body_timeout
@@ -80,21 +81,21 @@ class BoundedWSGIWrapper(WSGIWrapper):
             try:
                 message = await asyncio.wait_for(receive(), max(remaining, 0.0))
             except TimeoutError:
-                await self._answer(send, Problem(408, "request_timeout"))
+                await self._answer(send, Problem(Reason.REQUEST_TIMEOUT))
                 return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
             body.extend(chunk if isinstance(chunk, bytes) else b"")
             if len(body) > self.max_body_size:
-                await self._answer(send, Problem(413, "body_too_large"))
+                await self._answer(send, Problem(Reason.BODY_TOO_LARGE))
                 return
             if not message.get("more_body"):
                 break
         try:
             environ = _build_environ(scope, bytes(body))
         except Exception:  # a path outside the root path, or undecodable
-            await self._answer(send, Problem(400, "malformed_request"))
+            await self._answer(send, Problem(Reason.MALFORMED_REQUEST))
             return
         # The body is whole: say how long it is, whatever the framing, so the app reads all of it.
         environ["CONTENT_LENGTH"] = str(len(body))

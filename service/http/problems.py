@@ -1,4 +1,9 @@
-"""RFC 9457 problem documents: every error, with a machine-readable `reason`.
+"""RFC 9457 problem documents: the one place an error becomes an HTTP answer.
+
+The domain raises its own exceptions (a policy refusal, a rate limit, a failed
+authentication, a journal or store that cannot keep a decision); `problem_of`
+turns each into its problem, with the status and detail its `Reason` carries.
+Routes raise `Problem` for what only HTTP knows (a missing record, a bad path).
 
 A problem never carries the caller's input: its detail is fixed text per
 reason, and validation errors list field paths and rule names only.
@@ -12,75 +17,75 @@ from http import HTTPStatus
 from typing import Any
 
 from flask import Response
+from werkzeug.exceptions import HTTPException
 
+from service.auth import AuthenticationFailed
+from service.decisions.journal import JournalClosed
+from service.policy.errors import (
+    PolicyDenied,
+    PolicyEngineRefused,
+    PolicyEngineUnavailable,
+    PolicyRefusal,
+)
 from service.policy.trace import DecisionTrace
+from service.rate_limits import RateLimited
+from service.reasons import QUERY_VALIDATION_DETAIL, Reason
+from store.lanes import StoreOffline
 from store.reports import SessionStateWriteReport
 from store.violations import FieldViolation
 
 PROBLEM_TYPE_BASE = "urn:sessionstate:problem:"
-# `validation_failed` of a query string (every error under `query`) says so, not "body".
-QUERY_VALIDATION_DETAIL = "The query string breaks the rules listed in `errors`."
-
-DETAILS: dict[str, str] = {
-    "token_missing": "The request needs an `Authorization: Bearer <token>` header.",
-    "token_invalid": "The bearer token is malformed, wrongly signed or of an unaccepted algorithm.",
-    "token_expired": "The bearer token has expired.",
-    "token_claims_invalid": "The bearer token lacks `sub`, `roles` or `exp`, has a claim out of "
-    "bounds or of the wrong type (dates must be numbers), is not yet valid, "
-    "or has an invalid scope claim.",
-    "token_lifetime_too_long": "The bearer token lives longer than this service accepts; "
-    "ask for one with a shorter lifetime.",
-    "invalid_scope_id": "A tenant, workspace or session id in the path is not a valid scope id.",
-    "invalid_approval_id": "The approval id in the path is not a valid approval id.",
-    "malformed_request": "The request could not be read as HTTP (framing, headers or body).",
-    "malformed_json": "The request body is not a single well-formed JSON document.",
-    "unsupported_media_type": "The request body must be `application/json`.",
-    "validation_failed": "The request body breaks the rules listed in `errors`.",
-    "body_too_large": "The request body is over 1 MiB.",
-    "request_target_too_long": "The request's path and query are over 8 KiB.",
-    "request_headers_too_large": "The request's headers are over 16 KiB together.",
-    "request_timeout": "The request body did not arrive within the server's deadline.",
-    "invalid_precondition": "`If-Match` must be a quoted state digest, and `If-None-Match` only `*`.",
-    "precondition_failed": "The stored state is not the version the request was based on.",
-    "session_state_not_found": "No session state is stored for this scope.",
-    "decision_not_found": "No decision with this id is in the decision log.",
-    "chain_unverified": "The decision log does not verify, so nothing is signed for it; "
-    "`GET /v1/decisions/verify` names the first problem.",
-    "approval_not_found": "No such approval in this workspace.",
-    "cross_site_request_rejected": "A sign-in or sign-out posted from another site is refused.",
-    "decision_log_unavailable": "The decision could not be kept in the decision log; nothing was done.",
-    "store_unavailable": "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
-    "policy_engine_unavailable": "The policy engine did not answer in time; nothing was done.",
-    "policy_engine_refused": "The policy engine refused the service's credentials; nothing was "
-    "done. An operator must fix the service's OPA token.",
-    "rate_limited": "Too many requests, or too many denied requests, from this actor; nothing "
-    "was done. Try again after `Retry-After` seconds.",
-    "not_found": "No such resource.",
-    "method_not_allowed": "The resource does not support this method.",
-    "internal_error": "The service failed; nothing was written. The request id names it in the logs.",
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="sessionstate"'}
+# What the HTTP framework itself refuses, by status; any other status keeps its number.
+_FRAMEWORK_REASONS = {
+    reason.status: reason
+    for reason in (
+        Reason.MALFORMED_REQUEST,
+        Reason.NOT_FOUND,
+        Reason.METHOD_NOT_ALLOWED,
+        Reason.BODY_TOO_LARGE,
+        Reason.UNSUPPORTED_MEDIA_TYPE,
+    )
 }
+# The domain's exceptions that `problem_of` answers (besides `Problem` and HTTP's own).
+REFUSALS: tuple[type[Exception], ...] = (
+    PolicyRefusal,
+    RateLimited,
+    AuthenticationFailed,
+    JournalClosed,
+    StoreOffline,
+)
 
 
 class Problem(Exception):
-    """An error answer. Raised anywhere in a request, rendered by the app's handler."""
+    """An error answer. Raised anywhere in a request, rendered by the app's handler.
+
+    `reason` gives the status and the detail; `code` replaces the code the answer
+    names (a policy's own reason code on a denial), `status` the status (HTTP's own
+    errors that have no code of their own).
+    """
 
     def __init__(
         self,
-        status: int,
-        reason: str,
+        reason: Reason,
         *,
+        code: str | None = None,
+        status: int | None = None,
         errors: Sequence[FieldViolation] = (),
         decision: DecisionTrace | None = None,
         write_report: SessionStateWriteReport | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+        super().__init__(code or reason.value)
+        self.kind = reason
+        self.reason: str = code or reason.value
+        self.status = status or reason.status
         self.errors = tuple(errors)
         self.decision = decision
         self.write_report = write_report
         self.headers = dict(headers or {})
+        if reason.retry_after is not None:
+            self.headers.setdefault("Retry-After", str(reason.retry_after))
 
     def document(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -101,9 +106,9 @@ class Problem(Exception):
     def detail(self) -> str:
         """Fixed text per reason; a query's validation errors are named as the query's."""
         in_query = all(violation.loc[:1] == ("query",) for violation in self.errors)
-        if self.reason == "validation_failed" and self.errors and in_query:
+        if self.kind is Reason.VALIDATION_FAILED and self.errors and in_query:
             return QUERY_VALIDATION_DETAIL
-        return DETAILS.get(self.reason, "The policy denied the request; see `decision.reasons`.")
+        return self.kind.detail
 
     def response(self) -> Response:
         response = Response(
@@ -116,28 +121,39 @@ class Problem(Exception):
         return response
 
 
-# A denial's one `reason`: the most fundamental refusal leads. Access first (who may
-# ask at all), then scope (which tenant, which session), then everything else, in the
-# order the policy lists it. Codes not named here (store gates, validation blockers)
-# share the last rank.
-REASON_PRECEDENCE: tuple[tuple[str, ...], ...] = (
-    ("role_not_permitted", "action_not_supported"),
-    (
-        "session_state_cross_tenant_write_rejected",
-        "cross_tenant_scope_rejected",
-        "session_replay_cross_tenant_rejected",
-    ),
-    (
-        "session_state_cross_session_write_rejected",
-        "cross_session_scope_rejected",
-        "session_replay_cross_session_rejected",
-    ),
-)
-_RANK = {code: rank for rank, codes in enumerate(REASON_PRECEDENCE) for code in codes}
+def problem_of(error: Exception) -> Problem:
+    """The problem an exception ends a request with; an unforeseen one is `internal_error`."""
+    if isinstance(error, Problem):
+        return error
+    if isinstance(error, PolicyRefusal):
+        return _refusal(error)
+    if isinstance(error, RateLimited):
+        retry_after = str(error.refusal.retry_after)
+        return Problem(Reason.RATE_LIMITED, headers={"Retry-After": retry_after})
+    if isinstance(error, AuthenticationFailed):
+        return Problem(error.reason, headers=CHALLENGE)
+    if isinstance(error, StoreOffline):  # before JournalClosed: the journal's may be both
+        return Problem(Reason.STORE_UNAVAILABLE)
+    if isinstance(error, JournalClosed):
+        return Problem(Reason.DECISION_LOG_UNAVAILABLE)
+    if isinstance(error, HTTPException):
+        status = error.code or 500
+        # Keep what HTTP requires of the status, e.g. `Allow` on a 405.
+        kept = {
+            name: value for name, value in error.get_headers() if name in {"Allow", "Retry-After"}
+        }
+        reason = _FRAMEWORK_REASONS.get(status, Reason.MALFORMED_REQUEST)
+        return Problem(reason, status=status, headers=kept)
+    return Problem(Reason.INTERNAL_ERROR)
 
 
-def primary_reason(reasons: Sequence[str]) -> str:
-    """The one `reason` of a denial: by `REASON_PRECEDENCE`, then the first code in order."""
-    if not reasons:
-        return "policy_denied"
-    return min(reasons, key=lambda code: (_RANK.get(code, len(REASON_PRECEDENCE)), code))
+def _refusal(error: PolicyRefusal) -> Problem:
+    if isinstance(error, PolicyEngineRefused):
+        reason, code = Reason.POLICY_ENGINE_REFUSED, None
+    elif isinstance(error, PolicyEngineUnavailable):
+        reason, code = Reason.POLICY_ENGINE_UNAVAILABLE, None
+    elif isinstance(error, PolicyDenied):
+        reason, code = Reason.POLICY_DENIED, error.reason
+    else:  # a refusal of a kind this table does not know yet: fail closed, as a denial
+        reason, code = Reason.POLICY_DENIED, None
+    return Problem(reason, code=code, decision=error.trace, write_report=error.write_report)

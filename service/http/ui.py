@@ -10,7 +10,6 @@ same decision log. The pages run no script and load nothing from elsewhere.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,21 +22,19 @@ from flask import Blueprint, Response, g, render_template, request, url_for
 from pydantic import ValidationError
 
 from service.auth import Actor, AuthenticationFailed
+from service.contract import DECISION_ID
 from service.decisions.journal import JournalClosed
 from service.decisions.log import DecisionLogEntry
-from service.http.common import context, journal_decision, unkept_decision
-from service.http.decisions import (
-    MAX_LIMIT,
-    DecisionQuery,
-    audit_decision,
-    decision_entry,
-    tenant_entries,
-    tenant_page,
-)
-from service.http.problems import DETAILS, Problem
+from service.decisions.query import MAX_LIMIT, DecisionQuery
+from service.http.common import context, journal_decision, pending_decision
+from service.http.decisions import audit_decision, decision_entry
+from service.http.problems import Problem, problem_of
 from service.http.ui_bundle import bundle_download
 from service.http.ui_chart import decision_chart
+from service.policy.errors import PolicyRefusal
 from service.policy.input import PolicyAction
+from service.rate_limits import RateLimited
+from service.reasons import Reason
 from store.lanes import StoreOffline
 from store.violations import violations_of
 
@@ -57,7 +54,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
 }
-_DECISION_ID = re.compile(r"[A-Za-z0-9._~:-]{1,64}")
 _PAGE_DETAILS = {  # what the API's problem details say, in a reviewer's words
     "validation_failed": "This token names no tenant, and the page shows the decision log "
     "of the token's own tenant only.",
@@ -144,19 +140,23 @@ def decisions() -> Response:
     page: list[DecisionLogEntry] = []
     next_url = bundle_url = None
     chart = None
+    decision_log = context().decision_log
     if query is not None:
         bundle_url = _with_query(url_for("ui.evidence_bundle"), filters.selection())
-        rows, next_cursor = tenant_page(tenant, query)
-        page = [DecisionLogEntry.model_validate(entry) for entry in rows]
-        if next_cursor is not None:
-            next_url = url_for("ui.decisions") + "?" + urlencode(filters.with_cursor(next_cursor))
-        chart = decision_chart(tenant_entries(tenant, query.model_copy(update={"cursor": None})))
+        listed = decision_log.page(tenant, query)
+        page = listed.entries
+        if listed.next_cursor is not None:
+            next_url = (
+                url_for("ui.decisions") + "?" + urlencode(filters.with_cursor(listed.next_cursor))
+            )
+        everything = decision_log.entries(tenant, query.model_copy(update={"cursor": None}))
+        chart = decision_chart((e.decision.evaluated_at, e.decision.allow) for e in everything)
     body = render_template(
         "ui/decisions.html",
         actor=actor,
         tenant=tenant,
         trace=trace,
-        chain=context().journal.chain.verify(),
+        chain=decision_log.chain.verify(),
         filters=filters,
         actions=ACTIONS,
         problems=problems,
@@ -196,10 +196,10 @@ def decision(decision_id: str) -> Response:
     body = render_template(
         "ui/entry.html",
         actor=actor,
-        tenant=entry["target"]["tenant_id"],
+        tenant=entry.target.tenant_id,
         trace=trace,
-        entry=DecisionLogEntry.model_validate(entry),
-        policy_input=json.dumps(entry["input"], indent=2, sort_keys=True),
+        entry=entry,
+        policy_input=json.dumps(entry.input, indent=2, sort_keys=True),
     )
     return Response(body)
 
@@ -213,11 +213,17 @@ def _page_helpers() -> dict[str, Any]:
 
 
 @bp.errorhandler(Problem)
-def _problem_page(problem: Problem) -> Response:
+@bp.errorhandler(PolicyRefusal)
+@bp.errorhandler(RateLimited)
+def _problem_page(error: Exception) -> Response:
+    problem = problem_of(error)
     g.problem_reason = problem.reason
-    detail = _PAGE_DETAILS.get(problem.reason) or DETAILS.get(
-        problem.reason, "The audit policy did not allow this page."
-    )
+    if problem.reason in _PAGE_DETAILS:
+        detail = _PAGE_DETAILS[problem.reason]
+    elif problem.kind is Reason.POLICY_DENIED:
+        detail = "The audit policy did not allow this page."
+    else:
+        detail = problem.detail()
     body = render_template("ui/error.html", problem=problem, detail=detail, actor=_signed_in())
     return Response(body, status=problem.status, headers=problem.headers)
 
@@ -225,12 +231,12 @@ def _problem_page(problem: Problem) -> Response:
 @bp.after_request
 def _keep_decision(response: Response) -> Response:
     """Log the page view's decision here, so a log that cannot keep it fails as a page."""
-    if "decision_entry" not in g:
+    if pending_decision() is None:
         return response
     try:
         journal_decision(response.status_code)
     except (JournalClosed, StoreOffline) as error:
-        return _problem_page(unkept_decision(error))
+        return _problem_page(error)
     return response
 
 
@@ -305,7 +311,7 @@ def _same_site_only() -> None:
     else:
         cross_site = origin is not None and urlsplit(origin).netloc != request.host
     if cross_site:
-        raise Problem(403, "cross_site_request_rejected")
+        raise Problem(Reason.CROSS_SITE_REQUEST_REJECTED)
 
 
 def _safe_next(path: str | None) -> str:
@@ -313,7 +319,7 @@ def _safe_next(path: str | None) -> str:
     prefix = f"{bp.url_prefix}/decisions"
     if path is not None and path.startswith(prefix + "/"):
         decision_id = path.removeprefix(prefix + "/")
-        if _DECISION_ID.fullmatch(decision_id):
+        if DECISION_ID.fullmatch(decision_id):
             return url_for("ui.decision", decision_id=decision_id)
     return url_for("ui.decisions")
 

@@ -11,11 +11,13 @@ from tempfile import SpooledTemporaryFile
 from flask import Response, request
 from werkzeug.wsgi import wrap_file
 
+from service.contract import DECISION_ID_HEADER
 from service.decisions.bundle import BundleSelection, write_bundle
+from service.decisions.query import DecisionQuery
 from service.http.common import context
-from service.http.decisions import DECISION_ID_HEADER, DecisionQuery
 from service.http.problems import Problem
 from service.policy.trace import DecisionTrace
+from service.reasons import Reason
 from store.signed_head import ChainUnverified
 
 _SPOOL_BYTES = 16 << 20  # a bigger bundle is staged in a temporary file
@@ -34,14 +36,14 @@ def bundle_download(trace: DecisionTrace, tenant: str, query: DecisionQuery) -> 
     try:
         made = write_bundle(
             staged,
-            context().journal.chain,
+            context().decision_log,
             context().settings.data_dir,
             selection,
             context().clock(),
         )
     except ChainUnverified:
         staged.close()
-        raise Problem(409, "chain_unverified", decision=trace) from None
+        raise Problem(Reason.CHAIN_UNVERIFIED, decision=trace) from None
     staged.seek(0)
     return Response(
         wrap_file(request.environ, staged),

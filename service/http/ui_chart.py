@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 CHART_BUCKETS = (12, 24)  # fewest and most; about two decisions a bucket between
 CHART_MAX_ENTRIES = 10_000  # the chart reads at most this many matching entries
@@ -52,14 +51,14 @@ class Chart:
     bottom: int = 200
 
 
-def decision_chart(entries: Iterable[dict[str, Any]]) -> Chart | None:
-    """Bucket entries by evaluated_at between the first and the last; None if there are none."""
+def decision_chart(decisions: Iterable[tuple[str, bool]]) -> Chart | None:
+    """Bucket decisions, each (evaluated_at, allow), between the first and the last; None if
+    there are none."""
     points: list[tuple[datetime, bool]] = []
-    for entry in entries:
+    for evaluated_at, allow in decisions:
         if len(points) == CHART_MAX_ENTRIES:
             break
-        decision = entry["decision"]
-        points.append((datetime.fromisoformat(decision["evaluated_at"]), decision["allow"] is True))
+        points.append((datetime.fromisoformat(evaluated_at), allow is True))
     if not points:
         return None
     first, last = min(t for t, _ in points), max(t for t, _ in points)

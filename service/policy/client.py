@@ -19,25 +19,12 @@ from urllib.parse import urlsplit
 import requests
 from opa_client.opa import OpaClient
 
+from service.contract import DECISION_PACKAGES
 from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
-from service.policy.trace import (
-    POLICY_ENGINE_REFUSED,
-    POLICY_ENGINE_UNAVAILABLE,
-    DecisionEngine,
-    DecisionTrace,
-)
+from service.policy.trace import DecisionEngine, DecisionTrace
+from service.reasons import Reason
 from store.canonical import canonical_digest
 
-DECISION_PACKAGES = {
-    "preview": "write",
-    "write": "write",
-    "read": "read",
-    "replay": "replay",
-    "approval.grant": "approval",
-    "approval.revoke": "approval",
-    "approval.list": "approval",
-    "decisions.read": "audit",
-}
 UNKNOWN = "unknown"
 REFUSING_STATUSES = (401, 403)  # OPA's authentication or its system.authz said no
 
@@ -85,7 +72,7 @@ class PolicyClient:
             )
         except requests.HTTPError as error:
             refused = error.response is not None and error.response.status_code in REFUSING_STATUSES
-            answer = POLICY_ENGINE_REFUSED if refused else None
+            answer = Reason.POLICY_ENGINE_REFUSED if refused else None
         except Exception:  # any failure to get an answer denies
             answer = None
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -116,8 +103,10 @@ class PolicyClient:
 def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     """allow, reasons, decision id, policy revision and engine version; deny on any doubt."""
     failure = (
-        POLICY_ENGINE_REFUSED if answer == POLICY_ENGINE_REFUSED else POLICY_ENGINE_UNAVAILABLE
-    )
+        Reason.POLICY_ENGINE_REFUSED
+        if answer == Reason.POLICY_ENGINE_REFUSED
+        else Reason.POLICY_ENGINE_UNAVAILABLE
+    ).value
     unavailable = (False, [failure], "local-" + uuid.uuid4().hex, UNKNOWN, UNKNOWN)
     if not isinstance(answer, dict):
         return unavailable

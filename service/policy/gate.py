@@ -2,9 +2,9 @@
 
 It builds the policy input (claims, target, deployment, approval, record
 summary; never raw text), asks OPA through the client, counts the outcome,
-and turns a denial or an unavailable engine into the problem the contract
-fixes: 403 with the decision, 503 `policy_engine_unavailable`, or 503
-`policy_engine_refused` when OPA does not accept the service's token.
+and turns a decision that does not allow into the domain's exception
+(`service.policy.errors`): `PolicyDenied`, `PolicyEngineUnavailable`, or
+`PolicyEngineRefused` when OPA does not accept the service's token.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from datetime import datetime
 
 from service.approvals import Approval
 from service.auth import Actor
-from service.http.problems import Problem, primary_reason
 from service.metrics import ServiceMetrics
 from service.policy.client import PolicyClient
+from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngineUnavailable
 from service.policy.input import (
     PolicyAction,
     PolicyDeployment,
@@ -24,7 +24,7 @@ from service.policy.input import (
     PolicyTarget,
     record_summary,
 )
-from service.policy.trace import POLICY_ENGINE_REFUSED, POLICY_ENGINE_UNAVAILABLE, DecisionTrace
+from service.policy.trace import DecisionTrace
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 
@@ -82,26 +82,10 @@ class PolicyGate:
     def enforce(
         trace: DecisionTrace, *, write_report: SessionStateWriteReport | None = None
     ) -> None:
-        """Raise the contract's problem unless the decision allows."""
+        """Raise the refusal the decision amounts to, unless it allows."""
         if trace.engine_refused:
-            # Not an outage that passes: an operator must fix the token. A Retry-After over
-            # the client's longest wait (30 s) ends its retries at once.
-            raise Problem(
-                503,
-                POLICY_ENGINE_REFUSED,
-                decision=trace,
-                write_report=write_report,
-                headers={"Retry-After": "60"},
-            )
+            raise PolicyEngineRefused(trace, write_report)
         if trace.engine_unavailable:
-            raise Problem(
-                503,
-                POLICY_ENGINE_UNAVAILABLE,
-                decision=trace,
-                write_report=write_report,
-                headers={"Retry-After": "1"},
-            )
+            raise PolicyEngineUnavailable(trace, write_report)
         if not trace.allow:
-            raise Problem(
-                403, primary_reason(trace.reasons), decision=trace, write_report=write_report
-            )
+            raise PolicyDenied(trace, write_report)

@@ -7,10 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.policy.input import PolicyAction
-
-POLICY_ENGINE_UNAVAILABLE = "policy_engine_unavailable"
-POLICY_ENGINE_REFUSED = "policy_engine_refused"  # OPA answered 401/403 to the service's token
-RATE_LIMITED = "rate_limited"
+from service.reasons import Reason
 
 
 class DecisionEngine(BaseModel):
@@ -47,9 +44,9 @@ class DecisionTrace(BaseModel):
     @property
     def engine_unavailable(self) -> bool:
         """OPA made no decision: it did not answer, answered wrongly, or refused the service."""
-        return POLICY_ENGINE_UNAVAILABLE in self.reasons or self.engine_refused
+        return Reason.POLICY_ENGINE_UNAVAILABLE in self.reasons or self.engine_refused
 
     @property
     def engine_refused(self) -> bool:
         """OPA refused the service's token (401/403): a configuration fault, not an outage."""
-        return POLICY_ENGINE_REFUSED in self.reasons
+        return Reason.POLICY_ENGINE_REFUSED in self.reasons

@@ -1,0 +1,91 @@
+"""The v1 contract's constants, written once: paths, id patterns, header names, decisions.
+
+The routes (`service.http`), the OpenAPI document (`service.openapi`) and the
+client (`service.client`) read them from here. Paths are OpenAPI templates
+(`{tenant_id}`); `flask_rule` spells one for Flask and `fill` for a request.
+Tests hold the rest to them: every `/v1` route is an OpenAPI operation and back,
+`policies/system/authz/authz.rego` serves exactly `DECISION_PACKAGES`' packages,
+and the client asks for no path that is not here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import quote
+
+from service.policy.input import PolicyAction
+from store.scope import SCOPE_ID_PATTERN
+
+# --- paths -------------------------------------------------------------------------------
+SESSION = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}/sessions/{session_id}"
+WORKSPACE = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}"
+STATE = SESSION + "/state"
+STATE_PREVIEW = SESSION + "/state/preview"
+REPLAY_PREVIEW = SESSION + "/replay-preview"
+APPROVALS = WORKSPACE + "/approvals"
+APPROVAL = APPROVALS + "/{approval_id}"
+DECISIONS = "/v1/decisions"
+DECISIONS_VERIFY = DECISIONS + "/verify"
+DECISIONS_EXPORT = DECISIONS + "/export"
+DECISION = DECISIONS + "/{decision_id}"
+HEALTHZ = "/healthz"
+READYZ = "/readyz"
+METRICS = "/metrics"
+OPENAPI = "/openapi.json"
+DOCS = "/docs"
+
+# --- ids in paths ------------------------------------------------------------------------
+APPROVAL_ID_PATTERN = r"^appr_[0-9a-f]{24}$"
+DECISION_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+APPROVAL_ID = re.compile(APPROVAL_ID_PATTERN)
+DECISION_ID = re.compile(DECISION_ID_PATTERN)
+PATH_PATTERNS = {
+    "tenant_id": SCOPE_ID_PATTERN,
+    "workspace_id": SCOPE_ID_PATTERN,
+    "session_id": SCOPE_ID_PATTERN,
+    "approval_id": APPROVAL_ID_PATTERN,
+    "decision_id": DECISION_ID_PATTERN,
+}
+
+# --- headers -----------------------------------------------------------------------------
+DECISION_ID_HEADER = "Sessionstate-Decision-Id"  # names the decision of an answer without a body
+ETAG = "ETag"  # the stored record's state digest, quoted
+IF_MATCH = "If-Match"  # replace only this version (a quoted state digest)
+IF_NONE_MATCH = "If-None-Match"  # `*`: create only
+RETRY_AFTER = "Retry-After"
+REQUEST_ID = "X-Request-Id"
+
+# --- decisions ---------------------------------------------------------------------------
+# Which Rego package decides each action (`data.sessionstate.<package>.decision`).
+DECISION_PACKAGES: Mapping[PolicyAction, str] = {
+    "preview": "write",
+    "write": "write",
+    "read": "read",
+    "replay": "replay",
+    "approval.grant": "approval",
+    "approval.revoke": "approval",
+    "approval.list": "approval",
+    "decisions.read": "audit",
+}
+
+_PARAMETER = re.compile(r"\{([a-z_]+)\}")
+
+
+def flask_rule(path: str) -> str:
+    """A path template as Flask routes it: `{tenant_id}` becomes `<tenant_id>`."""
+    return _PARAMETER.sub(r"<\1>", path)
+
+
+def parameters(path: str) -> list[str]:
+    """The names a path template takes, in order."""
+    return _PARAMETER.findall(path)
+
+
+def fill(path: str, **values: str) -> str:
+    """A path template with its parameters filled in, each quoted as one path segment."""
+    return path.format(**{name: quote(value, safe="") for name, value in values.items()})
+
+
+def quoted_etag(state_digest: str) -> str:
+    return f'"{state_digest}"'

@@ -1,0 +1,222 @@
+"""`Reason`: every `reason` code the service itself answers with, its HTTP status and its text.
+
+One enumeration for the server's problem documents, the reason table of
+docs/model-service.md (a test holds them together) and the client's typed
+errors. The codes a policy returns on a denial are Rego's own (`403`, with the
+detail of `POLICY_DENIED`); the store's record checks are `store.reasons.Blocker`.
+
+Nothing here knows HTTP beyond the numbers: the domain raises its own
+exceptions, and `service.http.problems` turns them into problem documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """A reason code, with the status it is answered with and the fixed detail it carries."""
+
+    status: int
+    detail: str
+    retry_after: int | None
+
+    def __new__(cls, code: str, status: int, detail: str, retry_after: int | None = None) -> Reason:
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.status = status
+        member.detail = detail
+        member.retry_after = retry_after  # seconds, when the contract fixes the wait
+        return member
+
+    # --- the request itself (400, 408, 413, 414, 415, 422, 431) ---------------------------
+    MALFORMED_REQUEST = (
+        "malformed_request",
+        400,
+        "The request could not be read as HTTP (framing, headers or body).",
+    )
+    MALFORMED_JSON = (
+        "malformed_json",
+        400,
+        "The request body is not a single well-formed JSON document.",
+    )
+    INVALID_SCOPE_ID = (
+        "invalid_scope_id",
+        400,
+        "A tenant, workspace or session id in the path is not a valid scope id.",
+    )
+    INVALID_APPROVAL_ID = (
+        "invalid_approval_id",
+        400,
+        "The approval id in the path is not a valid approval id.",
+    )
+    INVALID_PRECONDITION = (
+        "invalid_precondition",
+        400,
+        "`If-Match` must be a quoted state digest, and `If-None-Match` only `*`.",
+    )
+    REQUEST_TIMEOUT = (
+        "request_timeout",
+        408,
+        "The request body did not arrive within the server's deadline.",
+    )
+    BODY_TOO_LARGE = ("body_too_large", 413, "The request body is over 1 MiB.")
+    REQUEST_TARGET_TOO_LONG = (
+        "request_target_too_long",
+        414,
+        "The request's path and query are over 8 KiB.",
+    )
+    UNSUPPORTED_MEDIA_TYPE = (
+        "unsupported_media_type",
+        415,
+        "The request body must be `application/json`.",
+    )
+    VALIDATION_FAILED = (
+        "validation_failed",
+        422,
+        "The request body breaks the rules listed in `errors`.",
+    )
+    REQUEST_HEADERS_TOO_LARGE = (
+        "request_headers_too_large",
+        431,
+        "The request's headers are over 16 KiB together.",
+    )
+
+    # --- authentication (401) -------------------------------------------------------------
+    TOKEN_MISSING = (
+        "token_missing",
+        401,
+        "The request needs an `Authorization: Bearer <token>` header.",
+    )
+    TOKEN_INVALID = (
+        "token_invalid",
+        401,
+        "The bearer token is malformed, wrongly signed or of an unaccepted algorithm.",
+    )
+    TOKEN_EXPIRED = ("token_expired", 401, "The bearer token has expired.")
+    TOKEN_CLAIMS_INVALID = (
+        "token_claims_invalid",
+        401,
+        "The bearer token lacks `sub`, `roles` or `exp`, has a claim out of "
+        "bounds or of the wrong type (dates must be numbers), is not yet valid, "
+        "or has an invalid scope claim.",
+    )
+    TOKEN_LIFETIME_TOO_LONG = (
+        "token_lifetime_too_long",
+        401,
+        "The bearer token lives longer than this service accepts; "
+        "ask for one with a shorter lifetime.",
+    )
+
+    # --- refusals (403, 429) --------------------------------------------------------------
+    POLICY_DENIED = (
+        "policy_denied",
+        403,
+        "The policy denied the request; see `decision.reasons`.",
+    )
+    CROSS_SITE_REQUEST_REJECTED = (
+        "cross_site_request_rejected",
+        403,
+        "A sign-in or sign-out posted from another site is refused.",
+    )
+    RATE_LIMITED = (
+        "rate_limited",
+        429,
+        "Too many requests, or too many denied requests, from this actor; nothing "
+        "was done. Try again after `Retry-After` seconds.",
+    )
+
+    # --- what is or is not there (404, 405, 409, 412) -------------------------------------
+    SESSION_STATE_NOT_FOUND = (
+        "session_state_not_found",
+        404,
+        "No session state is stored for this scope.",
+    )
+    APPROVAL_NOT_FOUND = ("approval_not_found", 404, "No such approval in this workspace.")
+    DECISION_NOT_FOUND = (
+        "decision_not_found",
+        404,
+        "No decision with this id is in the decision log.",
+    )
+    NOT_FOUND = ("not_found", 404, "No such resource.")
+    METHOD_NOT_ALLOWED = (
+        "method_not_allowed",
+        405,
+        "The resource does not support this method.",
+    )
+    CHAIN_UNVERIFIED = (
+        "chain_unverified",
+        409,
+        "The decision log does not verify, so nothing is signed for it; "
+        "`GET /v1/decisions/verify` names the first problem.",
+    )
+    PRECONDITION_FAILED = (
+        "precondition_failed",
+        412,
+        "The stored state is not the version the request was based on.",
+    )
+
+    # --- the service cannot do it now (500, 503) ------------------------------------------
+    INTERNAL_ERROR = (
+        "internal_error",
+        500,
+        "The service failed; nothing was written. The request id names it in the logs.",
+    )
+    POLICY_ENGINE_UNAVAILABLE = (
+        "policy_engine_unavailable",
+        503,
+        "The policy engine did not answer in time; nothing was done.",
+        1,
+    )
+    # Not an outage that passes: an operator must fix the token. A wait over the
+    # client's longest (30 s) ends its retries at once.
+    POLICY_ENGINE_REFUSED = (
+        "policy_engine_refused",
+        503,
+        "The policy engine refused the service's credentials; nothing was "
+        "done. An operator must fix the service's OPA token.",
+        60,
+    )
+    DECISION_LOG_UNAVAILABLE = (
+        "decision_log_unavailable",
+        503,
+        "The decision could not be kept in the decision log; nothing was done.",
+    )
+    STORE_UNAVAILABLE = (
+        "store_unavailable",
+        503,
+        "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
+        5,
+    )
+
+
+# `validation_failed` of a query string (every error under `query`) says so, not "body".
+QUERY_VALIDATION_DETAIL = "The query string breaks the rules listed in `errors`."
+
+
+# A denial's one `reason`: the most fundamental refusal leads. Access first (who may
+# ask at all), then scope (which tenant, which session), then everything else, in the
+# order the policy lists it. Codes not named here (store gates, validation blockers)
+# share the last rank.
+REASON_PRECEDENCE: tuple[tuple[str, ...], ...] = (
+    ("role_not_permitted", "action_not_supported"),
+    (
+        "session_state_cross_tenant_write_rejected",
+        "cross_tenant_scope_rejected",
+        "session_replay_cross_tenant_rejected",
+    ),
+    (
+        "session_state_cross_session_write_rejected",
+        "cross_session_scope_rejected",
+        "session_replay_cross_session_rejected",
+    ),
+)
+_RANK = {code: rank for rank, codes in enumerate(REASON_PRECEDENCE) for code in codes}
+
+
+def primary_reason(reasons: Sequence[str]) -> str:
+    """The one `reason` of a denial: by `REASON_PRECEDENCE`, then the first code in order."""
+    if not reasons:
+        return Reason.POLICY_DENIED.value
+    return min(reasons, key=lambda code: (_RANK.get(code, len(REASON_PRECEDENCE)), code))
