@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.decisions.log import DecisionEntryBody
+from service.policy.input import PolicyActor, PolicyTarget
+from service.policy.trace import DecisionEngine, DecisionTrace
 from store.bounds import MAX_TURNS
 from store.builder import build_record
 from store.canonical import canonical_digest, canonical_json
@@ -80,3 +83,27 @@ def v1_record_bytes(
     stored = {**content, "state_digest": digest}
     assert set(stored) == V1_MEMBERS
     return canonical_json(stored), digest
+
+
+def decision_entry_body(
+    decision_id: str, tenant: str = "tenant-a", **input_: Any
+) -> DecisionEntryBody:
+    """A decision entry body as the routes build it, with a small input."""
+    trace = DecisionTrace(
+        decision_id=decision_id,
+        action="read",
+        policy="sessionstate/read",
+        allow=True,
+        reasons=[],
+        policy_revision="sha256:" + "0" * 64,
+        input_digest="sha256:" + "1" * 64,
+        evaluated_at="2026-11-30T12:00:00.000Z",
+        engine=DecisionEngine(version="test"),
+        latency_ms=0.5,
+    )
+    return DecisionEntryBody(
+        decision=trace,
+        actor=PolicyActor(sub="svc", roles=["model-service"]),
+        target=PolicyTarget(tenant_id=tenant),
+        input=dict(input_),
+    )

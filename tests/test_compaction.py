@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from service.decisions.journal import DecisionJournal
+from service.decisions.log import DecisionEntryBody
 from service.settings import Settings
 from store.bounds import MAX_SAFE_INTEGER
 from store.builder import build_record
@@ -40,7 +41,7 @@ from store.session_state import (
     state_key,
 )
 from store.validation import record_blockers
-from tests.factories import record, scope, state_input, v1_record_bytes
+from tests.factories import decision_entry_body, record, scope, state_input, v1_record_bytes
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -300,14 +301,8 @@ def test_an_unconditional_write_tied_to_a_version_replaced_meanwhile_fails(
     assert retried.summary.count + len(retried.turns) == 20
 
 
-def entry(decision_id: str) -> dict[str, Any]:
-    """A decision entry body as the routes build it, cut to what the journal reads."""
-    return {
-        "decision": {"decision_id": decision_id, "allow": True},
-        "actor": {"sub": "svc"},
-        "target": {"tenant_id": "tenant-a"},
-        "input": {},
-    }
+def entry(decision_id: str) -> DecisionEntryBody:
+    return decision_entry_body(decision_id)
 
 
 # --- one parse per exchange ---------------------------------------------------------------

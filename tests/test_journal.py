@@ -21,13 +21,11 @@ import pytest
 
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from service.decisions.log import DecisionEntryBody
-from service.policy.input import PolicyActor, PolicyTarget
-from service.policy.trace import DecisionEngine, DecisionTrace
 from store.digests import DigestKey
 from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore
 from store.session_state import Precondition, SessionStateStore
-from tests.factories import record, scope
+from tests.factories import decision_entry_body, record, scope
 
 KEY = DigestKey(b"k" * 32)
 CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -35,24 +33,7 @@ CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 def body(n: int, tenant: str = "tenant-a", **extra: Any) -> DecisionEntryBody:
     """A decision entry body as the routes build it, with a small input."""
-    trace = DecisionTrace(
-        decision_id=f"decision-{n}",
-        action="read",
-        policy="sessionstate/read",
-        allow=True,
-        reasons=[],
-        policy_revision="sha256:" + "0" * 64,
-        input_digest="sha256:" + "1" * 64,
-        evaluated_at="2026-11-30T12:00:00.000Z",
-        engine=DecisionEngine(version="test"),
-        latency_ms=0.5,
-    )
-    return DecisionEntryBody(
-        decision=trace,
-        actor=PolicyActor(sub="svc", roles=["model-service"]),
-        target=PolicyTarget(tenant_id=tenant),
-        input={"n": n, **extra},
-    )
+    return decision_entry_body(f"decision-{n}", tenant, n=n, **extra)
 
 
 @pytest.fixture
