@@ -1,7 +1,9 @@
 """`LaneStore`: the one LevelDB database, addressed by `LaneKey`s.
 
 It knows nothing of HTTP or policy. Writes are synced by default, and keys that
-change together go through one `WriteBatch`.
+change together go through one `WriteBatch`. It keeps the lane-store contract
+(store/backends/contract.py): a batch's `expect` is checked under a lock that
+every write of this handle takes, and LevelDB admits only this process.
 
 A failed write latches the store read-only. LevelDB makes only a failed sync
 sticky: after a failed append (a full disk, say) it keeps appending behind the

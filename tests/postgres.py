@@ -31,7 +31,22 @@ from pathlib import Path
 import psycopg
 import psycopg.sql
 
-PG_BIN = Path(os.environ.get("SESSIONSTATE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+def _pg_bin() -> Path:
+    """SESSIONSTATE_PG_BIN, else the newest Debian PostgreSQL (15 on Debian 12)."""
+    configured = os.environ.get("SESSIONSTATE_PG_BIN")
+    if configured:
+        return Path(configured)
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda initdb: (
+            int(initdb.parent.parent.name) if initdb.parent.parent.name.isdigit() else 0
+        ),
+    )
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _pg_bin()
 SERVER_USER = "sessionstate-test"
 SUPERUSER = "postgres"
 STANDBY_NAME = "standby1"
@@ -163,7 +178,21 @@ class PostgresServer:
             conf.write("\n# sessionstate tests\n" + "\n".join(lines) + "\n")
 
     def start(self) -> None:
-        """Start on this server's port and socket directory; waits until it accepts connections."""
+        """Start on this server's port and socket directory; waits until it accepts connections.
+
+        A port taken meanwhile by another process (free_port only probed it) is
+        replaced by another free one, twice at most.
+        """
+        for attempt in range(3):
+            try:
+                self._start()
+                return
+            except RuntimeError:
+                if attempt == 2 or "could not bind" not in self.log_tail():
+                    raise
+                self.port = free_port()
+
+    def _start(self) -> None:
         self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         self._own(self.socket_dir)
         self.configure(port=str(self.port), unix_socket_directories=f"'{self.socket_dir}'")

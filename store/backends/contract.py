@@ -15,10 +15,14 @@ suite (tests/test_lane_store_contract.py) holds both to it.
   reversed, over the keys under a lane and leading scope components; with no
   scope they cross tenants.
 - A store that cannot be reached or read now raises `StoreOffline`, and
-  nothing of the operation happened. A write whose outcome is not known
-  raises `StoreUnwritable` and latches the store: it refuses writes until
-  `reopen()` has succeeded, so a writer that caches what it wrote (the
-  journal's chain head) reads it again first.
+  nothing of the operation happened. A write that may have left something
+  behind raises `StoreUnwritable` and latches the store: LevelDB after any
+  failed write (a torn log record), PostgreSQL when the connection broke
+  while COMMIT was under way (the outcome is unknown). A latched store
+  refuses writes until `reopen()` has succeeded, so a writer that caches
+  what it wrote (the journal's chain head) reads it again first.
+- Lanes with no tenant component are keys too; a batch may mix tenants (the
+  journal's batches do, while the decision chain is one for all tenants).
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class Lanes(Protocol):
 
     @property
     def writable(self) -> bool:
-        """False from a write of unknown outcome until a successful `reopen()`."""
+        """False from a latching write failure until a successful `reopen()`."""
         ...
 
     @property
