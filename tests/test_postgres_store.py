@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from store.backends.contract import StoreOffline, StoreUnwritable
 from store.backends.postgres import PostgresLaneStore, redacted, successor
@@ -183,3 +184,59 @@ def _wait_for_syncrep(admin: psycopg.Connection[tuple[object, ...]]) -> int:
             return int(row[0])  # type: ignore[call-overload]
         time.sleep(0.02)
     raise AssertionError("no backend waited for synchronous replication")
+
+
+def test_a_serialization_failure_is_retried(
+    store: PostgresLaneStore, postgres_conninfo: str
+) -> None:
+    """A concurrent transaction changes the row the batch waits for: 40001, then a retry."""
+    key = LaneKey(APPROVALS, "tenant-a", name=b"k")
+    store.put(key, b"v1")
+    failures: list[BaseException] = []
+    with psycopg.connect(postgres_conninfo, autocommit=True) as other:
+        other.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        other.execute(
+            "UPDATE sessionstate_lanes SET value = 'other' WHERE tenant_id = %s AND key = %s",
+            (key.tenant, key.encode()),
+        )
+
+        def write() -> None:
+            try:
+                store.put(key, b"v2")
+            except BaseException as error:
+                failures.append(error)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        _wait_for(other, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        other.execute("COMMIT")
+        writer.join()
+    assert failures == []
+    assert store.conflict_retries == 1
+    assert store.get(key) == b"v2"
+
+
+def test_a_connection_lost_before_commit_is_retried(
+    store: PostgresLaneStore, postgres: PostgresServer, postgres_conninfo: str
+) -> None:
+    key = LaneKey(APPROVALS, "tenant-a", name=b"k")
+    store.put(key, b"v1")
+    # pg_terminate_backend(pid, timeout) returns once the backend is gone (PostgreSQL 14+).
+    with postgres.connect() as admin:  # on the `postgres` database, not the store's
+        terminated = admin.execute(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE datname = %s",
+            (conninfo_to_dict(postgres_conninfo)["dbname"],),
+        ).fetchall()
+    assert terminated and all(ok for (ok,) in terminated)
+    store.put(key, b"v2")  # the pooled connection is dead: the write runs again on a new one
+    assert store.writable
+    assert store.get(key) == b"v2"
+    assert store.connection_retries >= 1
+
+
+def _wait_for(conn: psycopg.Connection[tuple[object, ...]], query: str) -> None:
+    deadline = time.monotonic() + 30
+    while conn.execute(query).fetchone() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("the awaited state never came")
+        time.sleep(0.02)

@@ -13,7 +13,9 @@ suite (tests/test_lane_store_contract.py) holds both to it.
   threads.
 - Scans are in key order (bytewise, as LevelDB orders keys), optionally
   reversed, over the keys under a lane and leading scope components; with no
-  scope they cross tenants.
+  scope they cross tenants. A scan sees every key that stays in place while
+  it runs; LevelDB reads one snapshot, PostgreSQL a page at a time, so keys
+  written meanwhile may or may not show.
 - A store that cannot be reached or read now raises `StoreOffline`, and
   nothing of the operation happened. A write that may have left something
   behind raises `StoreUnwritable` and latches the store: LevelDB after any

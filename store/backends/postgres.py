@@ -159,6 +159,8 @@ class PostgresLaneStore:
         self._latched = False
         self.write_failures = 0  # writes of unknown outcome so far (each latched the store)
         self.reopens = 0
+        self.conflict_retries = 0  # transactions run again after SQLSTATE 40001 or 40P01
+        self.connection_retries = 0  # operations run again after a lost connection
         try:
             self._read(postgres_schema.check)
         except BaseException:
@@ -265,6 +267,7 @@ class PostgresLaneStore:
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
                 # The server rolled back: nothing was written, the same batch may run again.
                 conflicts += 1
+                self.conflict_retries += 1
                 if conflicts >= CONFLICT_ATTEMPTS:
                     raise StoreOffline(
                         f"the write kept conflicting with others ({_sqlstate(error)})"
@@ -282,6 +285,7 @@ class PostgresLaneStore:
                 offline += 1
                 if not _lost(error) or offline >= READ_ATTEMPTS or _waited(error):
                     raise StoreOffline(f"the store cannot write now ({_sqlstate(error)})") from None
+                self.connection_retries += 1
                 self._pool.check()
 
     # -- recovery ------------------------------------------------------------
@@ -321,7 +325,11 @@ class PostgresLaneStore:
                 attempts += 1
                 if not _retryable_read(e) or attempts >= READ_ATTEMPTS or _waited(e):
                     raise StoreOffline(f"the store cannot be read now ({_sqlstate(e)})") from None
-                self._pool.check()
+                if _lost(e):
+                    self.connection_retries += 1
+                    self._pool.check()
+                else:
+                    self.conflict_retries += 1
             except PoolClosed:
                 raise StoreOffline("the store is closed") from None
 
