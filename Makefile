@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser wrk schema lint-py types lint-rego test-rego test-py bench clean policy-manifest
+.PHONY: help run test install tools browser wrk postgres schema lint-py types lint-rego test-rego test-py bench clean policy-manifest
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
@@ -58,6 +58,18 @@ wrk:
 	  exit 1; \
 	fi
 
+# Debian's PostgreSQL (15 on Debian 12) for the PostgreSQL store's tests: tests/postgres.py
+# starts servers of its own in temporary directories, as a system user of its own.
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; \
+	else \
+	  echo "PostgreSQL is missing; install Debian's postgresql:" >&2; \
+	  echo "  sudo apt-get update && sudo apt-get install -y postgresql" >&2; \
+	  exit 1; \
+	fi
+
 # The OPA input schema is generated from service/policy/input.py.
 schema: install
 	$(PY) -m service.policy.input > $(SCHEMAS)/policy_input.json
@@ -89,7 +101,7 @@ test-rego: tools install
 	$$opa test $(POLICIES) && \
 	$$opa test --coverage --format json $(POLICIES) | $(PY) scripts/rego_coverage.py
 
-test-py: install tools browser wrk
+test-py: install tools browser wrk postgres
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest
 
 test: lint-rego test-rego lint-py types test-py

@@ -28,6 +28,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import (
     GENESIS,
@@ -37,7 +38,6 @@ from store.chain_head import (
 )
 from store.checkpoints import Checkpoint, CheckpointVerifier
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 
 CHAIN_FIELDS = ("seq", "prev_hash", "hash")
 ANCHOR_KEY = LaneKey(TenantResourceLane.TRACE_META, name=b"anchor")
@@ -232,20 +232,20 @@ class _Walk:
         )
 
 
-_LOCKS: weakref.WeakKeyDictionary[LaneStore, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[Lanes, threading.Lock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
 
-def _write_lock(lanes: LaneStore) -> threading.Lock:
+def _write_lock(lanes: Lanes) -> threading.Lock:
     """One lock per database, so two `EvidenceChain`s over it cannot fork the chain."""
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(lanes, threading.Lock())
 
 
 class EvidenceChain:
-    """The evidence chain over a `LaneStore`: append, read, verify, prune."""
+    """The evidence chain over a lane store: append, read, verify, prune."""
 
-    def __init__(self, lanes: LaneStore) -> None:
+    def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
         self._lock = _write_lock(lanes)
 

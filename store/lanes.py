@@ -1,7 +1,9 @@
 """`LaneStore`: the one LevelDB database, addressed by `LaneKey`s.
 
 It knows nothing of HTTP or policy. Writes are synced by default, and keys that
-change together go through one `WriteBatch`.
+change together go through one `WriteBatch`. It keeps the lane-store contract
+(store/backends/contract.py): a batch's `expect` is checked under a lock that
+every write of this handle takes, and LevelDB admits only this process.
 
 A failed write latches the store read-only. LevelDB makes only a failed sync
 sticky: after a failed append (a full disk, say) it keeps appending behind the
@@ -19,8 +21,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from store.backends.contract import (
+    ExpectationFailed,
+    LaneBatch,
+    Lanes,
+    StoreOffline,
+    StoreUnwritable,
+)
 from store.integrity import check_tables, open_leveldb
 from store.keys import LaneKey, TenantResourceLane, decode_key, lane_prefix, scope_prefix
 from store.log_tail import forget_log_drops, remember_log_drop, torn_log_tail
@@ -30,28 +39,22 @@ REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
 READER_WAIT_SECONDS = 10.0
 
 
-class StoreOffline(RuntimeError):
-    """The open store cannot be read or written now; nothing of the operation happened."""
-
-
-class StoreUnwritable(StoreOffline):
-    """A write failed; the store refuses writes until it has been reopened."""
-
-
-class LaneBatch(Protocol):
-    def put(self, key: LaneKey, value: bytes) -> None: ...
-    def delete(self, key: LaneKey) -> None: ...
+__all__ = ["ExpectationFailed", "LaneBatch", "LaneStore", "StoreOffline", "StoreUnwritable"]
 
 
 class _PlyvelBatch:
     def __init__(self, batch: Any) -> None:
         self._batch = batch
+        self.expected: dict[bytes, bytes | None] = {}
 
     def put(self, key: LaneKey, value: bytes) -> None:
         self._batch.put(key.encode(), value)
 
     def delete(self, key: LaneKey) -> None:
         self._batch.delete(key.encode())
+
+    def expect(self, key: LaneKey, value: bytes | None) -> None:
+        self.expected[key.encode()] = value
 
 
 class LaneStore:
@@ -75,6 +78,9 @@ class LaneStore:
         self._gate = threading.Condition()
         self._readers = 0
         self._reopening = False
+        # Writes of this handle, one at a time: a batch's `expect` is checked and its
+        # writes land with no other write of this process in between.
+        self._commit = threading.Lock()
 
     def _open(self, *, read_every_block: bool = False) -> Any:
         torn = torn_log_tail(self.path)
@@ -149,21 +155,27 @@ class LaneStore:
             if self._write_failed:
                 raise StoreUnwritable("a write failed; the store has not been reopened since")
             batch = db.write_batch(sync=sync)
-            yield _PlyvelBatch(batch)  # an error in the body leaves the batch unwritten
-            try:
-                batch.write()
-            except Exception as error:
-                self._latch(error)
+            pending = _PlyvelBatch(batch)
+            yield pending  # an error in the body leaves the batch unwritten
+            with self._commit:
+                for key, value in pending.expected.items():
+                    if db.get(key) != value:
+                        raise ExpectationFailed("a key of the batch changed; nothing was written")
+                try:
+                    batch.write()
+                except Exception as error:
+                    self._latch(error)
 
     @contextmanager
     def _writing(self) -> Iterator[Any]:
         with self._reading() as db:
             if self._write_failed:
                 raise StoreUnwritable("a write failed; the store has not been reopened since")
-            try:
-                yield db
-            except Exception as error:
-                self._latch(error)
+            with self._commit:
+                try:
+                    yield db
+                except Exception as error:
+                    self._latch(error)
 
     def _latch(self, error: Exception) -> None:
         self._write_failed = True
@@ -208,3 +220,7 @@ class LaneStore:
             self._gate.wait_for(lambda: self._readers == 0, timeout=10)
             if not self._db.closed:
                 self._db.close()
+
+
+if TYPE_CHECKING:  # LaneStore keeps the lane-store contract (mypy checks this line)
+    _KEEPS_CONTRACT: type[Lanes] = LaneStore

@@ -3,7 +3,9 @@
 Reads fail closed: bytes that do not parse, validate, digest-check and belong
 to their key come back as a corrupt `SessionStateReadReport` with a label from
 a fixed vocabulary and the digest of the bytes, never the bytes themselves.
-Writes are compare-and-set on the current `state_digest`, synced to disk.
+Writes are compare-and-set on the current `state_digest`, synced to disk: the
+record is decided on as read, and the batch that writes it expects the bytes
+read, so a write by another thread or process in between is decided on again.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
+from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json, sha256_digest
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 from store.reasons import Blocker, CorruptionLabel
 from store.record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
 from store.reports import SessionStateReadReport
 from store.scope import TenantScope
 from store.validation import record_blockers
+
+MAX_WRITE_ROUNDS = 64  # reads of a record that others keep changing before giving up
 
 
 @dataclass(frozen=True)
@@ -132,11 +136,11 @@ def state_key(scope: TenantScope) -> LaneKey:
 
 
 class SessionStateStore:
-    """Session records over a `LaneStore`, one key per tenant/workspace/session."""
+    """Session records over a lane store, one key per tenant/workspace/session."""
 
-    def __init__(self, lanes: LaneStore) -> None:
+    def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
-        # LevelDB is one process; this lock makes read-compare-write atomic in it.
+        # Writers of this process take turns; the batch's expectation covers other processes.
         self._write_lock = threading.Lock()
 
     def read(self, scope: TenantScope) -> SessionStateReadReport | None:
@@ -165,19 +169,25 @@ class SessionStateStore:
             raise ValueError("refusing to store a record with blockers: " + ", ".join(blockers))
         key = state_key(record.scope)
         with self._write_lock:
-            stored = self._lanes.get(key)
-            current = (
-                NOTHING_STORED if stored is None else stored_version(record.scope, key, stored)
-            )
-            if not precondition.holds(current):
-                raise PreconditionFailed
-            encoded = canonical_json(record.to_json())
-            with self._lanes.batch(sync=True) as batch:
-                batch.put(key, encoded)
-                for extra_key, value in also:
-                    batch.put(extra_key, value)
-            PARSED_RECORDS.remember(record, encoded)
-        return StoredWrite(created=stored is None, key_digest=key.digest())
+            for _ in range(MAX_WRITE_ROUNDS):
+                stored = self._lanes.get(key)
+                current = (
+                    NOTHING_STORED if stored is None else stored_version(record.scope, key, stored)
+                )
+                if not precondition.holds(current):
+                    raise PreconditionFailed
+                encoded = canonical_json(record.to_json())
+                try:
+                    with self._lanes.batch(sync=True) as batch:
+                        batch.expect(key, stored)
+                        batch.put(key, encoded)
+                        for extra_key, value in also:
+                            batch.put(extra_key, value)
+                except ExpectationFailed:
+                    continue  # written meanwhile by another process: decide again on that
+                PARSED_RECORDS.remember(record, encoded)
+                return StoredWrite(created=stored is None, key_digest=key.digest())
+        raise StoreOffline("the record kept changing under the write; nothing was written")
 
 
 def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionStateReadReport:

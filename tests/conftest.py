@@ -13,6 +13,7 @@ from service.policy.sidecar import OpaSidecar
 from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.session_state import SessionStateStore
+from tests import postgres as pg
 from tests.live import LiveService, live_service, service_settings
 from tests.served import Served, start
 
@@ -107,3 +108,47 @@ def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
     if running.process.poll() is None:
         os.killpg(running.process.pid, signal.SIGKILL)
         running.process.wait()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pg.PostgresServer]:
+    """One real PostgreSQL for the whole run (tests/postgres.py), stopped at the end.
+
+    Skipped, with the reason in the summary, only where PostgreSQL cannot be had:
+    not installed and not root (as root, `make` installs it; a missing one fails).
+    """
+    reason = pg.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pg.server() as running:
+        yield running
+
+
+@pytest.fixture
+def postgres_conninfo(postgres: pg.PostgresServer) -> str:
+    """A fresh database on the shared server, schema upgraded; its connection string."""
+    from store.backends.postgres_schema import upgrade
+
+    conninfo = postgres.create_database()
+    upgrade(conninfo)
+    return conninfo
+
+
+@pytest.fixture
+def postgres_own() -> Iterator[pg.PostgresServer]:
+    """A PostgreSQL of the test's own, which it may stop, start or reconfigure."""
+    reason = pg.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pg.server() as running:
+        yield running
+
+
+@pytest.fixture
+def postgres_pair() -> Iterator[pg.PostgresPair]:
+    """A primary and its synchronous standby, for failover: `kill_primary()`, `promote()`."""
+    reason = pg.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pg.primary_and_standby() as pair:
+        yield pair

@@ -1,0 +1,433 @@
+"""`PostgresLaneStore`: the lane-store contract on PostgreSQL, through psycopg 3 and its pool.
+
+One table, `sessionstate_lanes (tenant_id, key, value)`, primary key
+`(tenant_id, key)`: `key` is the `LaneKey`'s encoding and `tenant_id` its
+tenant component (`''` for keys that name no tenant). Keys and values are
+bytea, and PostgreSQL orders bytea bytewise as LevelDB orders keys, so a scan
+is a key range in key order.
+
+Portable SQL only, so the same code can run on engines that shard by tenant:
+no advisory locks, no LISTEN/NOTIFY, upserts by primary key. A batch is one
+SERIALIZABLE transaction; it touches the tenants of its keys (one tenant when
+the caller's keys are one tenant's, and `single_tenant_batches` makes that a
+rule). `expect` is read inside that transaction, so the serializable engine
+turns a concurrent change into a serialization failure, retried, after which
+the expectation is checked again.
+
+Retries: a serialization failure (SQLSTATE 40001) or deadlock (40P01) rolled
+the transaction back, so it is retried with a short random backoff. A read is
+retried on a dropped connection. A write is retried on a dropped connection
+only when COMMIT was not sent yet (the server rolls back a transaction whose
+connection is gone). A connection lost while COMMIT was under way leaves the
+outcome unknown: `StoreUnwritable`, and the store refuses writes until
+`reopen()` (which only checks that the database answers) so that a writer
+which caches what it wrote reads it again. A database that cannot be reached
+raises `StoreOffline`; messages never carry the connection string or a key.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from store.backends import postgres_schema
+from store.backends.contract import (
+    ExpectationFailed,
+    LaneBatch,
+    Lanes,
+    StoreOffline,
+    StoreUnwritable,
+)
+from store.backends.postgres_schema import LANES_TABLE, NO_TENANT
+from store.keys import LaneKey, TenantResourceLane, decode_key, lane_prefix, scope_prefix
+
+DEFAULT_MAX_CONNECTIONS = 8
+DEFAULT_TIMEOUT_SECONDS = 5.0
+READ_ATTEMPTS = 3
+CONFLICT_ATTEMPTS = 12
+FIRST_PAGE = 64  # a scan's first page: often all a caller reads (the chain's head)
+MAX_PAGE = 1024
+
+_GET = f"SELECT value FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s"  # noqa: S608
+_UPSERT = (
+    f"INSERT INTO {LANES_TABLE} (tenant_id, key, value) VALUES (%s, %s, %s) "  # noqa: S608
+    "ON CONFLICT (tenant_id, key) DO UPDATE SET value = EXCLUDED.value"
+)
+_DELETE = f"DELETE FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s"  # noqa: S608
+_COUNT = f"SELECT count(*) FROM {LANES_TABLE} WHERE key >= %s AND key < %s"  # noqa: S608
+
+Connection = psycopg.Connection[tuple[object, ...]]
+T = TypeVar("T")
+
+
+class _Retry(Exception):
+    """This attempt failed in a way that a new attempt may not."""
+
+
+def redacted(conninfo: str) -> str:
+    """The connection string without its password, for readiness reports and logs."""
+    params = conninfo_to_dict(conninfo)
+    params.pop("password", None)
+    return make_conninfo(**{name: str(value) for name, value in params.items()})
+
+
+def key_tenant(key: LaneKey) -> str:
+    """The `tenant_id` a key's row carries: its tenant component, `''` when it names none."""
+    return tenant_id(key.tenant)
+
+
+def tenant_id(tenant: str) -> str:
+    if "\x00" in tenant:  # a text column cannot hold NUL; no scope id has one
+        raise ValueError("a tenant id holds a NUL character")
+    return tenant or NO_TENANT
+
+
+def successor(prefix: bytes) -> bytes | None:
+    """The least byte string greater than every string that starts with prefix (None: none)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+class _Batch:
+    """Puts, deletes and expectations gathered in the body; sent at commit as one transaction."""
+
+    def __init__(self) -> None:
+        self.writes: dict[bytes, tuple[str, bytes | None]] = {}  # the last write of each key
+        self.expected: dict[bytes, tuple[str, bytes | None]] = {}
+
+    def put(self, key: LaneKey, value: bytes) -> None:
+        self.writes[key.encode()] = (key_tenant(key), bytes(value))
+
+    def delete(self, key: LaneKey) -> None:
+        self.writes[key.encode()] = (key_tenant(key), None)
+
+    def expect(self, key: LaneKey, value: bytes | None) -> None:
+        self.expected[key.encode()] = (key_tenant(key), None if value is None else bytes(value))
+
+    @property
+    def tenants(self) -> set[str]:
+        return {tenant for tenant, _ in (*self.writes.values(), *self.expected.values())}
+
+
+class PostgresLaneStore:
+    """The lane store in one PostgreSQL database, reached through a pool of connections.
+
+    `conninfo` is any libpq connection string or URI, multi-host ones included
+    (`host=a,b port=p,q target_session_attrs=read-write`). `timeout` bounds the
+    wait for a connection, and the connect itself unless conninfo sets
+    `connect_timeout`. Opening checks the schema (`postgres_schema.check`): an
+    unreachable database raises `StoreOffline`, a wrong schema `SchemaMismatch`.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        single_tenant_batches: bool = False,
+    ) -> None:
+        self.conninfo = redacted(conninfo)
+        self.single_tenant_batches = single_tenant_batches
+        connect: dict[str, object] = {"autocommit": True}
+        if "connect_timeout" not in conninfo_to_dict(conninfo):
+            connect["connect_timeout"] = max(1, round(timeout))
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            conninfo,
+            kwargs=connect,
+            min_size=1,
+            max_size=max_connections,
+            timeout=timeout,
+            # Give up reconnecting soon: the next request starts afresh, so a database that
+            # comes back is used at once rather than after a long backoff.
+            reconnect_timeout=timeout,
+            configure=_configure,
+            open=False,
+            name="sessionstate",
+        )
+        self._pool.open(wait=False)
+        self._latched = False
+        self.write_failures = 0  # writes of unknown outcome so far (each latched the store)
+        self.reopens = 0
+        self.conflict_retries = 0  # transactions run again after SQLSTATE 40001 or 40P01
+        self.connection_retries = 0  # operations run again after a lost connection
+        try:
+            self._read(postgres_schema.check)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # -- reads ---------------------------------------------------------------
+
+    def get(self, key: LaneKey) -> bytes | None:
+        tenant, raw = key_tenant(key), key.encode()
+
+        def fetch(conn: Connection) -> bytes | None:
+            row = conn.execute(_GET, (tenant, raw)).fetchone()
+            return None if row is None else _bytes(row[0])
+
+        return self._read(fetch)
+
+    def scan(
+        self, lane: TenantResourceLane, *scope: str, reverse: bool = False
+    ) -> Iterator[tuple[LaneKey, bytes]]:
+        """Keys and values of lane under the leading scope components, in key order.
+
+        Read a page at a time, each page one statement: a scan sees every key that
+        stays in place while it runs, once and in order; keys written or deleted
+        meanwhile may or may not show (LevelDB's scans read one snapshot).
+        """
+        prefix = scope_prefix(lane, *scope)
+        tenant = tenant_id(scope[0]) if scope else None
+        page = FIRST_PAGE
+        after: bytes | None = None
+        while True:
+            rows = self._read(_page_reader(prefix, tenant, after, reverse, page))
+            for raw_key, value in rows:
+                yield decode_key(raw_key), value
+            if len(rows) < page:
+                return
+            after = rows[-1][0]
+            page = min(page * 4, MAX_PAGE)
+
+    def count(self, lane: TenantResourceLane) -> int:
+        """Keys in lane, across tenants."""
+        low = lane_prefix(lane)
+        high = successor(low)
+
+        def counted(conn: Connection) -> int:
+            row = conn.execute(_COUNT, (low, high)).fetchone()
+            return _int(row[0]) if row is not None else 0
+
+        return self._read(counted)
+
+    # -- writes --------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        """False from a write of unknown outcome until a successful `reopen()`."""
+        return not self._latched and not self._pool.closed
+
+    def put(self, key: LaneKey, value: bytes, *, sync: bool = True) -> None:
+        with self.batch(sync=sync) as batch:
+            batch.put(key, value)
+
+    def delete(self, key: LaneKey, *, sync: bool = True) -> None:
+        with self.batch(sync=sync) as batch:
+            batch.delete(key)
+
+    @contextmanager
+    def batch(self, *, sync: bool = True) -> Iterator[LaneBatch]:
+        """All puts and deletes inside commit in one transaction, or not at all on error.
+
+        `sync=False` commits without waiting for the WAL flush (`synchronous_commit =
+        off`): a crash may lose it, never tear it, as LevelDB's unsynced writes.
+        """
+        self._check_writable()
+        pending = _Batch()
+        yield pending  # an error in the body sends nothing
+        if not pending.writes and not pending.expected:
+            return
+        if self.single_tenant_batches and len(pending.tenants) > 1:
+            raise ValueError("a batch touches more than one tenant")
+        self._commit(pending, sync)
+
+    def _check_writable(self) -> None:
+        if self._pool.closed:
+            raise StoreOffline("the store is closed")
+        if self._latched:
+            raise StoreUnwritable("a write's outcome is unknown; the store has not been reopened")
+
+    def _commit(self, pending: _Batch, sync: bool) -> None:
+        conflicts = 0
+        offline = 0
+        while True:
+            self._check_writable()
+            commit_sent = False
+            try:
+                with self._pool.connection() as conn, conn.transaction():
+                    if not sync:
+                        conn.execute("SET LOCAL synchronous_commit = off")
+                    _check_expected(conn, pending)
+                    _apply(conn, pending)
+                    commit_sent = True  # leaving the block sends COMMIT
+                return
+            except ExpectationFailed:
+                raise
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
+                # The server rolled back: nothing was written, the same batch may run again.
+                conflicts += 1
+                self.conflict_retries += 1
+                if conflicts >= CONFLICT_ATTEMPTS:
+                    raise StoreOffline(
+                        f"the write kept conflicting with others ({_sqlstate(error)})"
+                    ) from None
+                time.sleep(random.uniform(0, min(0.002 * 2**conflicts, 0.1)))  # noqa: S311
+            except (psycopg.Error, PoolClosed) as error:
+                if commit_sent and _lost(error):
+                    self._latched = True
+                    self.write_failures += 1
+                    raise StoreUnwritable(
+                        "the connection was lost while committing; the outcome is unknown "
+                        f"({_sqlstate(error)})"
+                    ) from None
+                # Not committed (the server rolls back what it did not see committed).
+                offline += 1
+                if not _lost(error) or offline >= READ_ATTEMPTS or _waited(error):
+                    raise StoreOffline(f"the store cannot write now ({_sqlstate(error)})") from None
+                self.connection_retries += 1
+                self._pool.check()
+
+    # -- recovery ------------------------------------------------------------
+
+    def room_to_reopen(self) -> bool:
+        """Always: PostgreSQL has no local log to replay (`reopen` checks the connection)."""
+        return True
+
+    def reopen(self) -> None:
+        """Accept writes again once the database answers; `StoreOffline` while it does not."""
+        if self._pool.closed:
+            raise StoreOffline("the store is closed")
+        self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+        if self._latched:
+            self._latched = False
+            self.reopens += 1
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._pool.closed)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _read(self, work: Callable[[Connection], T]) -> T:
+        """Run work on a pooled connection (autocommit: each statement its own transaction)."""
+        attempts = 0
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    return work(conn)
+            except postgres_schema.SchemaMismatch:
+                raise
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, psycopg.Error) as e:
+                attempts += 1
+                if not _retryable_read(e) or attempts >= READ_ATTEMPTS or _waited(e):
+                    raise StoreOffline(f"the store cannot be read now ({_sqlstate(e)})") from None
+                if _lost(e):
+                    self.connection_retries += 1
+                    self._pool.check()
+                else:
+                    self.conflict_retries += 1
+            except PoolClosed:
+                raise StoreOffline("the store is closed") from None
+
+
+def _configure(conn: Connection) -> None:
+    # Transactions the store opens (batches) are serializable; single statements autocommit.
+    conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+
+
+def _page_reader(
+    prefix: bytes, tenant: str | None, after: bytes | None, reverse: bool, limit: int
+) -> Callable[[Connection], list[tuple[bytes, bytes]]]:
+    clauses = ["key >= %s"]
+    params: list[object] = [prefix]
+    high = successor(prefix)
+    if high is not None:
+        clauses.append("key < %s")
+        params.append(high)
+    if tenant is not None:
+        clauses.append("tenant_id = %s")
+        params.append(tenant)
+    if after is not None:
+        clauses.append("key < %s" if reverse else "key > %s")
+        params.append(after)
+    order = "DESC" if reverse else "ASC"
+    query = (
+        f"SELECT key, value FROM {LANES_TABLE} WHERE {' AND '.join(clauses)} "  # noqa: S608
+        f"ORDER BY key {order} LIMIT %s"
+    )
+    params.append(limit)
+
+    def read(conn: Connection) -> list[tuple[bytes, bytes]]:
+        rows = conn.execute(query, params).fetchall()
+        return [(_bytes(key), _bytes(value)) for key, value in rows]
+
+    return read
+
+
+def _check_expected(conn: Connection, pending: _Batch) -> None:
+    for raw, (tenant, value) in pending.expected.items():
+        row = conn.execute(_GET, (tenant, raw)).fetchone()
+        stored = None if row is None else _bytes(row[0])
+        if stored != value:
+            raise ExpectationFailed("a key of the batch changed; nothing was written")
+
+
+def _apply(conn: Connection, pending: _Batch) -> None:
+    puts = [
+        (tenant, raw, value) for raw, (tenant, value) in pending.writes.items() if value is not None
+    ]
+    deletes = [(tenant, raw) for raw, (tenant, value) in pending.writes.items() if value is None]
+    with conn.cursor() as cursor:
+        if puts:
+            cursor.executemany(_UPSERT, puts)
+        if deletes:
+            cursor.executemany(_DELETE, deletes)
+
+
+def _lost(error: BaseException) -> bool:
+    """Whether error means the connection or the server went away (not a refused statement)."""
+    if isinstance(error, PoolClosed):
+        return False
+    if isinstance(error, psycopg.InterfaceError):
+        return True
+    if isinstance(error, psycopg.OperationalError):
+        # Connection failures (08...), shutdowns (57P0x) and a pool that found no connection.
+        state = error.sqlstate
+        return state is None or state.startswith(("08", "57P"))
+    return isinstance(error, pg_errors.ReadOnlySqlTransaction)  # a standby: ask the pool again
+
+
+def _retryable_read(error: BaseException) -> bool:
+    return isinstance(error, pg_errors.SerializationFailure | pg_errors.DeadlockDetected) or _lost(
+        error
+    )
+
+
+def _waited(error: BaseException) -> bool:
+    """The pool already waited its whole timeout for a connection: asking again waits again."""
+    return isinstance(error, PoolTimeout)
+
+
+def _bytes(value: object) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError("a bytea column did not read as bytes")
+
+
+def _int(value: object) -> int:
+    if isinstance(value, int):
+        return value
+    raise TypeError("a count did not read as an integer")
+
+
+def _sqlstate(error: BaseException) -> str:
+    state = getattr(error, "sqlstate", None)
+    return f"SQLSTATE {state}" if state else type(error).__name__
+
+
+if TYPE_CHECKING:  # PostgresLaneStore keeps the lane-store contract (mypy checks this line)
+    _KEEPS_CONTRACT: type[Lanes] = PostgresLaneStore

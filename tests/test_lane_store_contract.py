@@ -1,0 +1,470 @@
+"""The lane-store contract (store/backends/contract.py), held over both backends.
+
+Every test with a `lanes` argument runs twice: on the embedded LevelDB and on a
+real PostgreSQL started by the tests (tests/postgres.py), each in a fresh
+database. Tests at the end are PostgreSQL's alone: bytea order is LevelDB's
+order, and a database stopped and started again under a live store object.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import plyvel
+import pytest
+
+from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
+from store.backends.postgres import PostgresLaneStore
+from store.backends.postgres_schema import upgrade
+from store.canonical import canonical_json, sha256_digest
+from store.digests import DigestKey
+from store.evidence_chain import EvidenceChain, entry_key
+from store.keys import LaneKey, TenantResourceLane, scope_prefix
+from store.lanes import LaneStore
+from store.reasons import CorruptionLabel
+from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
+from tests.factories import record, scope
+from tests.postgres import PostgresServer
+
+APPROVALS = TenantResourceLane.APPROVAL_PACKET
+CANARY = "CONTRACT-CANARY-31c9"
+
+
+@pytest.fixture(params=["leveldb", "postgresql"])
+def lanes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lanes]:
+    store: Lanes
+    if request.param == "leveldb":
+        store = LaneStore(tmp_path / "leveldb")
+    else:
+        store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
+    yield store
+    store.close()
+
+
+def key(tenant: str = "tenant-a", workspace: str = "ws-1", name: bytes = b"k") -> LaneKey:
+    return LaneKey(APPROVALS, tenant, workspace, name=name)
+
+
+# -- single keys ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"\x00", b"\xff\x00\xfe plain", bytes(range(256)) * 1024],
+    ids=["empty", "nul", "binary", "256KiB"],
+)
+def test_a_value_reads_back_exactly_as_written(lanes: Lanes, value: bytes) -> None:
+    lanes.put(key(), value)
+    assert lanes.get(key()) == value
+
+
+def test_a_missing_key_reads_as_none(lanes: Lanes) -> None:
+    assert lanes.get(key()) is None
+
+
+def test_a_put_replaces_and_a_delete_removes(lanes: Lanes) -> None:
+    lanes.put(key(), b"first")
+    lanes.put(key(), b"second")
+    assert lanes.get(key()) == b"second"
+    lanes.delete(key())
+    assert lanes.get(key()) is None
+    lanes.delete(key())  # deleting what is not there is no error
+    assert lanes.get(key()) is None
+
+
+def test_keys_differ_by_every_component(lanes: Lanes) -> None:
+    keys = [
+        key(),
+        key(tenant="tenant-b"),
+        key(workspace="ws-2"),
+        LaneKey(APPROVALS, "tenant-a", "ws-1", "session", b"k"),
+        key(name=b"k2"),
+        LaneKey(TenantResourceLane.TRACE_META, "tenant-a", "ws-1", name=b"k"),
+        LaneKey(APPROVALS, name=b"k"),  # names no tenant
+    ]
+    for index, each in enumerate(keys):
+        lanes.put(each, str(index).encode())
+    assert [lanes.get(each) for each in keys] == [str(i).encode() for i in range(len(keys))]
+
+
+# -- batches -----------------------------------------------------------------------
+
+
+def test_a_batch_commits_its_puts_and_deletes_together(lanes: Lanes) -> None:
+    lanes.put(key(name=b"c"), b"old")
+    with lanes.batch() as batch:
+        batch.put(key(name=b"a"), b"1")
+        batch.put(key(tenant="tenant-b", name=b"b"), b"2")
+        batch.delete(key(name=b"c"))
+    assert lanes.get(key(name=b"a")) == b"1"
+    assert lanes.get(key(tenant="tenant-b", name=b"b")) == b"2"
+    assert lanes.get(key(name=b"c")) is None
+
+
+def test_an_exception_inside_a_batch_writes_nothing(lanes: Lanes) -> None:
+    lanes.put(key(name=b"c"), b"kept")
+    with pytest.raises(RuntimeError, match="interrupted"), lanes.batch() as batch:
+        batch.put(key(name=b"a"), b"1")
+        batch.put(key(tenant="tenant-b", name=b"b"), b"2")
+        batch.delete(key(name=b"c"))
+        raise RuntimeError("interrupted")
+    assert lanes.get(key(name=b"a")) is None
+    assert lanes.get(key(tenant="tenant-b", name=b"b")) is None
+    assert lanes.get(key(name=b"c")) == b"kept"
+    lanes.put(key(name=b"a"), b"after")  # the store still writes
+    assert lanes.get(key(name=b"a")) == b"after"
+
+
+def test_the_last_write_of_a_key_in_a_batch_wins(lanes: Lanes) -> None:
+    with lanes.batch() as batch:
+        batch.put(key(name=b"a"), b"1")
+        batch.delete(key(name=b"a"))
+        batch.put(key(name=b"b"), b"1")
+        batch.delete(key(name=b"b"))
+        batch.put(key(name=b"b"), b"2")
+    assert lanes.get(key(name=b"a")) is None
+    assert lanes.get(key(name=b"b")) == b"2"
+
+
+def test_a_batch_commits_when_its_expectations_hold(lanes: Lanes) -> None:
+    lanes.put(key(name=b"seen"), b"v1")
+    with lanes.batch() as batch:
+        batch.expect(key(name=b"seen"), b"v1")
+        batch.expect(key(name=b"absent"), None)
+        batch.put(key(name=b"seen"), b"v2")
+    assert lanes.get(key(name=b"seen")) == b"v2"
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [(b"v1", b"v0"), (b"v1", None), (None, b"v1")],
+    ids=["other-bytes", "present-not-absent", "absent-not-present"],
+)
+def test_a_batch_whose_expectation_fails_writes_nothing(
+    lanes: Lanes, stored: bytes | None, expected: bytes | None
+) -> None:
+    if stored is not None:
+        lanes.put(key(name=b"seen"), stored)
+    with pytest.raises(ExpectationFailed), lanes.batch() as batch:
+        batch.expect(key(name=b"seen"), expected)
+        batch.put(key(name=b"seen"), b"v2")
+        batch.put(key(name=b"other"), b"x")
+    assert lanes.get(key(name=b"seen")) == stored
+    assert lanes.get(key(name=b"other")) is None
+
+
+# -- scans and counts --------------------------------------------------------------
+
+TENANTS = ["a", "b", "aa", "tenant-b", "Z", "-", "0" * 128]
+NAMES = [b"", b"\x00", b"\x00\x00", b"\x01", b"\x7f", b"\x80", b"\xfe", b"\xff", b"\xff\x00", b"k"]
+
+
+def _sample_keys() -> list[LaneKey]:
+    rng = random.Random(13)
+    keys = {
+        LaneKey(lane, tenant, workspace, "", name)
+        for lane in (APPROVALS, TenantResourceLane.TRACE_INDEX)
+        for tenant in TENANTS
+        for workspace in ("", "w", "w2")
+        for name in rng.sample(NAMES, 4)
+    }
+    keys |= {LaneKey(APPROVALS, name=name) for name in NAMES}  # keys that name no tenant
+    shuffled = sorted(keys, key=lambda each: each.encode())
+    rng.shuffle(shuffled)
+    return shuffled
+
+
+def _expected(keys: list[LaneKey], lane: TenantResourceLane, *scope_: str) -> list[LaneKey]:
+    prefix = scope_prefix(lane, *scope_)
+    return sorted((k for k in keys if k.encode().startswith(prefix)), key=lambda k: k.encode())
+
+
+def test_scans_are_in_key_order_under_a_prefix_and_reversed(lanes: Lanes) -> None:
+    keys = _sample_keys()
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, each.encode()[::-1])
+    scopes: list[tuple[str, ...]] = [(), ("",), ("a",), ("aa",), ("tenant-b", "w"), ("Z", "")]
+    scopes += [("-", "w2"), ("0" * 128,)]
+    for scope_ in scopes:
+        want = _expected(keys, APPROVALS, *scope_)
+        got = list(lanes.scan(APPROVALS, *scope_))
+        assert [k for k, _ in got] == want, scope_
+        assert all(value == k.encode()[::-1] for k, value in got)
+        backwards = [k for k, _ in lanes.scan(APPROVALS, *scope_, reverse=True)]
+        assert backwards == want[::-1], scope_
+
+
+def test_a_scan_with_no_scope_crosses_tenants_in_key_order(lanes: Lanes) -> None:
+    keys = _sample_keys()
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, b"v")
+    seen = [k for k, _ in lanes.scan(TenantResourceLane.TRACE_INDEX)]
+    assert seen == _expected(keys, TenantResourceLane.TRACE_INDEX)
+    assert {k.tenant for k in seen} == set(TENANTS)
+
+
+def test_long_scans_read_every_key_once_in_order(lanes: Lanes) -> None:
+    keys = [key(name=n.to_bytes(2, "big")) for n in range(1500)]
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, b"v")
+    lanes.put(key(tenant="tenant-b"), b"other tenant")
+    assert [k for k, _ in lanes.scan(APPROVALS, "tenant-a")] == keys
+    assert [k for k, _ in lanes.scan(APPROVALS, "tenant-a", reverse=True)] == keys[::-1]
+    reverse = lanes.scan(APPROVALS, "tenant-a", "ws-1", reverse=True)
+    assert next(reverse)[0] == keys[-1]  # a caller may stop after the first key
+    reverse.close()
+
+
+def test_count_counts_a_lane_across_tenants(lanes: Lanes) -> None:
+    keys = _sample_keys()
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, b"v")
+    assert lanes.count(APPROVALS) == len(_expected(keys, APPROVALS))
+    assert lanes.count(TenantResourceLane.TRACE_INDEX) == len(
+        _expected(keys, TenantResourceLane.TRACE_INDEX)
+    )
+    assert lanes.count(TenantResourceLane.SESSION_STATE) == 0
+
+
+# -- lifecycle ---------------------------------------------------------------------
+
+
+def test_a_healthy_store_is_writable_and_reopens_keeping_its_data(lanes: Lanes) -> None:
+    lanes.put(key(), b"kept")
+    assert lanes.writable and not lanes.closed
+    assert lanes.room_to_reopen()
+    lanes.reopen()
+    assert lanes.writable
+    assert lanes.get(key()) == b"kept"
+
+
+def test_a_closed_store_is_offline(lanes: Lanes) -> None:
+    lanes.put(key(), b"v")
+    lanes.close()
+    assert lanes.closed and not lanes.writable
+    with pytest.raises(StoreOffline):
+        lanes.get(key())
+    with pytest.raises(StoreOffline):
+        lanes.put(key(), b"w")
+    with pytest.raises(StoreOffline):
+        list(lanes.scan(APPROVALS))
+
+
+# -- the session store and the evidence chain over the contract --------------------
+
+
+def test_compare_and_set_through_the_session_store_loses_no_update(
+    lanes: Lanes, digest_key: DigestKey
+) -> None:
+    states = SessionStateStore(lanes)
+    run_compare_and_set([states] * 8, digest_key, rounds=6)
+
+
+def run_compare_and_set(
+    stores: list[SessionStateStore], digest_key: DigestKey, *, rounds: int
+) -> None:
+    """One writer thread per store appends turns by If-Match; every success built on its read."""
+    stores[0].write(record(digest_key, turns=[]))
+    successes: list[tuple[str, str]] = []  # (version read, version written)
+    lock = threading.Lock()
+
+    def writer(n: int, states: SessionStateStore) -> None:
+        for r in range(rounds):
+            while True:
+                current = states.read(scope())
+                assert current is not None and current.record is not None
+                turns = [t.model_dump(mode="json") for t in current.record.turns]
+                turns.append({"turn_id": f"w{n}-r{r}", "role": "user", "payload": f"{n}/{r}"})
+                updated = record(digest_key, turns=turns)
+                try:
+                    states.write(updated, Precondition(if_match=current.record.state_digest))
+                except PreconditionFailed:
+                    continue
+                with lock:
+                    successes.append((current.record.state_digest, updated.state_digest))
+                break
+
+    threads = [threading.Thread(target=writer, args=pair) for pair in enumerate(stores)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    final = stores[0].read(scope())
+    assert final is not None and final.record is not None
+    assert len(final.record.turns) == len(stores) * rounds
+    based_on = [read for read, _ in successes]
+    assert len(set(based_on)) == len(successes) == len(stores) * rounds
+    written = {wrote for _, wrote in successes}
+    assert set(based_on) - written == {record(digest_key, turns=[]).state_digest}
+    assert written - set(based_on) == {final.record.state_digest}
+
+
+def _tampered(digest_key: DigestKey) -> bytes:
+    return canonical_json(record(digest_key).to_json() | {"state_id": "state-" + CANARY})
+
+
+@pytest.mark.parametrize(
+    ("make_bytes", "label"),
+    [
+        (lambda k: CANARY.encode() + b"\xff\xfe not json", CorruptionLabel.MALFORMED),
+        (lambda k: ('{"note": "' + CANARY + '"').encode(), CorruptionLabel.MALFORMED),
+        (lambda k: json.dumps({"schema": CANARY}).encode(), CorruptionLabel.SCHEMA_MISMATCH),
+        (_tampered, CorruptionLabel.DIGEST_MISMATCH),
+        (
+            lambda k: canonical_json(record(k, scope("tenant-b")).to_json()),
+            CorruptionLabel.SCOPE_MISMATCH,
+        ),
+    ],
+    ids=["not-utf8", "truncated-json", "wrong-shape", "digest-mismatch", "other-scope"],
+)
+def test_corrupt_state_reads_fail_closed_alike(
+    lanes: Lanes, digest_key: DigestKey, make_bytes: object, label: CorruptionLabel
+) -> None:
+    stored: bytes = make_bytes(digest_key)  # type: ignore[operator]
+    lanes.put(state_key(scope()), stored)
+    report = SessionStateStore(lanes).read(scope())
+    assert report is not None
+    assert report.record is None and report.corrupt is True
+    assert report.redacted_error == label
+    assert report.error_digest == sha256_digest(stored)
+    assert report.key_digest == state_key(scope()).digest()
+    assert CANARY not in report.model_dump_json()
+
+
+def test_a_corrupt_record_is_replaced_only_against_its_error_digest(
+    lanes: Lanes, digest_key: DigestKey
+) -> None:
+    states = SessionStateStore(lanes)
+    lanes.put(state_key(scope()), b"garbage")
+    with pytest.raises(PreconditionFailed):
+        states.write(record(digest_key), Precondition(if_none_match_any=True))
+    states.write(record(digest_key), Precondition(if_match=sha256_digest(b"garbage")))
+    report = states.read(scope())
+    assert report is not None and not report.corrupt
+
+
+def _body(n: int) -> dict[str, object]:
+    return {"recorded_at": "2026-01-02T03:04:05.000000Z", "decision": {"n": n}}
+
+
+def test_the_evidence_chain_appends_and_verifies(lanes: Lanes) -> None:
+    chain = EvidenceChain(lanes)
+    assert chain.head().seq == 0
+    first = chain.append([_body(1), _body(2)])
+    second = chain.append([_body(3)])
+    assert [entry["seq"] for entry in first + second] == [1, 2, 3]
+    assert second[0]["prev_hash"] == first[1]["hash"]
+    assert chain.head().seq == 3 and chain.head().hash == second[0]["hash"]
+    verified = chain.verify()
+    assert verified.ok and verified.entries == 3 and verified.head_hash == second[0]["hash"]
+    assert chain.get(2) == first[1]
+    assert [entry["seq"] for entry in chain.scan(reverse=True)] == [3, 2, 1]
+    assert [seq for seq, _ in chain.stored_entries(until_seq=2)] == [1, 2]
+
+
+def test_the_evidence_chain_shows_an_entry_changed_in_the_store(lanes: Lanes) -> None:
+    chain = EvidenceChain(lanes)
+    entries = chain.append([_body(1), _body(2), _body(3)])
+    changed = dict(entries[1], decision={"n": 20})
+    lanes.put(entry_key(2), canonical_json(changed))
+    verified = chain.verify()
+    assert not verified.ok
+    assert verified.first_invalid_seq == 2 and verified.problem == "hash_mismatch"
+
+
+# -- PostgreSQL's own --------------------------------------------------------------
+
+
+def test_bytea_orders_keys_as_leveldb_does(postgres: PostgresServer, tmp_path: Path) -> None:
+    """PostgreSQL's bytea order is LevelDB's bytewise order (memcmp, then shorter first)."""
+    rng = random.Random(7)
+    alphabet = [0x00, 0x01, 0x41, 0x7F, 0x80, 0xC3, 0xFE, 0xFF]
+    samples = {bytes(rng.choices(alphabet, k=rng.randint(0, 6))) for _ in range(3000)}
+    with postgres.connect() as conn:
+        rows = conn.execute(
+            "SELECT k FROM unnest(%s::bytea[]) AS k ORDER BY k", (list(samples),)
+        ).fetchall()
+    by_postgres = [bytes(row[0]) for row in rows]
+    db = plyvel.DB(str(tmp_path / "order"), create_if_missing=True)
+    try:
+        with db.write_batch() as batch:
+            for sample in samples:
+                batch.put(b"." + sample, b"")  # LevelDB keys cannot be empty
+        by_leveldb = [raw[1:] for raw, _ in db.iterator()]
+    finally:
+        db.close()
+    assert by_postgres == by_leveldb == sorted(samples)
+
+
+def test_both_backends_scan_the_same_keys_in_the_same_order(
+    postgres_conninfo: str, tmp_path: Path
+) -> None:
+    keys = _sample_keys()
+    level = LaneStore(tmp_path / "leveldb")
+    pg = PostgresLaneStore(postgres_conninfo, timeout=2.0)
+    try:
+        for store in (level, pg):
+            with store.batch() as batch:
+                for each in keys:
+                    batch.put(each, b"v")
+        for lane in (APPROVALS, TenantResourceLane.TRACE_INDEX):
+            for reverse in (False, True):
+                assert list(level.scan(lane, reverse=reverse)) == list(
+                    pg.scan(lane, reverse=reverse)
+                )
+    finally:
+        level.close()
+        pg.close()
+
+
+def test_a_stopped_database_is_offline_and_serves_again_when_started(
+    postgres_own: PostgresServer, digest_key: DigestKey
+) -> None:
+    conninfo = postgres_own.create_database()
+    upgrade(conninfo)
+    store = PostgresLaneStore(conninfo, timeout=0.5)
+    states = SessionStateStore(store)
+    chain = EvidenceChain(store)
+    try:
+        states.write(record(digest_key))
+        chain.append([_body(1)])
+        postgres_own.stop()
+
+        for operation in (
+            lambda: store.get(key()),
+            lambda: store.put(key(), b"while down"),
+            lambda: list(store.scan(APPROVALS)),
+            lambda: store.count(APPROVALS),
+            lambda: states.read(scope()),
+            lambda: chain.append([_body(2)]),
+            lambda: store.reopen(),
+        ):
+            with pytest.raises(StoreOffline):
+                operation()
+        with pytest.raises(StoreOffline), store.batch() as batch:
+            batch.put(key(name=b"a"), b"1")
+            batch.put(key(name=b"b"), b"2")
+
+        postgres_own.start()
+        # The same store object, no reopen: nothing of the failed writes, all of the rest.
+        assert store.writable
+        assert store.get(key()) is None
+        assert store.get(key(name=b"a")) is None and store.get(key(name=b"b")) is None
+        report = states.read(scope())
+        assert report is not None and report.record == record(digest_key)
+        verified = chain.verify()
+        assert verified.ok and verified.entries == 1
+        store.put(key(), b"after")
+        assert store.get(key()) == b"after"
+        assert chain.append([_body(2)])[0]["seq"] == 2
+    finally:
+        store.close()
