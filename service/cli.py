@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from service.auth import mint_token
 from service.context import ConfigurationError, jwt_secret, secret_lines
 from service.decisions import review as decision_review
+from service.decisions.migration import LegacyChainUnverified
 from service.decisions.review import ReviewError
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
@@ -74,7 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "decisions", help="review the decision log of a stopped service's data dir"
     )
     review = decisions.add_subparsers(dest="review", required=True)
-    verify = review.add_parser("verify", help="verify the hash chain; exit 1 on any break")
+    verify = review.add_parser(
+        "verify", help="verify a tenant's hash chain (or every one); exit 1 on any break"
+    )
+    verify.add_argument("--tenant", help="this tenant's chain (else the checkpoint's, or the only)")
+    verify.add_argument(
+        "--all-tenants", action="store_true", help="every chain, the no-tenant one included"
+    )
     verify.add_argument("--checkpoint", type=Path, help="a signed checkpoint kept earlier")
     verify.add_argument(
         "--public-key", type=Path, help="the checkpoint key's PEM, kept apart (else the data dir's)"
@@ -84,9 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--tenant", help="only this tenant's entries")
     tail = review.add_parser("tail", help="the newest entries, one JSON a line")
     tail.add_argument("-n", type=_positive, default=10, help="how many (default 10)")
-    review.add_parser(
+    signing = review.add_parser(
         "checkpoint", help="verify the chain, then print a signed checkpoint of its head, to keep"
     )
+    signing.add_argument("--tenant", help="this tenant's chain (else the only one there is)")
     bundle = review.add_parser(
         "bundle",
         help="pack entries, a signed checkpoint and a verifier into a .tar.gz anyone can check",
@@ -116,6 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     database = commands.add_parser("db", help="the data dir's LevelDB, with the service stopped")
     repairs = database.add_subparsers(dest="db", required=True)
+    repairs.add_parser(
+        "upgrade",
+        help="move a decision log written as one global chain onto per-tenant chains "
+        "(it must verify first); print what was done as JSON",
+    )
     repairs.add_parser(
         "repair",
         help="run LevelDB's repairer, report what it dropped as JSON, verify the decision chain; "
@@ -149,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "decisions":
             return _review(settings, args)
+        if args.command == "db" and args.db == "upgrade":
+            return _upgrade(settings.data_dir)
         if args.command == "db":
             return _repair(settings.data_dir)
         if args.command == "secrets":
@@ -180,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 2
-    except ChainUnverified as error:
+    except (ChainUnverified, LegacyChainUnverified) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 1
     except ChainCorrupt:
@@ -214,6 +229,19 @@ def _positive(text: str) -> int:
     return value
 
 
+def _upgrade(data_dir: Path) -> int:
+    database = data_dir / "leveldb"
+    if not database.is_dir():
+        raise FileNotFoundError(f"no sessionstate database under {data_dir}")
+    with _holding_data_dir(data_dir, database):
+        done = decision_review.upgrade(data_dir)
+    if done is None:
+        print(json.dumps({"migrated": False}))
+    else:
+        print(json.dumps({"migrated": True, **done.model_dump(mode="json")}))
+    return 0
+
+
 def _repair(data_dir: Path) -> int:
     database = data_dir / "leveldb"
     if not database.is_dir():
@@ -238,13 +266,17 @@ def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
 def _review(settings: Settings, args: argparse.Namespace) -> int:
     data_dir = settings.data_dir
     if args.review == "verify":
-        result = decision_review.verify(data_dir, args.checkpoint, args.public_key)
+        if args.all_tenants:
+            every = decision_review.verify_all_tenants(data_dir)
+            print(every.model_dump_json())
+            return 0 if every.ok else 1
+        result = decision_review.verify(data_dir, args.checkpoint, args.public_key, args.tenant)
         print(result.model_dump_json())
         return 0 if result.ok else 1
     if args.review == "public-key":
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
     elif args.review == "checkpoint":
-        print(decision_review.checkpoint(data_dir).model_dump_json())
+        print(decision_review.checkpoint(data_dir, args.tenant).model_dump_json())
     elif args.review == "bundle":
         made = decision_review.bundle(data_dir, args.out, args.tenant, args.since, args.until)
         print(

@@ -103,7 +103,7 @@ class ServiceContext:
             clock=clock,
             journal=journal,
             # Pages end at the head the journal keeps in memory, not one read from the store.
-            decision_log=DecisionLogReader(lanes, head=lambda: journal.head),
+            decision_log=DecisionLogReader(lanes, head=journal.head),
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             retention=(

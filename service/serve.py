@@ -28,6 +28,7 @@ from hypercorn.asyncio.run import worker_serve
 
 from service.app import create_app
 from service.context import ConfigurationError, ServiceContext, check_settings
+from service.decisions.journal import LegacyChainPresent
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
 from service.policy.engine_checks import (
@@ -38,7 +39,7 @@ from service.policy.engine_checks import (
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
-from store.evidence_chain import EvidenceChain
+from store.evidence_chain import EvidenceChain, chain_names, legacy_chain_present
 from store.lanes import LaneStore
 
 log = logging.getLogger("sessionstate.serve")
@@ -169,13 +170,17 @@ def _raise_open_file_limit() -> None:
 
 
 def _check_decision_log(data_dir: Path) -> None:
-    """The journal extends the chain's head: an unreadable head must stop the start-up."""
+    """The journal extends each chain's head: an unreadable head must stop the start-up, and
+    so must a decision log still written as one global chain (`sessionstate db upgrade`)."""
     database = data_dir / "leveldb"
     if not database.is_dir():
         return
     lanes = LaneStore(database, read_every_block=True)
     try:
-        EvidenceChain(lanes).head()
+        if legacy_chain_present(lanes):
+            raise ConfigurationError(str(LegacyChainPresent()))
+        for name in chain_names(lanes):
+            EvidenceChain(lanes, name).head()
     finally:
         lanes.close()
 

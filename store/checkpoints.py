@@ -27,7 +27,14 @@ from cryptography.hazmat.primitives.serialization import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.canonical import canonical_json
-from store.chain_head import HASH_PATTERN, TIMESTAMP_PATTERN, ChainHead, format_timestamp
+from store.chain_head import (
+    CHAIN_NAME_PATTERN,
+    HASH_PATTERN,
+    NO_TENANT_CHAIN,
+    TIMESTAMP_PATTERN,
+    ChainHead,
+    format_timestamp,
+)
 from store.secrets import local_secret
 
 KEY_FILE = "checkpoint.key"
@@ -38,7 +45,7 @@ _SIGNATURE_RE = re.compile(SIGNATURE_PATTERN)
 _SEED_BYTES = 32
 # What an evidence bundle's manifest says it is. The key signs manifests as well as
 # checkpoints; a manifest always carries this field, so its signed bytes are never the
-# payload of a checkpoint (which is exactly four other fields), nor the reverse.
+# payload of a checkpoint (four or five other fields), nor the reverse.
 BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
 
 
@@ -47,6 +54,12 @@ class Checkpoint(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+    tenant_id: str | None = Field(
+        default=None,
+        pattern=CHAIN_NAME_PATTERN,
+        description="the chain (tenant) whose head this is; absent on checkpoints signed "
+        "before chains were per tenant, which speak of the one global chain",
+    )
     seq: int = Field(ge=0)
     head_hash: str = Field(pattern=HASH_PATTERN)
     issued_at: str = Field(pattern=TIMESTAMP_PATTERN, description="RFC 3339 UTC")
@@ -56,11 +69,23 @@ class Checkpoint(BaseModel):
     )
 
 
-def checkpoint_payload(seq: int, head_hash: str, issued_at: str, key_id: str) -> bytes:
-    """The signed bytes: canonical JSON of every field but the signature."""
-    return canonical_json(
-        {"seq": seq, "head_hash": head_hash, "issued_at": issued_at, "key_id": key_id}
-    )
+def checkpoint_payload(
+    seq: int, head_hash: str, issued_at: str, key_id: str, tenant_id: str | None = None
+) -> bytes:
+    """The signed bytes: canonical JSON of every field but the signature.
+
+    A checkpoint without `tenant_id` (signed before chains were per tenant) is signed
+    without the field, so old checkpoints keep verifying.
+    """
+    payload: dict[str, object] = {
+        "seq": seq,
+        "head_hash": head_hash,
+        "issued_at": issued_at,
+        "key_id": key_id,
+    }
+    if tenant_id is not None:
+        payload["tenant_id"] = tenant_id
+    return canonical_json(payload)
 
 
 def key_id_of(public_key: Ed25519PublicKey) -> str:
@@ -87,10 +112,14 @@ class CheckpointSigner:
         """The data dir's checkpoint key, created (mode 0600) on first use."""
         return cls(local_secret(data_dir, KEY_FILE, nbytes=_SEED_BYTES))
 
-    def sign(self, head: ChainHead, issued_at: datetime) -> Checkpoint:
+    def sign(
+        self, head: ChainHead, issued_at: datetime, tenant_id: str | None = NO_TENANT_CHAIN
+    ) -> Checkpoint:
+        """Sign the head of the chain `tenant_id` names (None: the legacy global chain)."""
         stamp = format_timestamp(issued_at)
-        payload = checkpoint_payload(head.seq, head.hash, stamp, self.key_id)
+        payload = checkpoint_payload(head.seq, head.hash, stamp, self.key_id, tenant_id)
         return Checkpoint(
+            tenant_id=tenant_id,
             seq=head.seq,
             head_hash=head.hash,
             issued_at=stamp,
@@ -129,7 +158,9 @@ class CheckpointVerifier:
             signature = _decode(valid.signature)
             if valid.key_id != self.key_id or signature is None:
                 return False
-            payload = checkpoint_payload(valid.seq, valid.head_hash, valid.issued_at, valid.key_id)
+            payload = checkpoint_payload(
+                valid.seq, valid.head_hash, valid.issued_at, valid.key_id, valid.tenant_id
+            )
             self._key.verify(signature, payload)
         except Exception:  # InvalidSignature, ValidationError: never re-raised
             return False

@@ -1,5 +1,12 @@
 """`EvidenceChain`: an append-only, tamper-evident hash chain in the `trace_evidence` lane.
 
+There is one chain per tenant: its entries, its anchor and its marker are keys
+whose tenant component is the chain's name (the tenant id), so on PostgreSQL a
+chain lives under its tenant's `tenant_id`. Entries that name no tenant go on
+the chain `NO_TENANT_CHAIN`, a name no scope id can be. The name `""`
+(`LEGACY_CHAIN`) addresses the one global chain older versions wrote, which
+`sessionstate db upgrade` migrates (`store.chain_migration`).
+
 A compliance reviewer must be able to tell that no recorded entry was edited,
 removed, inserted or reordered after the fact. So every entry carries its `seq`,
 the previous entry's `hash`, and its own `hash` (the canonical digest of the
@@ -31,21 +38,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import (
+    CHAIN_NAME_PATTERN,
     GENESIS,
     HASH_PATTERN,
+    NO_TENANT_CHAIN,
     ChainHead,
     parse_timestamp,
 )
 from store.checkpoints import Checkpoint, CheckpointVerifier
 from store.keys import LaneKey, TenantResourceLane
 
+__all__ = ["NO_TENANT_CHAIN", "ChainHead", "EvidenceChain", "entry_key", "seal"]
+
 CHAIN_FIELDS = ("seq", "prev_hash", "hash")
-ANCHOR_KEY = LaneKey(TenantResourceLane.TRACE_META, name=b"anchor")
+LEGACY_CHAIN = ""  # the single global chain of versions before per-tenant chains
+_CHAIN_NAME_RE = re.compile(CHAIN_NAME_PATTERN)
 
 _HASH_RE = re.compile(HASH_PATTERN)
 _SEQ_BYTES = 8
 _VERIFY_ATTEMPTS = 3
-_UNSCOPED = ("", "", "")  # chain keys name no tenant, workspace or session
 
 ChainProblem = Literal[
     "entry_unreadable",
@@ -58,6 +69,7 @@ ChainProblem = Literal[
     "checkpoint_signature_invalid",
     "anchor_invalid",
     "checkpoint_before_anchor",
+    "checkpoint_other_chain",
 ]
 _Failure = tuple[int | None, ChainProblem]  # the first invalid seq (None: not an entry's fault)
 
@@ -91,13 +103,52 @@ class ChainVerification(BaseModel):
     problem: ChainProblem | None = None
 
 
-def entry_key(seq: int) -> LaneKey:
-    """The key of entry seq: 8 bytes big-endian, so key order is seq order."""
-    return LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=seq.to_bytes(_SEQ_BYTES, "big"))
+def chain_name(tenant_id: str | None) -> str:
+    """The chain a decision about tenant_id goes on: the tenant's, else `NO_TENANT_CHAIN`."""
+    return tenant_id or NO_TENANT_CHAIN
+
+
+def is_chain_name(name: str) -> bool:
+    """Whether name can be a (current) chain: a scope id or `NO_TENANT_CHAIN`."""
+    return _CHAIN_NAME_RE.fullmatch(name) is not None
+
+
+def entry_key(seq: int, chain: str = NO_TENANT_CHAIN) -> LaneKey:
+    """The key of entry seq of a chain: 8 bytes big-endian, so key order is seq order."""
+    return LaneKey(TenantResourceLane.TRACE_EVIDENCE, chain, name=seq.to_bytes(_SEQ_BYTES, "big"))
+
+
+def anchor_key(chain: str) -> LaneKey:
+    """Where retention keeps the chain's start (the last pruned entry's seq and hash)."""
+    return LaneKey(TenantResourceLane.TRACE_META, chain, name=b"anchor")
+
+
+ANCHOR_KEY = anchor_key(NO_TENANT_CHAIN)  # the no-tenant chain's anchor
+
+
+def marker_key(chain: str) -> LaneKey:
+    """Says the chain exists; written with its first entry, so chains can be listed."""
+    return LaneKey(TenantResourceLane.TRACE_META, chain, name=b"chain")
+
+
+def chain_names(lanes: Lanes) -> list[str]:
+    """Every chain with a marker, in key order (the legacy chain is never listed)."""
+    return [
+        key.tenant
+        for key, _ in lanes.scan(TenantResourceLane.TRACE_META)
+        if key.name == b"chain" and key.tenant != LEGACY_CHAIN
+    ]
+
+
+def legacy_chain_present(lanes: Lanes) -> bool:
+    """Whether the data holds the single global chain of older versions (not migrated yet)."""
+    if next(iter(lanes.scan(TenantResourceLane.TRACE_EVIDENCE, LEGACY_CHAIN)), None) is not None:
+        return True
+    return lanes.get(anchor_key(LEGACY_CHAIN)) is not None
 
 
 def seal(
-    bodies: Sequence[Mapping[str, Any]], head: ChainHead
+    bodies: Sequence[Mapping[str, Any]], head: ChainHead, chain: str = NO_TENANT_CHAIN
 ) -> tuple[list[SealedEntry], ChainHead]:
     """Chain bodies on after head, in order; pure. Raises ValueError for a body it cannot seal."""
     sealed: list[SealedEntry] = []
@@ -116,7 +167,7 @@ def seal(
         stored = parse_entry(value)
         if stored is None or _entry_hash(stored) != entry["hash"]:
             raise ValueError(f"body {index} does not read back as written (a float beyond 2**53?)")
-        sealed.append(SealedEntry(entry_key(head.seq + 1), value, stored))
+        sealed.append(SealedEntry(entry_key(head.seq + 1, chain), value, stored))
         head = ChainHead(seq=head.seq + 1, hash=entry["hash"])
     return sealed, head
 
@@ -245,8 +296,9 @@ def _write_lock(lanes: Lanes) -> threading.Lock:
 class EvidenceChain:
     """The evidence chain over a lane store: append, read, verify, prune."""
 
-    def __init__(self, lanes: Lanes) -> None:
+    def __init__(self, lanes: Lanes, name: str = NO_TENANT_CHAIN) -> None:
         self._lanes = lanes
+        self.name = name
         self._lock = _write_lock(lanes)
 
     def head(self) -> ChainHead:
@@ -283,8 +335,12 @@ class EvidenceChain:
         if not bodies:
             return []
         with self._lock:
-            sealed, _ = seal(bodies, self.head())
+            head = self.head()
+            sealed, _ = seal(bodies, head, self.name)
             with self._lanes.batch(sync=True) as batch:
+                batch.expect(entry_key(head.seq + 1, self.name), None)
+                if head.seq == 0:
+                    batch.put(marker_key(self.name), b"")
                 for item in sealed:
                     batch.put(item.key, item.value)
         return [item.entry for item in sealed]
@@ -293,7 +349,7 @@ class EvidenceChain:
         """Entry seq as stored; None when missing or unreadable (`verify` says which)."""
         if not 0 < seq < 1 << (8 * _SEQ_BYTES):
             return None
-        stored = self._lanes.get(entry_key(seq))
+        stored = self._lanes.get(entry_key(seq, self.name))
         return None if stored is None else parse_entry(stored)
 
     def scan(self, *, after_seq: int = 0, reverse: bool = False) -> Iterator[dict[str, Any]]:
@@ -365,6 +421,8 @@ class EvidenceChain:
         if checkpoint is not None and verifier is not None:
             if not verifier.verify(checkpoint):
                 return walk.outcome((None, "checkpoint_signature_invalid"))
+            if (checkpoint.tenant_id or LEGACY_CHAIN) != self.name:
+                return walk.outcome((None, "checkpoint_other_chain"))
             if checkpoint.seq == anchor.seq and checkpoint.head_hash != anchor.hash:
                 return walk.outcome((anchor.seq, "checkpoint_mismatch"))
             if checkpoint.seq < anchor.seq:
@@ -404,13 +462,13 @@ class EvidenceChain:
                 return 0
             with self._lanes.batch(sync=True) as batch:
                 for gone in doomed:
-                    batch.delete(entry_key(gone.seq))
-                batch.put(ANCHOR_KEY, canonical_json(doomed[-1].model_dump()))
+                    batch.delete(entry_key(gone.seq, self.name))
+                batch.put(anchor_key(self.name), canonical_json(doomed[-1].model_dump()))
         return len(doomed)
 
     def _read_anchor(self) -> ChainHead | None:
         """The stored anchor, genesis when none is stored, None when it does not read."""
-        stored = self._lanes.get(ANCHOR_KEY)
+        stored = self._lanes.get(anchor_key(self.name))
         if stored is None:
             return GENESIS
         try:
@@ -426,9 +484,18 @@ class EvidenceChain:
         """
         try:
             for key, stored in self._lanes.scan(
-                TenantResourceLane.TRACE_EVIDENCE, *_UNSCOPED, reverse=reverse
+                TenantResourceLane.TRACE_EVIDENCE, self.name, "", "", reverse=reverse
             ):
                 seq = int.from_bytes(key.name, "big") if len(key.name) == _SEQ_BYTES else None
                 yield seq, stored
         except ValueError:
             raise ChainCorrupt("an evidence key does not decode") from None
+
+
+def verify_all(lanes: Lanes) -> dict[str, ChainVerification]:
+    """Every chain's verification by name (the legacy global chain's too, as `""`, while a
+    data dir still holds one)."""
+    names = chain_names(lanes)
+    if legacy_chain_present(lanes):
+        names.insert(0, LEGACY_CHAIN)
+    return {name: EvidenceChain(lanes, name).verify() for name in names}

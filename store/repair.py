@@ -27,7 +27,8 @@ from typing import Literal, TypeVar
 import plyvel
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.evidence_chain import ChainVerification, EvidenceChain
+from store.chain_head import GENESIS
+from store.evidence_chain import ChainVerification, verify_all
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
 from store.lanes import LaneStore
@@ -129,7 +130,9 @@ class RepairReport(BaseModel):
     dropped: bool = Field(description="the repairer dropped or skipped something it found")
     records_after: dict[str, int] | None
     reopen_problem: str | None = Field(description="why it still does not open, if it does not")
-    chain: ChainVerification | None
+    chain: ChainVerification | None = Field(
+        description="the first decision chain that does not verify, else the longest one"
+    )
     ok: bool = Field(description="it opens and the decision chain verifies")
 
 
@@ -156,7 +159,14 @@ def repair(path: Path) -> RepairReport:
     else:
         try:
             after = _records(lanes)
-            chain = EvidenceChain(lanes).verify()
+            chains = verify_all(lanes)
+            # The first chain that does not verify, else the longest one (every one holds).
+            broken = [result for result in chains.values() if not result.ok]
+            chain = (
+                broken[0]
+                if broken
+                else max(chains.values(), key=lambda result: result.entries, default=_EMPTY)
+            )
         finally:
             lanes.close()
     return RepairReport(
@@ -260,3 +270,6 @@ def _holding_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(handle)
+
+
+_EMPTY = ChainVerification(ok=True, entries=0, head_hash=GENESIS.hash)

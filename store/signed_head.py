@@ -34,7 +34,8 @@ class ChainUnverified(Exception):
 def verified_checkpoint(
     chain: EvidenceChain, data_dir: Path, issued_at: datetime
 ) -> tuple[ChainVerification, Checkpoint | None]:
-    """Walk the whole chain; when it holds, sign the head that verified, else sign nothing.
+    """Walk the whole chain; when it holds, sign the head that verified (naming the chain's
+    tenant), else sign nothing.
 
     The one rule for every checkpoint (the API's verify, the offline command, an evidence
     bundle): a checkpoint vouches for a head only after the walk up to it held. The key
@@ -44,4 +45,5 @@ def verified_checkpoint(
     if not result.ok:
         return result, None
     head = ChainHead(seq=result.head_seq, hash=result.head_hash)
-    return result, CheckpointSigner.from_data_dir(data_dir).sign(head, issued_at)
+    signer = CheckpointSigner.from_data_dir(data_dir)
+    return result, signer.sign(head, issued_at, chain.name or None)

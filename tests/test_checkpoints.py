@@ -62,8 +62,9 @@ def test_signing_needs_an_aware_time(signer: CheckpointSigner) -> None:
 
 
 def test_the_signature_covers_the_canonical_payload(signer: CheckpointSigner) -> None:
-    """A reviewer can check a checkpoint with any Ed25519 library and the public key alone."""
-    checkpoint = signer.sign(HEAD, ISSUED)
+    """A reviewer can check a checkpoint with any Ed25519 library and the public key alone
+    (one that names no tenant, as checkpoints signed before per-tenant chains)."""
+    checkpoint = signer.sign(HEAD, ISSUED, None)
     public_key = signer._key.public_key()
     signature = base64.urlsafe_b64decode(checkpoint.signature + "==")
     payload = checkpoint_payload(

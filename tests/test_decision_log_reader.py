@@ -60,13 +60,13 @@ def journal(lanes: LaneStore) -> Iterator[DecisionJournal]:
 def test_pages_follow_cursors_to_the_head_the_first_page_saw(
     journal: DecisionJournal, lanes: LaneStore
 ) -> None:
-    reader = DecisionLogReader(lanes, head=lambda: journal.head)
+    reader = DecisionLogReader(lanes, head=journal.head)
     first = reader.page("tenant-a", DecisionQuery(limit=2))
-    assert [entry.seq for entry in first.entries] == [1, 3]
+    assert [entry.seq for entry in first.entries] == [1, 2]  # tenant-a's own chain
     assert first.next_cursor is not None
     journal.record(body(9, "tenant-a"), status=200)  # after the first page: not shown
     second = reader.page("tenant-a", DecisionQuery(limit=2, cursor=first.next_cursor))
-    assert [entry.seq for entry in second.entries] == [5, 7]
+    assert [entry.seq for entry in second.entries] == [3, 4]
     assert second.next_cursor is None
 
 
@@ -81,11 +81,12 @@ def test_filters_select_by_decision(journal: DecisionJournal, lanes: LaneStore) 
 
 def test_one_entry_by_decision_id(journal: DecisionJournal, lanes: LaneStore) -> None:
     reader = DecisionLogReader(lanes)
-    found = reader.get("decision-4")
-    assert found is not None and (found.seq, found.target.tenant_id) == (4, "tenant-b")
+    found = reader.get("tenant-b", "decision-4")
+    assert found is not None and (found.seq, found.target.tenant_id) == (2, "tenant-b")
+    assert reader.get("tenant-a", "decision-4") is None  # another tenant's id: as unknown
     assert found.outcome.status == 200 and not found.outcome.applied
-    assert reader.get("decision-404") is None
-    assert reader.get("no/such id") is None  # not a decision id at all
+    assert reader.get("tenant-b", "decision-404") is None
+    assert reader.get("tenant-b", "no/such id") is None  # not a decision id at all
 
 
 def test_the_export_repeats_each_entry_as_stored(
@@ -96,25 +97,25 @@ def test_the_export_repeats_each_entry_as_stored(
     events = [json.loads(line) for line in lines]
     assert [event["decision_id"] for event in events] == ["decision-2", "decision-4", "decision-6"]
     assert all(line.endswith("\n") for line in lines)
-    assert events[0]["sessionstate"] == journal.find("decision-2")
+    assert events[0]["sessionstate"] == journal.find("tenant-b", "decision-2")
     assert '"latency_ms": 2,' in lines[0]  # as stored, not re-serialised from the model
     assert events[0]["metrics"] == {"timer_server_handler_ns": 2_000_000}
     everyone = [json.loads(line)["decision_id"] for line in reader.export(None)]
-    assert everyone == [f"decision-{n}" for n in range(1, 8)]
+    assert everyone == [f"decision-{n}" for n in (1, 3, 5, 7, 2, 4, 6)]  # chain by chain
 
 
 def test_an_entry_without_the_shape_of_one_is_skipped_everywhere(
     journal: DecisionJournal, lanes: LaneStore
 ) -> None:
-    stored = journal.chain.get(3)
+    stored = journal.chain("tenant-a").get(2)
     assert stored is not None
     mangled: dict[str, Any] = {name: value for name, value in stored.items() if name != "outcome"}
-    lanes.put(entry_key(3), canonical_json(mangled))
+    lanes.put(entry_key(2, "tenant-a"), canonical_json(mangled))
     reader = DecisionLogReader(lanes)
-    assert [entry.seq for entry in reader.entries("tenant-a")] == [1, 5, 7]
-    assert reader.get("decision-3") is None
+    assert [entry.seq for entry in reader.entries("tenant-a")] == [1, 3, 4]
+    assert reader.get("tenant-a", "decision-3") is None
     assert len(list(reader.export("tenant-a"))) == 3
-    assert [entry["seq"] for entry in reader.newest(2)] == [6, 7]
+    assert len(reader.newest(2)) == 2
 
 
 def test_a_pending_decision_is_kept_once(journal: DecisionJournal) -> None:
@@ -126,4 +127,4 @@ def test_a_pending_decision_is_kept_once(journal: DecisionJournal) -> None:
         pending.record_effect(journal, 201, approval_id="appr_" + "0" * 24)
     dropped = PendingDecision(body(21, "tenant-a"))
     dropped.drop()
-    assert dropped.settled and journal.find("decision-21") is None
+    assert dropped.settled and journal.find("tenant-a", "decision-21") is None

@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import ANCHOR_KEY, ChainCorrupt, EvidenceChain, entry_key, seal
+from store.evidence_chain import (
+    ANCHOR_KEY,
+    NO_TENANT_CHAIN,
+    ChainCorrupt,
+    EvidenceChain,
+    entry_key,
+    seal,
+)
 from store.keys import LaneKey, TenantResourceLane, lane_prefix
 from store.lanes import LaneBatch, LaneStore
 
@@ -88,6 +95,9 @@ class _Failing:
         self._spend()
         self.inner.delete(key)
 
+    def expect(self, key: LaneKey, value: bytes | None) -> None:
+        self.inner.expect(key, value)
+
 
 # Appending
 
@@ -120,7 +130,8 @@ def test_entries_are_stored_as_canonical_json_in_seq_order(lanes: LaneStore) -> 
     _, entries = filled(lanes, 3)
     stored = list(lanes.scan(TenantResourceLane.TRACE_EVIDENCE))
     assert [key for key, _ in stored] == [
-        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=seq.to_bytes(8, "big")) for seq in (1, 2, 3)
+        LaneKey(TenantResourceLane.TRACE_EVIDENCE, NO_TENANT_CHAIN, name=seq.to_bytes(8, "big"))
+        for seq in (1, 2, 3)
     ]
     assert [value for _, value in stored] == [canonical_json(entry) for entry in entries]
 
@@ -351,7 +362,7 @@ def test_content_that_cannot_be_canonical_is_a_hash_mismatch(lanes: LaneStore) -
 
 def test_a_key_the_chain_never_writes_is_unreadable(lanes: LaneStore) -> None:
     chain, _ = filled(lanes, 3)
-    lanes.put(LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=b"\x00" * 9), b"{}")
+    lanes.put(LaneKey(TenantResourceLane.TRACE_EVIDENCE, NO_TENANT_CHAIN, name=b"\x00" * 9), b"{}")
     assert_fails(chain, 4, "entry_unreadable")
 
 

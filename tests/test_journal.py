@@ -49,10 +49,10 @@ def test_entries_form_one_gapless_chain_and_are_found_by_decision_id(
     sealed = [journal.record(body(n), status=200) for n in range(5)]
     assert [entry["seq"] for entry in sealed] == [1, 2, 3, 4, 5]
     assert [entry["prev_hash"] for entry in sealed[1:]] == [e["hash"] for e in sealed[:-1]]
-    assert journal.head.seq == 5
-    assert journal.find("decision-3") == sealed[3]
-    assert journal.find("decision-unknown") is None
-    assert EvidenceChain(lanes).verify().ok
+    assert journal.head("tenant-a").seq == 5
+    assert journal.find("tenant-a", "decision-3") == sealed[3]
+    assert journal.find("tenant-a", "decision-unknown") is None
+    assert EvidenceChain(lanes, "tenant-a").verify().ok
 
 
 def test_concurrent_requests_share_commits(journal: DecisionJournal, lanes: LaneStore) -> None:
@@ -67,9 +67,9 @@ def test_concurrent_requests_share_commits(journal: DecisionJournal, lanes: Lane
         thread.start()
     for thread in threads:
         thread.join()
-    assert journal.head.seq == 32
+    assert journal.head("tenant-a").seq == 32
     assert journal.batches < 32  # some requests shared a synced batch
-    assert EvidenceChain(lanes).verify().ok
+    assert EvidenceChain(lanes, "tenant-a").verify().ok
 
 
 def test_a_write_is_stored_with_its_entry_and_its_outcome(
@@ -131,7 +131,7 @@ def test_a_closed_journal_refuses_and_stores_nothing(lanes: LaneStore) -> None:
     journal.close()
     with pytest.raises(JournalClosed):
         journal.record(body(2), status=200)
-    assert EvidenceChain(lanes).head().seq == 1
+    assert EvidenceChain(lanes, "tenant-a").head().seq == 1
 
 
 def test_a_new_journal_extends_the_chain_it_finds(lanes: LaneStore) -> None:
@@ -193,7 +193,7 @@ def test_after_a_failed_write_the_journal_refuses_then_reopens_by_itself(
             time.sleep(0.05)  # no request: the committer reopens it on its own
         assert lanes.writable and lanes.reopens == 1
         after = journal.record(body(99_999), status=200)
-        chain = EvidenceChain(lanes)
+        chain = EvidenceChain(lanes, "tenant-a")
         # Every acknowledged entry is there as acknowledged; the new one extends the chain
         # (after the failed batch, if its sync failed but its bytes had reached the disk).
         for seq, hash_ in enumerate(acknowledged, start=1):

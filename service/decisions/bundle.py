@@ -9,10 +9,15 @@ and `tar -xzf` works on Linux, macOS and Windows 10+) holding one directory:
   of every entry, signed with the checkpoint key;
 - `public-key.pem`, `verify.py` (`service.decisions.bundle_verifier`) and `README.md`.
 
-The chain is global: a tenant's entries sit between other tenants'. Their links
-cannot be shipped without their content, so the signed manifest is what ties
-each shipped entry to the signed head; the README says so, and `verify.py` says
-which links it checked by content and which rest on the signature.
+Each tenant's decisions are a chain of their own, so a tenant's bundle selects
+from that chain only and the checkpoint names the tenant. With no filter but the
+tenant it ships the whole chain from its start (or retention's anchor) to the
+signed head, contiguous, so `verify.py` checks every link by content; with
+filters (action, allow, time) a gap between shipped entries is tied to the
+signed head by the manifest's `[seq, hash]` list only, and `verify.py` says
+which links it checked by content and which rest on the signature. A bundle is
+always one chain's: offline, `--tenant` may be left out only while the data dir
+holds a single chain.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from service.policy.input import PolicyAction
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import format_timestamp
 from store.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
-from store.evidence_chain import parse_entry
+from store.evidence_chain import NO_TENANT_CHAIN, parse_entry
 from store.scope import ScopeId
 from store.signed_head import ChainUnverified, verified_checkpoint
 
@@ -123,19 +128,22 @@ def write_bundle(
     selection: BundleSelection,
     issued_at: datetime,
 ) -> EvidenceBundle:
-    """Verify the whole chain, sign its head, and write the bundle of the selected entries.
+    """Verify the tenant's whole chain, sign its head, and write the bundle of the selected
+    entries of that chain.
 
     Raises `ChainUnverified` (nothing written) when the chain does not verify, or when
-    an entry to ship no longer hashes to its hash.
+    an entry to ship no longer hashes to its hash; `ValueError` when the selection names
+    no tenant and the store holds more than one chain.
     """
-    result, checkpoint = verified_checkpoint(reader.chain, data_dir, issued_at)
+    chain = bundle_chain(reader, selection)
+    result, checkpoint = verified_checkpoint(reader.chain(chain), data_dir, issued_at)
     if checkpoint is None:
         raise ChainUnverified.of(result, "evidence bundle")
     signer = CheckpointSigner.from_data_dir(data_dir)
     verified_from = result.head_seq - result.entries + 1
     with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
         listed: list[list[int | str]] = []
-        for seq, hash_, stored in _selected(reader, selection, checkpoint.seq):
+        for seq, hash_, stored in _selected(reader, chain, selection, checkpoint.seq):
             staged.write(stored + b"\n")
             listed.append([seq, hash_])
         manifest = {
@@ -148,9 +156,9 @@ def write_bundle(
             "entries": listed,
         }
         signed, signature = signer.sign_manifest(manifest)
-        name = f"sessionstate-evidence-{selection.tenant_id or 'all'}-{checkpoint.seq}"
+        name = f"sessionstate-evidence-{chain.lstrip('~')}-{checkpoint.seq}"
         readme = _README.render(
-            tenant=f"`{selection.tenant_id}`" if selection.tenant_id else "every tenant",
+            tenant=f"`{chain}`",
             selection=_describe(selection),
             entries=len(listed),
             first_seq=listed[0][0] if listed else None,
@@ -175,11 +183,21 @@ def write_bundle(
     return EvidenceBundle(name=name, entries=len(listed), checkpoint=checkpoint)
 
 
+def bundle_chain(reader: DecisionLogReader, selection: BundleSelection) -> str:
+    """The chain a bundle is of: the selection's tenant's, else the only chain there is."""
+    if selection.tenant_id is not None:
+        return selection.tenant_id
+    chains = reader.chains()
+    if len(chains) > 1:
+        raise ValueError("each tenant's decisions are a chain of their own: name one with --tenant")
+    return chains[0] if chains else NO_TENANT_CHAIN
+
+
 def _selected(
-    reader: DecisionLogReader, selection: BundleSelection, head_seq: int
+    reader: DecisionLogReader, chain: str, selection: BundleSelection, head_seq: int
 ) -> Iterator[tuple[int, str, bytes]]:
     """(seq, hash, stored bytes) of each selected entry up to the head, re-checked as shipped."""
-    for seq, stored in reader.stored(until_seq=head_seq):
+    for seq, stored in reader.stored(chain, until_seq=head_seq):
         entry = parse_entry(stored)
         if entry is None:
             raise ChainUnverified("entry_unreadable", seq, "evidence bundle")

@@ -197,9 +197,13 @@ def read(bundle: Path, name: str) -> bytes:
 
 def check_checkpoint(bundle: Path, key_file: Path, key_id: str) -> dict[str, Any]:
     checkpoint = parse(read(bundle, "checkpoint.json"), "checkpoint.json")
-    if not isinstance(checkpoint, dict) or sorted(checkpoint) != sorted(
-        (*CHECKPOINT_FIELDS, "signature")
-    ):
+    if not isinstance(checkpoint, dict):
+        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+    # A checkpoint names the tenant whose chain it is of; only older ones name none.
+    fields = (*CHECKPOINT_FIELDS, "tenant_id") if "tenant_id" in checkpoint else CHECKPOINT_FIELDS
+    if sorted(checkpoint) != sorted((*fields, "signature")):
+        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+    if not isinstance(checkpoint.get("tenant_id", ""), str):
         raise Failed("checkpoint.json is not a sessionstate checkpoint")
     seq, head_hash = checkpoint["seq"], checkpoint["head_hash"]
     if type(seq) is not int or seq < 0 or not isinstance(head_hash, str):
@@ -213,7 +217,7 @@ def check_checkpoint(bundle: Path, key_file: Path, key_id: str) -> dict[str, Any
     except (binascii.Error, ValueError):
         raise Failed("checkpoint.json's signature is not base64url") from None
     # The signed bytes: RFC 8785 canonical JSON of every field but the signature.
-    payload = canonical({name: checkpoint[name] for name in CHECKPOINT_FIELDS})
+    payload = canonical({name: checkpoint[name] for name in fields})
     openssl_verify(key_file, payload, signature, "checkpoint.json")
     return checkpoint
 

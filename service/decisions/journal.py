@@ -3,11 +3,20 @@
 Requests hand their entry (and, for a durable write, the record and its
 precondition) to one committer thread and wait. The committer takes whatever
 is pending, checks each write's precondition in order against the stored
-state as the batch leaves it, seals the entries onto the chain, and commits
-records, entries and indexes in one synced LevelDB WriteBatch. So many
-requests share one fsync; the chain stays strictly ordered with no gaps; no
-record exists without the entry that allowed it; and no entry says applied
-unless its record was written.
+state as the batch leaves it, seals each entry onto its tenant's chain, and
+commits records, entries and indexes in one synced batch. So many requests
+share one fsync; each chain stays strictly ordered with no gaps; no record
+exists without the entry that allowed it; and no entry says applied unless its
+record was written.
+
+Other writers (another journal, another process on PostgreSQL) may append to
+the same chains. The commit expects the key of each chain's next seq to be
+absent, and each replaced record to be as read: when another writer got there
+first the store raises `ExpectationFailed` and nothing was written; the
+journal then reads those chains' heads again, decides and seals the batch
+again, and retries (at most `COMMIT_ATTEMPTS` times; then the batch fails and
+no request of it is answered as committed). On a store that wants one tenant
+per transaction (PostgreSQL), each chain's part of a batch commits on its own.
 """
 
 from __future__ import annotations
@@ -28,9 +37,17 @@ from service.decisions.log import (
     index_puts,
     prune_log,
 )
+from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
-from store.evidence_chain import EvidenceChain, SealedEntry, seal
+from store.evidence_chain import (
+    EvidenceChain,
+    SealedEntry,
+    entry_key,
+    legacy_chain_present,
+    marker_key,
+    seal,
+)
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
@@ -45,6 +62,7 @@ from store.session_state import (
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
+COMMIT_ATTEMPTS = 16  # commits of one batch that lost a race to another writer, then it fails
 RECOVERY_INTERVAL_SECONDS = 1.0
 
 
@@ -54,6 +72,20 @@ class JournalClosed(RuntimeError):
 
 class JournalStoreUnavailable(JournalClosed, StoreOffline):
     """The store cannot write (it failed and is not reopened yet): nothing was stored."""
+
+
+class LegacyChainPresent(RuntimeError):
+    """The store holds the one global chain of an older version: it must be upgraded first."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the decision log is the single global chain of an older sessionstate; stop the "
+            "service and run `sessionstate db upgrade` to move it onto per-tenant chains"
+        )
+
+
+class CommitContended(RuntimeError):
+    """Other writers kept appending to the batch's chains: nothing of the batch was stored."""
 
 
 @dataclass
@@ -100,33 +132,44 @@ class DecisionJournal:
 
     def __init__(
         self,
-        lanes: LaneStore,
+        lanes: Lanes,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_batch: int = MAX_BATCH,
         on_reopened: Callable[[LaneStore], None] | None = None,
     ) -> None:
+        if legacy_chain_present(lanes):
+            raise LegacyChainPresent()
         self._lanes = lanes
-        self._chain = EvidenceChain(lanes)
         self._clock = clock
         self._max_batch = max_batch
         self._on_reopened = on_reopened
         self._last_recovery = 0.0
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
-        self._head: ChainHead = self._chain.head()
+        # Each chain's head as this journal last committed or read it; a lost race re-reads it.
+        self._heads: dict[str, ChainHead] = {}
+        self._heads_guard = threading.Lock()
+        self.conflicts = 0  # commits that lost a race to another writer and were retried
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decision-journal", daemon=True)
         self._thread.start()
         self.batches = 0  # commits so far (entries / batches shows the grouping)
 
-    @property
-    def chain(self) -> EvidenceChain:
-        return self._chain
+    def chain(self, name: str) -> EvidenceChain:
+        return EvidenceChain(self._lanes, name)
 
-    @property
-    def head(self) -> ChainHead:
-        """The newest committed entry (kept in memory by the one writer)."""
-        return self._head
+    def head(self, name: str) -> ChainHead:
+        """The newest entry of chain `name` this journal knows of: what it committed last, or
+        what the store held when it first looked (another writer may have appended since)."""
+        with self._heads_guard:
+            known = self._heads.get(name)
+        return known if known is not None else self._read_head(name)
+
+    def _read_head(self, name: str) -> ChainHead:
+        head = EvidenceChain(self._lanes, name).head()
+        with self._heads_guard:
+            self._heads[name] = head
+        return head
 
     def record(self, body: DecisionEntryBody, *, status: int) -> dict[str, Any]:
         """Append one decision entry that changed nothing; returns it sealed, once on disk."""
@@ -165,10 +208,10 @@ class DecisionJournal:
             applied=outcome.applied, created=outcome.status == 201, entry=pending.entry
         )
 
-    def find(self, decision_id: str) -> dict[str, Any] | None:
-        """The entry of a decision id, through the index written with it."""
-        seq = self._lanes.get(decision_id_key(decision_id))
-        return None if seq is None else self._chain.get(int.from_bytes(seq, "big"))
+    def find(self, chain: str, decision_id: str) -> dict[str, Any] | None:
+        """The entry of a decision id on a chain, through the index written with it."""
+        seq = self._lanes.get(decision_id_key(chain, decision_id))
+        return None if seq is None else self.chain(chain).get(int.from_bytes(seq, "big"))
 
     def close(self, timeout: float = 10.0) -> None:
         if not self._closed.is_set():
@@ -223,12 +266,13 @@ class DecisionJournal:
         self._last_recovery = now
         try:
             self._lanes.reopen()
-            self._head = self._chain.head()
+            with self._heads_guard:
+                self._heads.clear()  # read again: a write of unknown outcome may have landed
         except Exception as error:  # still no room, or worse: stay latched, try again later
             log.error("store_reopen_failed", extra={"error_type": type(error).__name__})
             return False
-        log.warning("store_reopened", extra={"seq": self._head.seq})
-        if self._on_reopened is not None:
+        log.warning("store_reopened")
+        if self._on_reopened is not None and isinstance(self._lanes, LaneStore):
             self._on_reopened(self._lanes)
         return True
 
@@ -236,26 +280,54 @@ class DecisionJournal:
         if not self._recover():
             self._fail(batch, StoreOffline("the store is latched after a failed write"))
             return
-        try:
-            sealed_entries, record_puts, written, head = self._prepare(batch)
-            with self._lanes.batch(sync=True) as writes:
-                for key, value in record_puts:
-                    writes.put(key, value)
-                for pending, sealed in zip(batch, sealed_entries, strict=True):
-                    writes.put(sealed.key, sealed.value)
-                    for index_key, index_value in index_puts(pending.body, sealed.seq):
-                        writes.put(index_key, index_value)
-        except Exception as error:  # nothing of this batch was acknowledged; each fails closed
-            log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
-            self._fail(batch, error)
+        if isinstance(self._lanes, LaneStore):  # one process: one batch, one fsync
+            self._commit_unit(batch)
             return
-        self._head = head
-        self.batches += 1
-        for record, encoded in written:  # what the next read of each session will find
-            PARSED_RECORDS.remember(record, encoded)
-        for pending, sealed in zip(batch, sealed_entries, strict=True):
-            pending.entry = sealed.entry
-            pending.done.set()
+        by_chain: dict[str, list[_Pending]] = {}
+        for pending in batch:  # one tenant per transaction
+            by_chain.setdefault(pending.body.chain, []).append(pending)
+        for unit in by_chain.values():
+            self._commit_unit(unit)
+
+    def _commit_unit(self, batch: list[_Pending]) -> None:
+        """Commit batch in one store batch; after a lost race, read the heads and do it again."""
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                prepared = self._prepare(batch)
+                sealed_entries, record_puts, expected, written, starts, heads = prepared
+                with self._lanes.batch(sync=True) as writes:
+                    for key, value in expected:
+                        writes.expect(key, value)
+                    for name, start in starts.items():
+                        writes.expect(entry_key(start.seq + 1, name), None)
+                        if start.seq == 0:
+                            writes.put(marker_key(name), b"")
+                    for key, value in record_puts:
+                        writes.put(key, value)
+                    for pending, sealed in zip(batch, sealed_entries, strict=True):
+                        writes.put(sealed.key, sealed.value)
+                        for index_key, index_value in index_puts(pending.body, sealed.seq):
+                            writes.put(index_key, index_value)
+            except ExpectationFailed:  # another writer came first: nothing of this was written
+                self.conflicts += 1
+                for name in {pending.body.chain for pending in batch}:
+                    self._read_head(name)
+                continue
+            except Exception as error:  # nothing of this batch was acknowledged; each fails closed
+                log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
+                self._fail(batch, error)
+                return
+            with self._heads_guard:
+                self._heads.update(heads)
+            self.batches += 1
+            for record, encoded in written:  # what the next read of each session will find
+                PARSED_RECORDS.remember(record, encoded)
+            for pending, sealed in zip(batch, sealed_entries, strict=True):
+                pending.entry = sealed.entry
+                pending.done.set()
+            return
+        log.error("journal_commit_contended", extra={"attempts": COMMIT_ATTEMPTS})
+        self._fail(batch, CommitContended("other writers kept appending to these chains"))
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:
@@ -268,18 +340,26 @@ class DecisionJournal:
     ) -> tuple[
         list[SealedEntry],
         list[tuple[LaneKey, bytes]],
+        list[tuple[LaneKey, bytes | None]],
         list[tuple[SessionStateRecord, bytes]],
-        ChainHead,
+        dict[str, ChainHead],
+        dict[str, ChainHead],
     ]:
-        """Decide each write against the state as the batch leaves it; date and seal the entries."""
+        """Decide each write against the state as the batch leaves it; date and seal the entries
+        onto their chains. Also what the commit expects (each replaced record as read) and each
+        chain's head before and after the batch."""
         versions: dict[bytes, StoredVersion] = {}
+        expected: dict[bytes, tuple[LaneKey, bytes | None]] = {}
         record_puts: list[tuple[LaneKey, bytes]] = []
         written: list[tuple[SessionStateRecord, bytes]] = []
         recorded_at = format_timestamp(self._clock())
-        documents = []
+        starts: dict[str, ChainHead] = {}  # each chain's head before the batch
+        heads: dict[str, ChainHead] = {}  # and after it
+        sealed_entries: list[SealedEntry] = []
         for pending in batch:
             write = pending.write
-            outcome = pending.outcome(None if write is None else self._version(write, versions))
+            stored = None if write is None else self._version(write, versions, expected)
+            outcome = pending.outcome(stored)
             if write is not None and outcome.applied:
                 key = state_key(write.record.scope)
                 value = canonical_json(write.record.to_json())
@@ -289,17 +369,28 @@ class DecisionJournal:
                     write.record.state_digest, write.record.summary
                 )
             record_puts.extend(pending.puts)
-            documents.append(pending.body.sealable(outcome, recorded_at))
-        sealed_entries, head = seal(documents, self._head)
-        return sealed_entries, record_puts, written, head
+            name = pending.body.chain
+            if name not in starts:
+                starts[name] = self.head(name)
+            head = heads.get(name, starts[name])
+            sealed, heads[name] = seal([pending.body.sealable(outcome, recorded_at)], head, name)
+            sealed_entries.extend(sealed)
+        return sealed_entries, record_puts, list(expected.values()), written, starts, heads
 
-    def _version(self, write: _StateWrite, versions: dict[bytes, StoredVersion]) -> StoredVersion:
-        """What the write's record replaces as the batch leaves it so far."""
+    def _version(
+        self,
+        write: _StateWrite,
+        versions: dict[bytes, StoredVersion],
+        expected: dict[bytes, tuple[LaneKey, bytes | None]],
+    ) -> StoredVersion:
+        """What the write's record replaces as the batch leaves it so far (what the store
+        held is expected at commit, so a write by another process meanwhile is not lost)."""
         scope = write.record.scope
         key = state_key(scope)
         encoded = key.encode()
         if encoded not in versions:
             stored = self._lanes.get(key)
+            expected[encoded] = (key, stored)
             versions[encoded] = (
                 NOTHING_STORED if stored is None else stored_version(scope, key, stored)
             )
@@ -311,7 +402,7 @@ class RetentionTask:
 
     def __init__(
         self,
-        lanes: LaneStore,
+        lanes: Lanes,
         days: int,
         *,
         clock: Callable[[], datetime],

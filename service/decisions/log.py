@@ -3,8 +3,11 @@
 Every decision the service makes becomes one entry of the evidence chain
 (`store.evidence_chain`): the decision trace, who asked, for what, the full
 policy input (which never holds raw text), and the outcome (HTTP status,
-whether anything was applied). Indexes by tenant and by decision id live in
-the `trace_index` lane and are written in the same batch as the entry.
+whether anything was applied). Each tenant's entries are a chain of their own
+(`chain_name`: entries that name no tenant go on `NO_TENANT_CHAIN`), so a
+tenant's listing is its chain. The index by decision id lives in the
+`trace_index` lane under the chain's name and is written in the same batch as
+the entry: a decision id is only ever looked up within one tenant's chain.
 
 An entry is a `DecisionEntryBody` from the moment a request builds it until
 the journal gives it its outcome and the chain seals it; what the chain holds
@@ -22,11 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.auth import Actor
 from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
 from service.policy.trace import DecisionTrace
-from store.evidence_chain import EvidenceChain
+from store.backends.contract import Lanes
+from store.evidence_chain import EvidenceChain, chain_name, chain_names
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
-
-UNSCOPED = "-"  # index tenant of entries that name no tenant (cannot happen today; kept total)
 
 
 class DecisionOutcome(BaseModel):
@@ -50,12 +51,28 @@ class DecisionEntryBody(BaseModel):
     target: PolicyTarget
     input: dict[str, Any] = Field(description="what was decided on: the full policy input")
 
+    @property
+    def chain(self) -> str:
+        """The chain the entry goes on: its target tenant's, else `NO_TENANT_CHAIN`."""
+        return chain_name(self.target.tenant_id)
+
     def sealable(self, outcome: DecisionOutcome, recorded_at: str) -> dict[str, Any]:
         """The entry's JSON for the chain to seal: the only place the model becomes a dict."""
         document = self.model_dump(mode="json")
         document["outcome"] = outcome.model_dump(mode="json")
         document["recorded_at"] = recorded_at
         return document
+
+
+class LegacyLink(BaseModel):
+    """Where a migrated entry was on the global chain: with the entry's other fields, the
+    old entry can be rebuilt and its old hash checked against checkpoints kept before."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int = Field(ge=1)
+    prev_hash: str
+    hash: str
 
 
 class DecisionLogEntry(BaseModel):
@@ -72,6 +89,11 @@ class DecisionLogEntry(BaseModel):
     input: dict[str, Any] = Field(description="the full policy input: ids, flags, counts, digests")
     prev_hash: str
     hash: str
+    legacy: LegacyLink | None = Field(
+        default=None,
+        description="set on entries `sessionstate db upgrade` moved from the one global "
+        "chain of older versions: where the entry was on it",
+    )
 
 
 def entry_body(trace: DecisionTrace, policy_input: PolicyInput, actor: Actor) -> DecisionEntryBody:
@@ -88,18 +110,14 @@ def seq_name(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
-def tenant_index_key(tenant_id: str | None, seq: int) -> LaneKey:
-    return LaneKey(TenantResourceLane.TRACE_INDEX, tenant_id or UNSCOPED, name=seq_name(seq))
-
-
-def decision_id_key(decision_id: str) -> LaneKey:
-    return LaneKey(TenantResourceLane.TRACE_INDEX, name=b"id:" + decision_id.encode())
+def decision_id_key(chain: str, decision_id: str) -> LaneKey:
+    """The index key of a decision id, under the chain (tenant) its entry is on."""
+    return LaneKey(TenantResourceLane.TRACE_INDEX, chain, name=b"id:" + decision_id.encode())
 
 
 def index_puts(body: DecisionEntryBody, seq: int) -> Iterator[tuple[LaneKey, bytes]]:
-    """The index keys of entry seq: its tenant's listing, and its decision id."""
-    yield tenant_index_key(body.target.tenant_id, seq), b""
-    yield decision_id_key(body.decision.decision_id), seq_name(seq)
+    """The index keys of entry seq of its chain: its decision id."""
+    yield decision_id_key(body.chain, body.decision.decision_id), seq_name(seq)
 
 
 def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,21 +138,24 @@ def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str
     }
 
 
-def prune_log(lanes: LaneStore, before: datetime) -> int:
-    """Retention: drop entries older than `before` and their index keys.
+def prune_log(lanes: Lanes, before: datetime) -> int:
+    """Retention: drop entries older than `before` from every chain, and their index keys.
 
-    The chain keeps an anchor (seq and hash of the last dropped entry) in the
-    same batch as the deletions, so what remains still verifies. Index keys of
+    Each chain keeps an anchor (seq and hash of the last dropped entry) in the
+    same batch as its deletions, so what remains still verifies. Index keys of
     dropped entries are removed afterwards; until then they point at nothing
     and are skipped.
     """
-    chain = EvidenceChain(lanes)
-    pruned = chain.prune(before)
-    if pruned:
+    total = 0
+    for name in chain_names(lanes):
+        chain = EvidenceChain(lanes, name)
+        pruned = chain.prune(before)
+        if not pruned:
+            continue
+        total += pruned
         last_dropped = chain.anchor().seq
         with lanes.batch(sync=True) as writes:
-            for key, value in lanes.scan(TenantResourceLane.TRACE_INDEX):
-                seq_bytes = value if key.name.startswith(b"id:") else key.name
-                if int.from_bytes(seq_bytes, "big") <= last_dropped:
+            for key, value in lanes.scan(TenantResourceLane.TRACE_INDEX, name):
+                if key.name.startswith(b"id:") and int.from_bytes(value, "big") <= last_dropped:
                     writes.delete(key)
-    return pruned
+    return total

@@ -1,10 +1,11 @@
 """`DecisionLogReader`: the decision log as reviewers read it, for every way they read it.
 
 The JSON routes, the reviewer's page, the evidence bundle and the offline review
-commands all read through one reader: a tenant's entries through the
-`trace_index` lane in chain order, pages and their cursors, one entry by
-decision id, the NDJSON export, the newest entries, and the stored bytes a
-bundle ships. A per-tenant chain or a second backend changes this class only.
+commands all read through one reader: a tenant's entries (its own chain) in
+chain order, pages and their cursors, one entry by decision id within one
+tenant's chain, the NDJSON export, the newest entries, and the stored bytes a
+bundle ships. Every read names its chain (`chain_name(tenant_id)`); only the
+offline operator commands read every chain.
 
 An entry that does not have the shape of one is skipped with a warning (never
 its content): a listing shows what it can, and `verify` names what was
@@ -22,12 +23,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.contract import DECISION_ID
-from service.decisions.log import DecisionLogEntry, decision_id_key, opa_event, seq_name
+from service.decisions.log import DecisionLogEntry, decision_id_key, opa_event
 from service.decisions.query import DecisionQuery, encode_cursor
+from store.backends.contract import Lanes
 from store.chain_head import ChainHead
-from store.evidence_chain import EvidenceChain, parse_entry
-from store.keys import TenantResourceLane
-from store.lanes import LaneStore
+from store.evidence_chain import EvidenceChain, chain_names, parse_entry
 
 log = logging.getLogger("sessionstate.decisions")
 EVERYTHING = DecisionQuery()
@@ -43,25 +43,35 @@ class DecisionPage:
 
 
 class DecisionLogReader:
-    """Reads the decision log of one store; `head` is where a first page ends (the journal's,
-    kept in memory, in a running service; the stored chain's otherwise)."""
+    """Reads the decision log of one store; `head(chain)` is where a first page ends (the
+    journal's, kept in memory, in a running service; the stored chain's otherwise)."""
 
-    def __init__(self, lanes: LaneStore, *, head: Callable[[], ChainHead] | None = None) -> None:
+    def __init__(self, lanes: Lanes, *, head: Callable[[str], ChainHead] | None = None) -> None:
         self._lanes = lanes
-        self.chain = EvidenceChain(lanes)
-        self._head = head or self.chain.head
+        self._head = head or (lambda name: self.chain(name).head())
+
+    def chain(self, name: str) -> EvidenceChain:
+        """One tenant's chain (`chain_name(tenant_id)`)."""
+        return EvidenceChain(self._lanes, name)
+
+    def chains(self) -> list[str]:
+        """Every chain's name: for operators, who review every tenant."""
+        return chain_names(self._lanes)
+
+    def head(self, name: str) -> ChainHead:
+        return self._head(name)
 
     def entries(
         self, tenant: str, query: DecisionQuery = EVERYTHING, *, until: int | None = None
     ) -> Iterator[DecisionLogEntry]:
-        """The tenant's entries in the query's window, in chain order, that pass its filters."""
+        """The chain's entries in the query's window, in chain order, that pass its filters."""
         for entry, _ in self._selected(tenant, query, until):
             yield entry
 
     def page(self, tenant: str, query: DecisionQuery) -> DecisionPage:
         """Up to `query.limit` entries after the query's cursor, ending at the first page's head."""
         cursor_until = query.window()[1]
-        until = self._head().seq if cursor_until is None else cursor_until
+        until = self._head(tenant).seq if cursor_until is None else cursor_until
         page: list[DecisionLogEntry] = []
         for entry in self.entries(tenant, query, until=until):
             if len(page) == query.limit:
@@ -69,65 +79,57 @@ class DecisionLogReader:
             page.append(entry)
         return DecisionPage(page, None)
 
-    def get(self, decision_id: str) -> DecisionLogEntry | None:
-        """The entry of a decision id, through the index written with it."""
+    def get(self, tenant: str, decision_id: str) -> DecisionLogEntry | None:
+        """The entry of a decision id on the tenant's chain; None when it is not on it
+        (whether it is on another chain or nowhere reads the same)."""
         if DECISION_ID.fullmatch(decision_id) is None:
             return None
-        stored_seq = self._lanes.get(decision_id_key(decision_id))
+        stored_seq = self._lanes.get(decision_id_key(tenant, decision_id))
         if stored_seq is None:
             return None
         seq = int.from_bytes(stored_seq, "big")
-        read = _readable(self.chain.get(seq), seq)
+        read = _readable(self.chain(tenant).get(seq), seq)
         return None if read is None else read[0]
 
     def export(self, tenant: str | None, query: DecisionQuery = EVERYTHING) -> Iterator[str]:
         """NDJSON lines in OPA's decision log field names, each with its entry as stored.
 
-        One tenant's entries, or every tenant's with `tenant` None (offline review only).
+        One tenant's entries, or every chain's, one after another, with `tenant` None
+        (offline review only).
         """
-        for entry, stored in self._selected(tenant, query, None):
-            yield json.dumps(opa_event(entry, stored)) + "\n"
+        for name in self.chains() if tenant is None else [tenant]:
+            for entry, stored in self._selected(name, query, None):
+                yield json.dumps(opa_event(entry, stored)) + "\n"
 
     def newest(self, count: int) -> list[dict[str, Any]]:
-        """The newest `count` entries as stored, oldest first."""
+        """The newest `count` entries of every chain as stored, oldest first (by recorded_at)."""
         newest: list[dict[str, Any]] = []
-        for entry in self.chain.scan(reverse=True):
-            if len(newest) == count:
-                break
-            newest.append(entry)
-        return list(reversed(newest))
+        for name in self.chains():
+            for index, entry in enumerate(self.chain(name).scan(reverse=True)):
+                if index == count:
+                    break
+                newest.append(entry)
+        newest.sort(key=lambda entry: str(entry.get("recorded_at")))
+        return newest[-count:] if count else []
 
-    def stored(self, *, until_seq: int) -> Iterator[tuple[int, bytes]]:
-        """(seq, bytes exactly as stored) of every entry up to until_seq, in chain order."""
-        return self.chain.stored_entries(until_seq=until_seq)
+    def stored(self, tenant: str, *, until_seq: int) -> Iterator[tuple[int, bytes]]:
+        """(seq, bytes exactly as stored) of every entry of the chain up to until_seq."""
+        return self.chain(tenant).stored_entries(until_seq=until_seq)
 
     def _selected(
-        self, tenant: str | None, query: DecisionQuery, until: int | None
+        self, tenant: str, query: DecisionQuery, until: int | None
     ) -> Iterator[tuple[DecisionLogEntry, dict[str, Any]]]:
         """Readable entries of the window that pass the filters, with each as stored."""
         after, cursor_until = query.window()
         until = cursor_until if until is None else until
-        for seq, stored in self._window(tenant, after):
+        for seq, stored in self.chain(tenant).stored_entries(until_seq=_LAST_SEQ):
+            if seq <= after:
+                continue
             if until is not None and seq > until:
                 return
-            read = _readable(stored, seq)
+            read = _readable(parse_entry(stored), seq)
             if read is not None and query.matches(read[0]):
                 yield read
-
-    def _window(
-        self, tenant: str | None, after: int
-    ) -> Iterator[tuple[int, dict[str, Any] | None]]:
-        """(seq, entry as stored) after seq `after`: a tenant's through its index, else the chain."""
-        if tenant is None:
-            for seq, stored in self.chain.stored_entries(until_seq=_LAST_SEQ):
-                if seq > after:
-                    yield seq, parse_entry(stored)
-            return
-        start = seq_name(after + 1)
-        for key, _ in self._lanes.scan(TenantResourceLane.TRACE_INDEX, tenant):
-            if key.name >= start:
-                seq = int.from_bytes(key.name, "big")
-                yield seq, self.chain.get(seq)
 
 
 def _readable(

@@ -16,13 +16,22 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bundle
 from service.decisions.log import prune_log
+from service.decisions.migration import ChainMigration, migrate, verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.evidence_chain import ChainVerification, EvidenceChain
+from store.evidence_chain import (
+    LEGACY_CHAIN,
+    NO_TENANT_CHAIN,
+    ChainVerification,
+    EvidenceChain,
+    chain_names,
+    legacy_chain_present,
+    verify_all,
+)
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
@@ -63,11 +72,27 @@ def open_lanes(data_dir: Path) -> Iterator[LaneStore]:
         lanes.close()
 
 
-def verify(
-    data_dir: Path, checkpoint_file: Path | None = None, public_key_file: Path | None = None
-) -> ChainVerification:
-    """Verify the chain; against a kept checkpoint, with a public key kept apart if given.
+class AllChainsVerification(BaseModel):
+    """Every chain of a data dir, verified: ok only when each one is."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    entries: int = Field(ge=0, description="entries that verified, over every chain")
+    chains: dict[str, ChainVerification] = Field(description="by chain: the tenant id")
+
+
+def verify(
+    data_dir: Path,
+    checkpoint_file: Path | None = None,
+    public_key_file: Path | None = None,
+    tenant_id: str | None = None,
+) -> ChainVerification:
+    """Verify one tenant's chain; against a kept checkpoint, with a public key kept apart.
+
+    The chain is `tenant_id`'s, else the checkpoint's, else the only one there is. A
+    checkpoint signed before chains were per tenant (it names none) is checked against
+    the old entries rebuilt from the migrated ones (`migration.verify_legacy_checkpoint`).
     Without `public_key_file` the data dir's own key is used, which proves less: whoever
     can edit the data dir can also re-sign. It is never created here.
     """
@@ -79,7 +104,46 @@ def verify(
             raise ReviewError(f"{checkpoint_file} is not a sessionstate checkpoint") from None
         verifier = _verifier(data_dir, public_key_file)
     with open_lanes(data_dir) as lanes:
-        return EvidenceChain(lanes).verify(checkpoint, verifier)
+        if checkpoint is not None and verifier is not None and checkpoint.tenant_id is None:
+            if not legacy_chain_present(lanes):
+                return verify_legacy_checkpoint(lanes, checkpoint, verifier)
+            return EvidenceChain(lanes, LEGACY_CHAIN).verify(checkpoint, verifier)
+        name = tenant_id or (checkpoint.tenant_id if checkpoint is not None else None)
+        if name is None:
+            chains = chain_names(lanes)
+            if len(chains) > 1:
+                raise ReviewError(
+                    "each tenant's decisions are a chain of their own: name one with --tenant, "
+                    "or verify every one with --all-tenants"
+                )
+            name = chains[0] if chains else NO_TENANT_CHAIN
+        return EvidenceChain(lanes, name).verify(checkpoint, verifier)
+
+
+def verify_all_tenants(data_dir: Path) -> AllChainsVerification:
+    """Verify every chain of the data dir (an operator's review of every tenant)."""
+    with open_lanes(data_dir) as lanes:
+        chains = verify_all(lanes)
+    return AllChainsVerification(
+        ok=all(result.ok for result in chains.values()),
+        entries=sum(result.entries for result in chains.values()),
+        chains=chains,
+    )
+
+
+def upgrade(data_dir: Path) -> ChainMigration | None:
+    """`sessionstate db upgrade`: move an old global chain onto per-tenant chains."""
+    with open_lanes(data_dir) as lanes:
+        return migrate(lanes, datetime.now(UTC))
+
+
+def _only_chain(lanes: LaneStore) -> str:
+    chains = chain_names(lanes)
+    if len(chains) > 1:
+        raise ReviewError(
+            "each tenant's decisions are a chain of their own: name one with --tenant"
+        )
+    return chains[0] if chains else NO_TENANT_CHAIN
 
 
 def public_key(data_dir: Path) -> bytes:
@@ -95,13 +159,17 @@ def _verifier(data_dir: Path, public_key_file: Path | None) -> CheckpointVerifie
     return CheckpointVerifier(public_key(data_dir))
 
 
-def checkpoint(data_dir: Path) -> Checkpoint:
-    """A signed checkpoint of the head, only after the whole chain verified (as over HTTP).
+def checkpoint(data_dir: Path, tenant_id: str | None = None) -> Checkpoint:
+    """A signed checkpoint of a tenant's head, only after its whole chain verified (as over
+    HTTP). Without `tenant_id`, of the only chain there is.
 
     Raises `ChainUnverified`, naming the first problem, for a chain that does not.
     """
     with open_lanes(data_dir) as lanes:
-        result, signed = verified_checkpoint(EvidenceChain(lanes), data_dir, datetime.now(UTC))
+        name = tenant_id or _only_chain(lanes)
+        result, signed = verified_checkpoint(
+            EvidenceChain(lanes, name), data_dir, datetime.now(UTC)
+        )
     if signed is None:
         raise ChainUnverified.of(result, "checkpoint")
     return signed
@@ -116,7 +184,8 @@ def bundle(
 ) -> EvidenceBundle:
     """Write an evidence bundle to `out`, whole or not at all (`service.decisions.bundle`).
 
-    Refused, with `ChainUnverified`, for a chain that does not verify, as `checkpoint` is.
+    Refused, with `ChainUnverified`, for a chain that does not verify, as `checkpoint` is;
+    with `ValueError` without a tenant when the data dir holds more than one chain.
     """
     selection = _selection(tenant_id=tenant_id, since=since, until=until)
     with open_lanes(data_dir) as lanes:

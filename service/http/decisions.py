@@ -1,7 +1,9 @@
 """Decision log routes, for compliance reviewers: list, one entry, verify, export.
 
-The `audit` policy decides who sees what: an auditor sees the entries whose
-target is its own tenant. Reading the log is itself a decision, and is logged.
+The `audit` policy decides who sees what: an auditor sees its own tenant's
+chain, and nothing of another's: its list, verify, export, counts and heads are
+its tenant's, and a decision id of another tenant answers exactly as an
+unknown one. Reading the log is itself a decision, and is logged.
 What the log holds is read through the context's `DecisionLogReader`.
 """
 
@@ -55,12 +57,13 @@ def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[Decis
 
 
 def decision_entry(actor: Actor, decision_id: str) -> tuple[DecisionTrace, DecisionLogEntry]:
-    """One entry, decided on the tenant it is about; 404 or 403 problems otherwise."""
-    entry = context().decision_log.get(decision_id)
-    tenant = entry.target.tenant_id if entry is not None else actor.tenant_id
+    """One entry of the actor's own tenant's chain; decided on that tenant before the id is
+    looked up, so another tenant's id and an unknown one get the same 404."""
+    tenant = actor.tenant_id
     if tenant is None:
         raise Problem(Reason.DECISION_NOT_FOUND)
     trace = authorize("decisions.read", actor, PolicyTarget(tenant_id=tenant))
+    entry = context().decision_log.get(tenant, decision_id)
     if entry is None:
         raise Problem(Reason.DECISION_NOT_FOUND, decision=trace)
     return trace, entry
@@ -80,11 +83,12 @@ def list_decisions() -> Response:
 
 @bp.get(DECISIONS_VERIFY)
 def verify_decisions() -> Response:
-    """Verify the whole chain; when it holds, hand out a signed checkpoint of that head."""
-    trace, _ = audit_decision(authenticate())
+    """Verify the tenant's whole chain; when it holds, hand out a signed checkpoint of that
+    head, naming the tenant."""
+    trace, tenant = audit_decision(authenticate())
     data_dir = context().settings.data_dir
     # A checkpoint vouches for a head that verified; a broken chain gets none.
-    chain = context().decision_log.chain
+    chain = context().decision_log.chain(tenant)
     result, checkpoint = verified_checkpoint(chain, data_dir, context().clock())
     signer = CheckpointSigner.from_data_dir(data_dir)
     return json_response(

@@ -156,7 +156,7 @@ def decisions() -> Response:
         actor=actor,
         tenant=tenant,
         trace=trace,
-        chain=decision_log.chain.verify(),
+        chain=decision_log.chain(tenant).verify(),
         filters=filters,
         actions=ACTIONS,
         problems=problems,
@@ -188,7 +188,7 @@ def evidence_bundle() -> Response:
 
 @bp.get("/decisions/<decision_id>")
 def decision(decision_id: str) -> Response:
-    """One entry, decided on the tenant it is about, as `GET /v1/decisions/<id>` is."""
+    """One entry of the auditor's own tenant, as `GET /v1/decisions/<id>` is."""
     actor = _signed_in()
     if actor is None:
         return _sign_in_again()

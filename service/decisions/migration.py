@@ -1,0 +1,184 @@
+"""`sessionstate db upgrade`: move the one global chain of older versions onto per-tenant chains.
+
+Older versions kept every tenant's decisions on one chain (the chain named
+`LEGACY_CHAIN`). The upgrade first verifies that chain whole and refuses if it
+does not verify (`LegacyChainUnverified`, nothing changed). Then, in one
+synced batch, it seals each entry again, in the old order, onto its tenant's
+chain (`chain_name(target.tenant_id)`), with a `legacy` field holding where it
+was on the old chain (`seq`, `prev_hash`, `hash`); deletes the old entries,
+anchor and index keys; and writes a migration record (the old head and anchor,
+how many entries moved, each new chain's head). So the old history stays
+checkable: every old entry can be rebuilt from its migrated one (its fields
+without `seq`, `prev_hash`, `hash` and `legacy`, plus the three of `legacy`)
+and must hash to its old hash, and a checkpoint signed before the upgrade
+(it names no tenant) is checked against those rebuilt entries
+(`verify_legacy_checkpoint`). The service refuses to start on a data dir that
+still holds the old chain (`journal.LegacyChainPresent`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.decisions.log import decision_id_key, seq_name
+from store.backends.contract import Lanes
+from store.canonical import canonical_digest, canonical_json
+from store.chain_head import ChainHead, format_timestamp
+from store.checkpoints import Checkpoint, CheckpointVerifier
+from store.evidence_chain import (
+    CHAIN_FIELDS,
+    LEGACY_CHAIN,
+    ChainVerification,
+    EvidenceChain,
+    anchor_key,
+    chain_name,
+    chain_names,
+    entry_key,
+    legacy_chain_present,
+    marker_key,
+    parse_entry,
+    seal,
+)
+from store.keys import LaneKey, TenantResourceLane
+
+MIGRATION_KEY = LaneKey(TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"chain_migration")
+
+
+class LegacyChainUnverified(RuntimeError):
+    """The old chain does not verify: it is not migrated (nothing changed)."""
+
+    def __init__(self, result: ChainVerification) -> None:
+        where = f" at seq {result.first_invalid_seq}" if result.first_invalid_seq else ""
+        super().__init__(
+            f"the old decision chain does not verify ({result.problem}{where}); nothing was "
+            "migrated: restore the data dir from a backup, or keep it as evidence as it is"
+        )
+
+
+class ChainMigration(BaseModel):
+    """What `sessionstate db upgrade` did to the decision log; kept in the store."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    migrated_at: str
+    old_head: ChainHead = Field(description="the old global chain's head, as verified")
+    old_anchor: ChainHead = Field(description="where retention had left its start")
+    entries: int = Field(ge=0, description="entries moved onto per-tenant chains")
+    chains: dict[str, ChainHead] = Field(description="each chain's head after the move")
+
+
+def migrate(lanes: Lanes, now: datetime) -> ChainMigration | None:
+    """Move the legacy chain onto per-tenant chains in one batch; None when there is none."""
+    if not legacy_chain_present(lanes):
+        return None
+    legacy = EvidenceChain(lanes, LEGACY_CHAIN)
+    verified = legacy.verify()
+    if not verified.ok:
+        raise LegacyChainUnverified(verified)
+    heads: dict[str, ChainHead] = {}
+    moved = 0
+    with lanes.batch(sync=True) as batch:
+        for seq, stored in legacy.stored_entries(until_seq=verified.head_seq):
+            entry = parse_entry(stored) or {}
+            body = {name: value for name, value in entry.items() if name not in CHAIN_FIELDS}
+            body["legacy"] = {name: entry[name] for name in CHAIN_FIELDS}
+            name = chain_name(_tenant_of(entry))
+            if name not in heads:
+                heads[name] = EvidenceChain(lanes, name).head()
+                if heads[name].seq == 0:
+                    batch.put(marker_key(name), b"")
+            sealed, heads[name] = seal([body], heads[name], name)
+            batch.put(sealed[0].key, sealed[0].value)
+            decision_id = _member(entry, "decision").get("decision_id")
+            if isinstance(decision_id, str):
+                batch.put(decision_id_key(name, decision_id), seq_name(sealed[0].seq))
+            batch.delete(entry_key(seq, LEGACY_CHAIN))
+            moved += 1
+        for key, _ in lanes.scan(TenantResourceLane.TRACE_INDEX):
+            if key.tenant == LEGACY_CHAIN or not key.name.startswith(b"id:"):
+                batch.delete(key)  # the old indexes: by decision id (no tenant), by tenant and seq
+        batch.delete(anchor_key(LEGACY_CHAIN))
+        record = ChainMigration(
+            migrated_at=format_timestamp(now),
+            old_head=ChainHead(seq=verified.head_seq, hash=verified.head_hash),
+            old_anchor=legacy.anchor(),
+            entries=moved,
+            chains=heads,
+        )
+        batch.put(MIGRATION_KEY, canonical_json(record.model_dump(mode="json")))
+    return record
+
+
+def migration_record(lanes: Lanes) -> ChainMigration | None:
+    stored = lanes.get(MIGRATION_KEY)
+    return None if stored is None else ChainMigration.model_validate_json(stored)
+
+
+def verify_legacy_checkpoint(
+    lanes: Lanes, checkpoint: Checkpoint, verifier: CheckpointVerifier
+) -> ChainVerification:
+    """Check a checkpoint signed before the upgrade (it names no tenant) against the old
+    entries rebuilt from the migrated ones; ok only if the one at its seq hashes to its hash."""
+
+    def outcome(problem: Any = None, seq: int | None = None) -> ChainVerification:
+        return ChainVerification(
+            ok=problem is None,
+            entries=0,
+            head_hash=checkpoint.head_hash,
+            head_seq=checkpoint.seq,
+            first_invalid_seq=seq,
+            problem=problem,
+        )
+
+    if not verifier.verify(checkpoint):
+        return outcome("checkpoint_signature_invalid")
+    if checkpoint.tenant_id is not None:
+        return outcome("checkpoint_other_chain")
+    record = migration_record(lanes)
+    if record is None:
+        return outcome("checkpoint_other_chain")
+    if checkpoint.seq > record.old_head.seq:
+        return outcome("truncated_before_checkpoint", record.old_head.seq + 1)
+    if checkpoint.seq == record.old_anchor.seq:
+        ok = checkpoint.head_hash == record.old_anchor.hash
+        return outcome(None if ok else "checkpoint_mismatch", checkpoint.seq if not ok else None)
+    if checkpoint.seq < record.old_anchor.seq:
+        return outcome("checkpoint_before_anchor")
+    for name in chain_names(lanes):
+        for entry in EvidenceChain(lanes, name).scan():
+            link = _member(entry, "legacy")
+            if link.get("seq") != checkpoint.seq:
+                continue
+            if (
+                old_entry_hash(entry) != link.get("hash")
+                or link.get("hash") != checkpoint.head_hash
+            ):
+                return outcome("checkpoint_mismatch", checkpoint.seq)
+            return outcome()
+    return outcome("truncated_before_checkpoint", checkpoint.seq)
+
+
+def old_entry_hash(entry: Mapping[str, Any]) -> str | None:
+    """The hash the entry had on the old chain, recomputed from its content; None if it has
+    no legacy link or no canonical form."""
+    link = _member(entry, "legacy")
+    old = {name: value for name, value in entry.items() if name not in (*CHAIN_FIELDS, "legacy")}
+    old["seq"], old["prev_hash"] = link.get("seq"), link.get("prev_hash")
+    try:
+        return canonical_digest(old)
+    except Exception:  # no canonical form: the message may quote the content
+        return None
+
+
+def _tenant_of(entry: Mapping[str, Any]) -> str | None:
+    tenant = _member(entry, "target").get("tenant_id")
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def _member(entry: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = entry.get(name)
+    return value if isinstance(value, dict) else {}
