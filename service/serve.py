@@ -27,7 +27,12 @@ from typing import TextIO
 from hypercorn.asyncio.run import worker_serve
 
 from service.app import create_app
-from service.context import ConfigurationError, ServiceContext, check_settings
+from service.context import (
+    ConfigurationError,
+    ServiceContext,
+    check_settings,
+    configured_store,
+)
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
 from service.policy.engine_checks import (
@@ -38,6 +43,8 @@ from service.policy.engine_checks import (
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
+from service.store_backend import StoreKind, StoreTarget, open_lanes
+from store.backends.contract import Lanes
 from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore
 
@@ -65,7 +72,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             external_opa_accepts_token(settings)
         else:
             opa_bin, policy_dir = local_opa_bin(settings), local_policy_dir(settings)
-        _check_decision_log(settings.data_dir)
+        _check_decision_log(configured_store(settings))
         listener = _listen(settings.host, settings.port)
         if settings.opa_url:
             opa_url, opa_token = settings.opa_url, settings.opa_token
@@ -168,12 +175,19 @@ def _raise_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
 
 
-def _check_decision_log(data_dir: Path) -> None:
-    """The journal extends the chain's head: an unreadable head must stop the start-up."""
-    database = data_dir / "leveldb"
-    if not database.is_dir():
-        return
-    lanes = LaneStore(database, read_every_block=True)
+def _check_decision_log(store: StoreTarget) -> None:
+    """The journal extends the chain's head: an unreadable head must stop the start-up.
+
+    PostgreSQL: opening checks the schema first (`SchemaMismatch`: not upgraded, or newer).
+    """
+    lanes: Lanes
+    if store.kind is StoreKind.POSTGRESQL:
+        lanes = open_lanes(store)
+    else:
+        assert store.leveldb_path is not None
+        if not store.leveldb_path.is_dir():
+            return
+        lanes = LaneStore(store.leveldb_path, read_every_block=True)
     try:
         EvidenceChain(lanes).head()
     finally:
