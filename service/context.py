@@ -69,6 +69,7 @@ class ServiceContext:
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
     policy_source: PolicySource | None = None  # the sidecar's policy snapshot; None: external OPA
+    worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
 
     @classmethod
     def open(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
+import os
 import resource
 import signal
 import socket
@@ -44,6 +45,7 @@ from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pi
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from service.store_backend import StoreKind, StoreTarget, open_lanes
+from service.workers import supervise
 from store.backends.contract import Lanes
 from store.evidence_chain import EvidenceChain
 from store.lanes import LaneStore
@@ -74,6 +76,8 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             opa_bin, policy_dir = local_opa_bin(settings), local_policy_dir(settings)
         _check_decision_log(configured_store(settings))
         listener = _listen(settings.host, settings.port)
+        if settings.workers > 1:
+            os.set_inheritable(listener.fileno(), True)
         if settings.opa_url:
             opa_url, opa_token = settings.opa_url, settings.opa_token
         else:
@@ -88,14 +92,21 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             log.info(
                 "opa_sidecar_ready", extra={"policy_revision": sidecar.policies.served.revision}
             )
+        if settings.workers > 1:
+            write_pid(settings.data_dir)  # `policy reload` signals this process: it has the sidecar
+            reload = _reloader(sidecar)
+            if early_reload.is_set():
+                reload()
+            supervise(settings, listener, sidecar, on_ready, reload)
+            return
         context = ServiceContext.open(
             settings,
             opa_url=opa_url,
             opa_token=opa_token,
             policy_source=None if sidecar is None else sidecar.policies,
         )
-        _raise_open_file_limit()
-        asyncio.run(_serve_http(settings, context, listener, on_ready, sidecar, early_reload))
+        raise_open_file_limit()
+        asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
     finally:
         # The event loop gave SIGHUP back its default, which ends the process: not on the way out.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -107,25 +118,29 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         lock.close()
 
 
-async def _serve_http(
+async def serve_http(
     settings: Settings,
     context: ServiceContext,
     listener: socket.socket,
     on_ready: Callable[[], None] | None,
     sidecar: OpaSidecar | None,
-    early_reload: threading.Event,
+    early_reload: threading.Event | None,
+    *,
+    owns_pid_file: bool = True,
 ) -> None:
+    """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several)."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    reload = _reloader(sidecar)
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    if early_reload.is_set():
-        reload()
-    # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
-    write_pid(settings.data_dir)
+    if owns_pid_file:
+        reload = _reloader(sidecar)
+        loop.add_signal_handler(signal.SIGHUP, reload)
+        if early_reload is not None and early_reload.is_set():
+            reload()
+        # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
+        write_pid(settings.data_dir)
     app = BoundedWSGIWrapper(
         create_app(context),
         body_timeout=settings.body_timeout_seconds,
@@ -167,7 +182,7 @@ def _listen(host: str, port: int) -> socket.socket:
         ) from None
 
 
-def _raise_open_file_limit() -> None:
+def raise_open_file_limit() -> None:
     """Idle and slow clients cost a socket each: allow as many as the hard limit admits."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard > soft:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from service.auth import mint_token
 from tests import postgres as pg
 from tests.factories import state_input
 from tests.live import DIGEST_KEY, JWT_SECRET
-from tests.served import ROOT, Served, start
+from tests.served import ROOT, Served, processes_using, start
 
 TENANT, WORKSPACE = "tenant-a", "ws-1"
 PASSWORD_MARK = "hunter2-never-shown"
@@ -234,3 +235,85 @@ def test_readiness_on_leveldb_names_the_embedded_store(served: Served) -> None:
         "target": str(served.data_dir / "leveldb"),
         "reachable": True,
     }
+
+
+# -- more than one process -----------------------------------------------------
+
+
+def test_two_workers_on_postgresql_answer_from_two_pids_and_stop_together(
+    postgres_conninfo: str, opa_bin: str, tmp_path: Path
+) -> None:
+    served = start(
+        opa_bin,
+        tmp_path / "var",
+        tmp_path,
+        {"SESSIONSTATE_STORE": postgres_conninfo},
+        args=("--workers", "2"),
+    )
+    try:
+        approve(served.url)
+        workers: set[str] = set()
+        for turn in range(400):  # each request a new connection: the kernel spreads them
+            headers = {"Authorization": f"Bearer {token('model-service', f'w{turn % 4}')}"}
+            answer = requests.get(
+                served.url + state_path(f"w{turn % 4}"),
+                headers=headers | {"Connection": "close"},
+                timeout=10,
+            )
+            assert answer.status_code in (200, 404), answer.text
+            workers.add(answer.headers["X-Sessionstate-Worker"])
+            if len(workers) == 2:
+                break
+        assert len(workers) == 2, workers
+        pids = {int(label.split(":")[1]) for label in workers}
+        children = [pid for pid in processes_using(served.data_dir) if pid != served.process.pid]
+        assert pids <= set(children)  # the workers name the data dir in their environment
+        written = requests.put(
+            served.url + state_path("w0"),
+            json=state_input(),
+            headers={"Authorization": f"Bearer {token('model-service', 'w0')}"},
+            timeout=10,
+        )
+        assert written.status_code == 201, written.text
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(60) == 0, served.log.read_text()[-3000:]
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+        assert processes_using(served.data_dir) == []
+    finally:
+        stop(served)
+
+
+def test_a_worker_that_dies_is_started_again(
+    postgres_conninfo: str, opa_bin: str, tmp_path: Path
+) -> None:
+    served = start(
+        opa_bin,
+        tmp_path / "var",
+        tmp_path,
+        {"SESSIONSTATE_STORE": postgres_conninfo},
+        args=("--workers", "2"),
+    )
+    try:
+        label = requests.get(served.url + "/readyz", timeout=10).headers["X-Sessionstate-Worker"]
+        slot, pid = label.split(":")
+        os.kill(int(pid), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            seen = requests.get(
+                served.url + "/readyz", headers={"Connection": "close"}, timeout=10
+            ).headers["X-Sessionstate-Worker"]
+            if seen.startswith(f"{slot}:") and seen != label:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the killed worker was not started again")
+    finally:
+        stop(served)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
