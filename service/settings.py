@@ -29,6 +29,8 @@ OTHER_TOOLS_VARIABLES = frozenset(
         "SESSIONSTATE_TOKEN",  # examples/model_service.py, a model-service token
         "SESSIONSTATE_IMAGE",  # docker-compose.yml
         "SESSIONSTATE_PUBLISH",  # docker-compose.yml
+        "SESSIONSTATE_PUBLISH_2",  # docker-compose.ha.yml, the second replica
+        "SESSIONSTATE_POSTGRES_PASSWORD",  # docker-compose.ha.yml
     }
 )
 
