@@ -12,7 +12,7 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
-from service.contract import DOCS, OPENAPI, REQUEST_ID
+from service.contract import DOCS, OPENAPI, REQUEST_ID, WORKER
 from service.decisions.journal import JournalClosed
 from service.http import approvals, decisions, ops, state, ui
 from service.http.body import MAX_BODY_BYTES
@@ -60,6 +60,9 @@ def _finish(response: Response) -> Response:
         response = _problem(problem_of(error))
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     response.headers[REQUEST_ID] = g.get("request_id", "")
+    worker = context().worker_label
+    if worker is not None:  # which of `serve --workers N`'s processes answered
+        response.headers[WORKER] = worker
     if not _is_public_document(request.path):
         # State, records, approvals and decisions (problems carry decisions too) must not
         # sit in a browser's or a proxy's cache; one rule for every answer keeps it so.

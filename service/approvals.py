@@ -20,10 +20,10 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from service.contract import APPROVAL_ID, APPROVAL_ID_PATTERN
 from service.policy.input import PolicyApproval
+from store.backends.contract import Lanes
 from store.bounds import JsonInt
 from store.canonical import canonical_json, sha256_digest
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 from store.scope import ScopeId, TenantScope, is_scope_id
 
 logger = logging.getLogger(__name__)
@@ -100,9 +100,9 @@ def approval_key(tenant_id: str, workspace_id: str, approval_id: str) -> LaneKey
 
 
 class ApprovalStore:
-    """Approvals over a `LaneStore`, one key per approval under its tenant and workspace."""
+    """Approvals over a lane store (`Lanes`), one key per approval under its tenant and workspace."""
 
-    def __init__(self, lanes: LaneStore) -> None:
+    def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
         # Revocation reads, then writes: this lock makes that atomic in the one process.
         self._write_lock = threading.Lock()

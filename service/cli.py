@@ -15,14 +15,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from service.auth import mint_token
-from service.context import ConfigurationError, jwt_secret, secret_lines
+from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
-from service.decisions.migration import LegacyChainUnverified
+from service.decisions.migration import ChainMigration, LegacyChainUnverified
 from service.decisions.review import ReviewError
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
 from service.settings import Settings, setting_errors, unknown_variables
+from service.store_backend import StoreUpgradeRefused
+from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
+from store.backends.contract import StoreOffline
+from store.backends.postgres_schema import SchemaMismatch
 from store.evidence_chain import ChainCorrupt
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
@@ -45,6 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="serve every edit of the policy directory that compiles, without a reload "
         "(as SESSIONSTATE_WATCH_POLICIES=true); for policy development only",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        help="HTTP worker processes (as SESSIONSTATE_WORKERS; default 1); above 1 needs "
+        "SESSIONSTATE_STORE (PostgreSQL): LevelDB admits one process",
     )
 
     policy = commands.add_parser("policy", help="the policies the running service decides with")
@@ -122,12 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "when a service reads them from there.",
     )
 
-    database = commands.add_parser("db", help="the data dir's LevelDB, with the service stopped")
+    database = commands.add_parser("db", help="the configured store: upgrade it, repair LevelDB")
     repairs = database.add_subparsers(dest="db", required=True)
     repairs.add_parser(
         "upgrade",
-        help="move a decision log written as one global chain onto per-tenant chains "
-        "(it must verify first); print what was done as JSON",
+        help="bring the configured store (SESSIONSTATE_STORE, else the data dir's LevelDB) to "
+        "this release's schema and record its version; on LevelDB, move a decision log "
+        "written as one global chain onto per-tenant chains (it must verify first); print "
+        "what it did as JSON; safe to run again",
     )
     repairs.add_parser(
         "repair",
@@ -163,8 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "decisions":
             return _review(settings, args)
         if args.command == "db" and args.db == "upgrade":
-            return _upgrade(settings.data_dir)
+            return _upgrade(settings)
         if args.command == "db":
+            if configured_store(settings).shared:
+                raise ConfigurationError(
+                    "`db repair` repairs the data dir's LevelDB; SESSIONSTATE_STORE names a "
+                    "PostgreSQL database, which PostgreSQL's own tools look after"
+                )
             return _repair(settings.data_dir)
         if args.command == "secrets":
             for line in secret_lines(settings):
@@ -178,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.watch_policies:
             settings = settings.model_copy(update={"watch_policies": True})
+        if args.workers is not None:
+            settings = settings.model_copy(update={"workers": args.workers})
         run_service(
             settings,
             on_ready=(lambda: print(walkthrough(settings), flush=True))
@@ -190,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         SidecarError,
         ReviewError,
         StoreUnavailable,
+        StoreOffline,
+        SchemaMismatch,
+        StoreUpgradeRefused,
         ValueError,
         OSError,
     ) as error:
@@ -229,16 +251,28 @@ def _positive(text: str) -> int:
     return value
 
 
-def _upgrade(data_dir: Path) -> int:
-    database = data_dir / "leveldb"
-    if not database.is_dir():
-        raise FileNotFoundError(f"no sessionstate database under {data_dir}")
-    with _holding_data_dir(data_dir, database):
-        done = decision_review.upgrade(data_dir)
-    if done is None:
-        print(json.dumps({"migrated": False}))
-    else:
-        print(json.dumps({"migrated": True, **done.model_dump(mode="json")}))
+def _upgrade(settings: Settings) -> int:
+    """`db upgrade`: the configured store brought to this release's schema; on LevelDB, a
+    decision log still kept as one global chain moved onto per-tenant chains."""
+    store = configured_store(settings)
+    done = upgrade_store(store)
+    migration: ChainMigration | None = None
+    database = store.leveldb_path
+    if database is not None and database.is_dir():
+        with _holding_data_dir(settings.data_dir, database):
+            migration = decision_review.upgrade(settings.data_dir)
+    print(
+        json.dumps(
+            {
+                "store": done.store.value,
+                "target": done.target,
+                "found": done.found,
+                "now": done.now,
+                "changed": done.changed or migration is not None,
+                "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
+            }
+        )
+    )
     return 0
 
 

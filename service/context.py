@@ -24,6 +24,14 @@ from service.policy.source import PolicySource
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.settings import Settings
+from service.store_backend import (
+    StoreSettingInvalid,
+    StoreTarget,
+    open_lanes,
+    reachable,
+    store_target,
+)
+from store.backends.contract import Lanes
 from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.secrets import decode_secret, encode_secret, local_secret, stored_secret
@@ -44,7 +52,8 @@ class ConfigurationError(ValueError):
 @dataclass
 class ServiceContext:
     settings: Settings
-    lanes: LaneStore
+    lanes: Lanes
+    store: StoreTarget
     states: SessionStateStore
     approvals: ApprovalStore
     planner: SessionReplayPlanner
@@ -59,6 +68,7 @@ class ServiceContext:
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
     policy_source: PolicySource | None = None  # the sidecar's policy snapshot; None: external OPA
+    worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
 
     @classmethod
     def open(
@@ -70,10 +80,10 @@ class ServiceContext:
         clock: Callable[[], datetime] = utc_now,
         policy_source: PolicySource | None = None,
     ) -> ServiceContext:
-        data_dir = settings.data_dir
         limits = rate_limits(settings)
         metrics = ServiceMetrics()
-        lanes = LaneStore(data_dir / "leveldb")
+        store = configured_store(settings)
+        lanes = open_lanes(store)
         metrics.watch_store(lanes)
         if policy_source is not None:
             metrics.watch_policy_source(policy_source)
@@ -87,6 +97,7 @@ class ServiceContext:
         return cls(
             settings=settings,
             lanes=lanes,
+            store=store,
             states=SessionStateStore(lanes),
             approvals=ApprovalStore(lanes),
             planner=SessionReplayPlanner(),
@@ -114,6 +125,10 @@ class ServiceContext:
             policy_source=policy_source,
         )
 
+    def store_reachable(self) -> bool:
+        """Whether the store answers now (for `/readyz`)."""
+        return reachable(self.lanes)
+
     def close(self) -> None:
         if self.retention is not None:
             self.retention.close()
@@ -123,8 +138,13 @@ class ServiceContext:
         self.lanes.close()
 
 
-def report_dropped_log_bytes(lanes: LaneStore, metrics: ServiceMetrics) -> None:
-    """Say once, as an error and in the metric, what opening the store dropped from its log."""
+def report_dropped_log_bytes(lanes: Lanes, metrics: ServiceMetrics) -> None:
+    """Say once, as an error and in the metric, what opening the store dropped from its log.
+
+    Only LevelDB has a log of its own to drop a torn tail from.
+    """
+    if not isinstance(lanes, LaneStore):
+        return
     dropped = lanes.dropped_log_bytes
     if dropped > 0:
         log.error("store_log_tail_dropped", extra={"dropped_bytes": dropped})
@@ -138,11 +158,25 @@ def check_settings(settings: Settings) -> None:
     digest_key(settings)
     _public_key(settings.jwt_public_key_file)
     rate_limits(settings)
+    store = configured_store(settings)
+    if settings.workers > 1 and not store.shared:
+        raise ConfigurationError(
+            "SESSIONSTATE_WORKERS (or --workers) above 1 needs a shared store: LevelDB admits "
+            "one process; set SESSIONSTATE_STORE to a PostgreSQL database, or serve 1 worker"
+        )
     if settings.opa_url is not None:
         try:
             PolicyClient(settings.opa_url).close()
         except ValueError:
             raise ConfigurationError("SESSIONSTATE_OPA_URL must be http(s)://host:port") from None
+
+
+def configured_store(settings: Settings) -> StoreTarget:
+    """SESSIONSTATE_STORE, parsed: the embedded LevelDB, or a PostgreSQL database."""
+    try:
+        return store_target(settings)
+    except StoreSettingInvalid as error:
+        raise ConfigurationError(str(error)) from None
 
 
 def jwt_secret(settings: Settings) -> bytes:

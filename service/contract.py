@@ -55,6 +55,7 @@ IF_MATCH = "If-Match"  # replace only this version (a quoted state digest)
 IF_NONE_MATCH = "If-None-Match"  # `*`: create only
 RETRY_AFTER = "Retry-After"
 REQUEST_ID = "X-Request-Id"
+WORKER = "X-Sessionstate-Worker"  # serve --workers N: which worker process answered (slot:pid)
 
 # --- decisions ---------------------------------------------------------------------------
 # Which Rego package decides each action (`data.sessionstate.<package>.decision`).

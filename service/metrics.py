@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from service.policy.source import RELOAD_OUTCOMES, PolicySource
-from store.lanes import LaneStore
+from store.backends.contract import Lanes
 
 
 class ServiceMetrics:
@@ -63,7 +63,7 @@ class ServiceMetrics:
             registry=self.registry,
         )
 
-    def watch_store(self, lanes: LaneStore) -> None:
+    def watch_store(self, lanes: Lanes) -> None:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))
 
@@ -78,7 +78,7 @@ class ServiceMetrics:
 class _StoreHealth(Collector):
     """Whether the store accepts writes, and how often it failed and was reopened."""
 
-    def __init__(self, lanes: LaneStore) -> None:
+    def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

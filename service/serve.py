@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
+import os
 import resource
 import signal
 import socket
@@ -27,7 +28,12 @@ from typing import TextIO
 from hypercorn.asyncio.run import worker_serve
 
 from service.app import create_app
-from service.context import ConfigurationError, ServiceContext, check_settings
+from service.context import (
+    ConfigurationError,
+    ServiceContext,
+    check_settings,
+    configured_store,
+)
 from service.decisions.journal import LegacyChainPresent
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
@@ -39,6 +45,9 @@ from service.policy.engine_checks import (
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
+from service.store_backend import StoreKind, StoreTarget, open_lanes
+from service.workers import supervise
+from store.backends.contract import Lanes
 from store.evidence_chain import EvidenceChain, chain_names, legacy_chain_present
 from store.lanes import LaneStore
 
@@ -66,8 +75,10 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             external_opa_accepts_token(settings)
         else:
             opa_bin, policy_dir = local_opa_bin(settings), local_policy_dir(settings)
-        _check_decision_log(settings.data_dir)
+        _check_decision_log(configured_store(settings))
         listener = _listen(settings.host, settings.port)
+        if settings.workers > 1:
+            os.set_inheritable(listener.fileno(), True)
         if settings.opa_url:
             opa_url, opa_token = settings.opa_url, settings.opa_token
         else:
@@ -82,14 +93,21 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             log.info(
                 "opa_sidecar_ready", extra={"policy_revision": sidecar.policies.served.revision}
             )
+        if settings.workers > 1:
+            write_pid(settings.data_dir)  # `policy reload` signals this process: it has the sidecar
+            reload = _reloader(sidecar)
+            if early_reload.is_set():
+                reload()
+            supervise(settings, listener, sidecar, on_ready, reload)
+            return
         context = ServiceContext.open(
             settings,
             opa_url=opa_url,
             opa_token=opa_token,
             policy_source=None if sidecar is None else sidecar.policies,
         )
-        _raise_open_file_limit()
-        asyncio.run(_serve_http(settings, context, listener, on_ready, sidecar, early_reload))
+        raise_open_file_limit()
+        asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
     finally:
         # The event loop gave SIGHUP back its default, which ends the process: not on the way out.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -101,25 +119,29 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         lock.close()
 
 
-async def _serve_http(
+async def serve_http(
     settings: Settings,
     context: ServiceContext,
     listener: socket.socket,
     on_ready: Callable[[], None] | None,
     sidecar: OpaSidecar | None,
-    early_reload: threading.Event,
+    early_reload: threading.Event | None,
+    *,
+    owns_pid_file: bool = True,
 ) -> None:
+    """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several)."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    reload = _reloader(sidecar)
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    if early_reload.is_set():
-        reload()
-    # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
-    write_pid(settings.data_dir)
+    if owns_pid_file:
+        reload = _reloader(sidecar)
+        loop.add_signal_handler(signal.SIGHUP, reload)
+        if early_reload is not None and early_reload.is_set():
+            reload()
+        # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
+        write_pid(settings.data_dir)
     app = BoundedWSGIWrapper(
         create_app(context),
         body_timeout=settings.body_timeout_seconds,
@@ -161,7 +183,7 @@ def _listen(host: str, port: int) -> socket.socket:
         ) from None
 
 
-def _raise_open_file_limit() -> None:
+def raise_open_file_limit() -> None:
     """Idle and slow clients cost a socket each: allow as many as the hard limit admits."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard > soft:
@@ -169,13 +191,20 @@ def _raise_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
 
 
-def _check_decision_log(data_dir: Path) -> None:
+def _check_decision_log(store: StoreTarget) -> None:
     """The journal extends each chain's head: an unreadable head must stop the start-up, and
-    so must a decision log still written as one global chain (`sessionstate db upgrade`)."""
-    database = data_dir / "leveldb"
-    if not database.is_dir():
-        return
-    lanes = LaneStore(database, read_every_block=True)
+    so must a decision log still written as one global chain (`sessionstate db upgrade`).
+
+    PostgreSQL: opening checks the schema first (`SchemaMismatch`: not upgraded, or newer).
+    """
+    lanes: Lanes
+    if store.kind is StoreKind.POSTGRESQL:
+        lanes = open_lanes(store)
+    else:
+        assert store.leveldb_path is not None
+        if not store.leveldb_path.is_dir():
+            return
+        lanes = LaneStore(store.leveldb_path, read_every_block=True)
     try:
         if legacy_chain_present(lanes):
             raise ConfigurationError(str(LegacyChainPresent()))

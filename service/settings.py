@@ -29,6 +29,8 @@ OTHER_TOOLS_VARIABLES = frozenset(
         "SESSIONSTATE_TOKEN",  # examples/model_service.py, a model-service token
         "SESSIONSTATE_IMAGE",  # docker-compose.yml
         "SESSIONSTATE_PUBLISH",  # docker-compose.yml
+        "SESSIONSTATE_PUBLISH_2",  # docker-compose.ha.yml, the second replica
+        "SESSIONSTATE_POSTGRES_PASSWORD",  # docker-compose.ha.yml
     }
 )
 
@@ -39,6 +41,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     data_dir: Path = Path("./var")
+    # Unset: the embedded LevelDB under data_dir. A libpq connection string: PostgreSQL.
+    store: str | None = Field(default=None, repr=False)  # may hold a password
+    # Worker processes serving HTTP (PostgreSQL only above 1: LevelDB admits one process).
+    workers: int = Field(default=1, ge=1, le=64)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     opa_url: str | None = None

@@ -112,6 +112,16 @@ class Health(_Envelope):
     status: Literal["ok"] = "ok"
 
 
+class StoreReadiness(_Envelope):
+    kind: Literal["leveldb", "postgresql"] = Field(
+        description="leveldb: the embedded store in the data dir; postgresql: SESSIONSTATE_STORE"
+    )
+    target: str = Field(
+        description="LevelDB: its directory; PostgreSQL: host:port/db (never user or password)"
+    )
+    reachable: bool = Field(description="the store answered now (PostgreSQL: a SELECT 1)")
+
+
 class Readiness(_Envelope):
     ready: bool
     opa_reachable: bool = Field(description="OPA answered, with a decision or a refusal")
@@ -125,9 +135,10 @@ class Readiness(_Envelope):
     store_writable: bool = Field(
         description="false after a failed write (a full disk, say) until the store is reopened"
     )
+    store: StoreReadiness
     reasons: list[str] = Field(
         description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, "
-        "store_closed, store_unwritable; empty when ready"
+        "store_closed, store_unreachable, store_unwritable; empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,

@@ -733,3 +733,66 @@ def test_service_configured_as_in_compose_is_ready_with_the_manifest_revision(
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(30)
+
+
+# --- docker-compose.ha.yml ---------------------------------------------------------------
+
+HA_COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.ha.yml").read_text())
+HA_SECRETS = (TOKEN_ENV, "SESSIONSTATE_JWT_SECRET", "SESSIONSTATE_DIGEST_KEY")
+
+
+def _ha_config(
+    compose_bin: str, tmp_path: Path, names: tuple[str, ...]
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
+    clean["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
+    env_file = tmp_path / "ha.env"
+    env_file.write_text("".join(f"{name}={'x' * 40}\n" for name in names))
+    return subprocess.run(
+        [
+            compose_bin,
+            "-f",
+            "docker-compose.ha.yml",
+            "--env-file",
+            str(env_file),
+            "config",
+            "--format",
+            "json",
+        ],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_ha_compose_is_postgresql_and_two_replicas_each_with_its_sidecar(
+    compose_bin: str, tmp_path: Path
+) -> None:
+    refused = _ha_config(compose_bin, tmp_path, HA_SECRETS)  # no PostgreSQL password
+    assert refused.returncode != 0 and "SESSIONSTATE_POSTGRES_PASSWORD" in refused.stderr
+    done = _ha_config(compose_bin, tmp_path, (*HA_SECRETS, "SESSIONSTATE_POSTGRES_PASSWORD"))
+    assert done.returncode == 0, done.stderr
+    resolved = json.loads(done.stdout)
+    services = resolved["services"]
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:15")
+    assert any(
+        v["target"] == "/var/lib/postgresql/data" and v["type"] == "volume"
+        for v in postgres["volumes"]
+    )
+    assert services["schema"]["command"] == ["sessionstate", "db", "upgrade"]
+    for replica in ("1", "2"):
+        service, opa = services[f"sessionstate-{replica}"], services[f"opa-{replica}"]
+        assert service["environment"]["SESSIONSTATE_STORE"].startswith("postgresql://sessionstate:")
+        assert service["environment"]["SESSIONSTATE_OPA_URL"] == "http://127.0.0.1:8181"
+        assert service["depends_on"]["schema"]["condition"] == "service_completed_successfully"
+        assert opa["network_mode"] == f"service:sessionstate-{replica}"
+        assert opa["depends_on"][f"sessionstate-{replica}"]["restart"] is True
+        assert "ports" not in opa
+        assert opa["command"] == COMPOSE["services"][OPA]["command"]
+        assert {p["host_ip"] for p in service["ports"]} == {"127.0.0.1"}
+    text = (ROOT / "docker-compose.ha.yml").read_text()
+    for name in (*HA_SECRETS, "SESSIONSTATE_POSTGRES_PASSWORD"):
+        assert re.search(r"\$\{" + name + r":\?", text), name  # required, never a literal

@@ -136,7 +136,7 @@ class DecisionJournal:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_batch: int = MAX_BATCH,
-        on_reopened: Callable[[LaneStore], None] | None = None,
+        on_reopened: Callable[[Lanes], None] | None = None,
     ) -> None:
         if legacy_chain_present(lanes):
             raise LegacyChainPresent()
@@ -272,7 +272,7 @@ class DecisionJournal:
             log.error("store_reopen_failed", extra={"error_type": type(error).__name__})
             return False
         log.warning("store_reopened")
-        if self._on_reopened is not None and isinstance(self._lanes, LaneStore):
+        if self._on_reopened is not None:
             self._on_reopened(self._lanes)
         return True
 

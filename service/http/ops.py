@@ -8,7 +8,7 @@ from flask import Blueprint, Response
 
 from service.http.common import context, json_response
 from service.openapi import openapi_document
-from service.wire import Health, Readiness
+from service.wire import Health, Readiness, StoreReadiness
 
 bp = Blueprint("ops", __name__)
 
@@ -20,7 +20,7 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    """Ready when OPA answers with a loaded policy revision and the store is open.
+    """Ready when OPA answers with a loaded policy revision and the store is open and answers.
 
     A policy directory that did not compile at the last reload is a warning, not
     a failure: the service still decides, with the last good snapshot, and taking
@@ -32,13 +32,15 @@ def readyz() -> Response:
     decided = not probe.engine_unavailable
     revision = probe.policy_revision if decided else None
     store_open = not ctx.lanes.closed
+    store_reachable = store_open and ctx.store_reachable()
     store_writable = ctx.lanes.writable
     failing = {
         "opa_unreachable": not decided and not probe.engine_refused,
         "opa_refused_token": probe.engine_refused,
         "policy_not_loaded": decided and revision in (None, "unknown"),
         "store_closed": not store_open,
-        "store_unwritable": store_open and not store_writable,
+        "store_unreachable": store_open and not store_reachable,
+        "store_unwritable": store_reachable and not store_writable,
     }
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
@@ -52,6 +54,9 @@ def readyz() -> Response:
         policy_source_valid=source_valid,
         store_open=store_open,
         store_writable=store_writable,
+        store=StoreReadiness(
+            kind=ctx.store.kind.value, target=ctx.store.target, reachable=store_reachable
+        ),
     )
     return json_response(body, 200 if ready else 503)
 

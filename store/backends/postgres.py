@@ -303,6 +303,17 @@ class PostgresLaneStore:
             self._latched = False
             self.reopens += 1
 
+    def reachable(self, timeout: float = 1.0) -> bool:
+        """Whether the database answers a `SELECT 1` within timeout (for readiness probes)."""
+        if self._pool.closed:
+            return False
+        try:
+            with self._pool.connection(timeout=timeout) as conn:
+                conn.execute("SELECT 1").fetchone()
+        except (psycopg.Error, PoolClosed):
+            return False
+        return True
+
     @property
     def closed(self) -> bool:
         return bool(self._pool.closed)

@@ -1,0 +1,140 @@
+"""`serve --workers N`: N worker processes on one listening socket, one OPA sidecar for all.
+
+The parent (`service.serve`) holds the data dir, binds the socket and starts
+the sidecar (and its bundle server) once; then it spawns N workers, each a
+`python -m service.workers FD` process that inherits the socket, opens its own
+`ServiceContext` (its own store connections, journal and group commit) against
+the parent's sidecar, and serves HTTP with hypercorn as a single process does.
+Workers die with the parent even on SIGKILL (PR_SET_PDEATHSIG), a worker that
+dies is started again, and SIGTERM or SIGINT to the parent stops every worker
+gracefully (SIGTERM, then SIGKILL after the grace period). Only a store that
+several processes may open (PostgreSQL) admits more than one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from service.context import ServiceContext
+from service.logs import configure_logging
+from service.policy.sidecar import OpaSidecar, _die_with_parent
+from service.settings import Settings
+
+log = logging.getLogger("sessionstate.workers")
+POLL_SECONDS = 0.2
+RESTART_BACKOFF_SECONDS = 1.0  # a worker that keeps dying at start is not spun in a loop
+STOP_GRACE_SECONDS = 15.0
+
+
+class Workers:
+    """The parent's view of its workers: spawn, restart the dead, stop them all."""
+
+    def __init__(self, count: int, listener: socket.socket, sidecar: OpaSidecar | None) -> None:
+        self._count = count
+        self._fd = listener.fileno()
+        os.set_inheritable(self._fd, True)
+        self._env = dict(os.environ)
+        if sidecar is not None:  # else the workers use SESSIONSTATE_OPA_URL as the parent does
+            self._env |= {
+                "SESSIONSTATE_OPA_URL": sidecar.url,
+                "SESSIONSTATE_OPA_TOKEN": sidecar.token,
+            }
+        self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
+        self._started: list[float] = [0.0] * count
+
+    def start(self) -> None:
+        for slot in range(self._count):
+            self._spawn(slot)
+
+    def _spawn(self, slot: int) -> None:
+        process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            [sys.executable, "-m", "service.workers", str(self._fd), str(slot)],
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(self._fd,),
+            preexec_fn=_die_with_parent,
+        )
+        self._processes[slot] = process
+        self._started[slot] = time.monotonic()
+        log.info("worker_started", extra={"worker": slot, "pid": process.pid})
+
+    def supervise(self, stop: threading.Event) -> None:
+        """Restart workers that die, until stop is set."""
+        while not stop.wait(POLL_SECONDS):
+            for slot, process in enumerate(self._processes):
+                if process is None or process.poll() is None:
+                    continue
+                log.error("worker_died", extra={"worker": slot, "exit_code": process.returncode})
+                young = time.monotonic() - self._started[slot] < RESTART_BACKOFF_SECONDS
+                if young and stop.wait(RESTART_BACKOFF_SECONDS):
+                    return
+                self._spawn(slot)
+
+    def stop(self) -> None:
+        """SIGTERM to every worker; SIGKILL to those still there after the grace period."""
+        running = [p for p in self._processes if p is not None and p.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for process in running:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.info("workers_stopped", extra={"workers": len(running)})
+
+
+def supervise(
+    settings: Settings,
+    listener: socket.socket,
+    sidecar: OpaSidecar | None,
+    on_ready: Callable[[], None] | None,
+    reload: Callable[[], None],
+) -> None:
+    """Run settings.workers workers until SIGTERM or SIGINT; SIGHUP reloads the sidecar."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload())
+    workers = Workers(settings.workers, listener, sidecar)
+    try:
+        workers.start()
+        if on_ready is not None:
+            on_ready()  # the socket listens: connections wait in its backlog for a worker
+        workers.supervise(stop)
+    finally:
+        workers.stop()
+        listener.close()
+    log.info("service_stopped")
+
+
+def worker_main(fd: int, slot: int) -> None:
+    """One worker: its own context on the parent's socket and sidecar, until SIGTERM."""
+    from service.serve import raise_open_file_limit, serve_http
+
+    configure_logging()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the parent's
+    settings = Settings()
+    listener = socket.socket(fileno=fd)
+    assert settings.opa_url is not None  # the parent set it
+    context = ServiceContext.open(settings, opa_url=settings.opa_url, opa_token=settings.opa_token)
+    context.worker_label = f"{slot}:{os.getpid()}"
+    try:
+        raise_open_file_limit()
+        asyncio.run(serve_http(settings, context, listener, None, None, None, owns_pid_file=False))
+    finally:
+        context.close()
+
+
+if __name__ == "__main__":
+    worker_main(int(sys.argv[1]), int(sys.argv[2]))
