@@ -143,7 +143,7 @@ def journal_run(
         )
         journal.close()
         timed_batches = journal.batches - warm_batches
-        check_chain(f"journal T={threads}", journal.chain, run, WARM_UP + len(run.seqs))
+        check_chain(f"journal T={threads}", journal.chain("tenant-a"), run, WARM_UP + len(run.seqs))
     finally:
         journal.close()
         lanes.close()

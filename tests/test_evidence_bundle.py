@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import itertools
 import json
 import math
 import shutil
@@ -36,7 +35,7 @@ from service.decisions.bundle import BundleSelection
 from store.canonical import canonical_json
 from store.chain_head import GENESIS, format_timestamp
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import EvidenceChain, entry_key, seal
+from store.evidence_chain import EvidenceChain, chain_name, entry_key, seal
 from store.lanes import LaneStore
 from tests.live import JWT_SECRET, LiveService
 from tests.served import Served, start
@@ -269,11 +268,10 @@ def test_a_served_process_bundle_verifies_in_a_clean_directory(
     assert {entry["target"]["tenant_id"] for entry in entries} == {"acme"}
     denial = [e for e in entries if e["actor"]["tenant_id"] == "globex"]
     assert [e["outcome"]["status"] for e in denial] == [403]  # another tenant's attempt on acme
-    # Other tenants' entries sit between acme's: the verifier says which links it could check.
+    # acme's decisions are a chain of their own: every link between them is checked.
     seqs = [entry["seq"] for entry in entries]
-    gaps = sum(1 for a, b in itertools.pairwise(seqs) if b != a + 1)
-    assert gaps > 0
-    assert f"{gaps} gaps cross entries not in this bundle" in done.stdout
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert "0 gaps cross entries not in this bundle" in done.stdout
     assert (
         served_bundle.printed["checkpoint"]["seq"]
         == json.loads((folder / "checkpoint.json").read_text())["seq"]
@@ -290,7 +288,8 @@ def test_a_served_process_bundle_verifies_in_a_clean_directory(
     [
         (_edit, "its content does not hash to its hash (hash_mismatch)"),
         (_remove, "in the manifest, missing from entries.ndjson"),
-        (_edit_and_rehash, "its hash is not the one the manifest lists"),
+        # The next entry of the (gapless) chain links to the old hash: that is seen first.
+        (_edit_and_rehash, "does not link to seq 2 (prev_hash_mismatch)"),
         (_forge_manifest, "manifest.json: the signature does not verify"),
         (_move_checkpoint, "checkpoint.json: the signature does not verify"),
     ],
@@ -361,46 +360,62 @@ def _bodies(count: int) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stopped service's data dir with 12 entries; SESSIONSTATE_DATA_DIR names it."""
+    """A stopped service's data dir with 12 decisions: acme's chain of 9 (minutes 1-3, 5-7,
+    9-11) and globex's of 3 (minutes 0, 4, 8); SESSIONSTATE_DATA_DIR names it."""
     data_dir = tmp_path / "var"
     lanes = LaneStore(data_dir / "leveldb")
-    EvidenceChain(lanes).append(_bodies(12))
+    bodies = _bodies(12)
+    for tenant in ("acme", "globex"):
+        EvidenceChain(lanes, tenant).append(
+            [body for body in bodies if body["target"]["tenant_id"] == tenant]
+        )
     lanes.close()
     monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(data_dir))
     return data_dir
 
 
-def test_a_bundle_of_every_tenant_links_every_entry(
+def test_a_bundle_of_a_tenant_links_every_entry_of_its_chain(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive = tmp_path / "acme.tar.gz"
+    assert main(["decisions", "bundle", "--out", str(archive), "--tenant", "acme"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["entries"] == 9 and printed["checkpoint"]["seq"] == 9
+    assert printed["checkpoint"]["tenant_id"] == "acme"
+    folder = unpack(archive, tmp_path / "clean")
+    assert folder.name == "sessionstate-evidence-acme-9"
+    done = run_verifier(folder)
+    assert done.returncode == 0, done.stderr
+    assert "links      8 between consecutive seqs checked by prev_hash; 0 gaps" in done.stdout
+    assert "the last entry here is the signed head" in done.stdout
+    assert "selection  tenant_id acme\n" in done.stdout
+
+
+def test_without_a_tenant_the_bundle_of_several_chains_is_refused(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     archive = tmp_path / "all.tar.gz"
-    assert main(["decisions", "bundle", "--out", str(archive)]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["entries"] == 12 and printed["checkpoint"]["seq"] == 12
-    folder = unpack(archive, tmp_path / "clean")
-    assert folder.name == "sessionstate-evidence-all-12"
-    done = run_verifier(folder)
-    assert done.returncode == 0, done.stderr
-    assert "links      11 between consecutive seqs checked by prev_hash; 0 gaps" in done.stdout
-    assert "the last entry here is the signed head" in done.stdout
-    assert "selection  every entry of the chain" in done.stdout
+    assert main(["decisions", "bundle", "--out", str(archive)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "name one with --tenant" in line
+    assert not archive.exists()
 
 
 def test_after_retention_the_bundle_starts_at_the_anchor(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lanes = LaneStore(stopped / "leveldb")
-    assert EvidenceChain(lanes).prune(T0 + timedelta(minutes=6)) == 6
+    assert EvidenceChain(lanes, "acme").prune(T0 + timedelta(minutes=6)) == 4  # minutes 1-3, 5
     lanes.close()
-    archive = tmp_path / "all.tar.gz"
-    assert main(["decisions", "bundle", "--out", str(archive)]) == 0
+    archive = tmp_path / "acme.tar.gz"
+    assert main(["decisions", "bundle", "--out", str(archive), "--tenant", "acme"]) == 0
     capsys.readouterr()
     folder = unpack(archive, tmp_path / "clean")
-    assert json.loads((folder / "manifest.json").read_bytes())["verified_from_seq"] == 7
-    assert [json.loads(line)["seq"] for line in lines_of(folder)] == list(range(7, 13))
+    assert json.loads((folder / "manifest.json").read_bytes())["verified_from_seq"] == 5
+    assert [json.loads(line)["seq"] for line in lines_of(folder)] == list(range(5, 10))
     done = run_verifier(folder)
     assert done.returncode == 0, done.stderr
-    assert "| verified chain | seq 7 to 12:" in (folder / "README.md").read_text()
+    assert "| verified chain | seq 5 to 9:" in (folder / "README.md").read_text()
 
 
 def test_since_and_until_select_by_evaluated_at(
@@ -412,7 +427,11 @@ def test_since_and_until_select_by_evaluated_at(
     assert main(["decisions", "bundle", "--out", str(archive), *argv]) == 0
     capsys.readouterr()
     folder = unpack(archive, tmp_path / "clean")
-    assert [json.loads(line)["seq"] for line in lines_of(folder)] == [4, 6, 7]  # 5 is globex's
+    assert [json.loads(line)["seq"] for line in lines_of(folder)] == [
+        3,
+        4,
+        5,
+    ]  # minute 4 is globex's
     selection = json.loads((folder / "manifest.json").read_bytes())["selection"]
     assert selection == {
         "tenant_id": "acme",
@@ -428,13 +447,14 @@ def test_the_bundle_is_refused_for_a_chain_that_does_not_verify(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lanes = LaneStore(stopped / "leveldb")
-    entry = EvidenceChain(lanes).get(5)
+    entry = EvidenceChain(lanes, "acme").get(5)
     assert entry is not None
-    lanes.put(entry_key(5), canonical_json({**entry, "outcome": {"status": 201}}))
+    lanes.put(entry_key(5, "acme"), canonical_json({**entry, "outcome": {"status": 201}}))
     lanes.close()
     out = tmp_path / "bundles"
     out.mkdir()
-    assert main(["decisions", "bundle", "--out", str(out / "acme.tar.gz")]) == 1
+    argv = ["decisions", "bundle", "--out", str(out / "acme.tar.gz"), "--tenant", "acme"]
+    assert main(argv) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
@@ -546,7 +566,8 @@ def test_no_bundle_for_a_broken_chain(service: LiveService) -> None:
     exercise(service)
     victim = listed(service)[2]
     edited = dict(victim, outcome={"status": 200, "applied": True})
-    service.context.lanes.put(entry_key(victim["seq"]), canonical_json(edited))
+    chain = chain_name(victim["target"]["tenant_id"])
+    service.context.lanes.put(entry_key(victim["seq"], chain), canonical_json(edited))
     browser = sign_in(service, auditor(service))
     answer = browser.get(service.url + BUNDLE, timeout=10)
     assert answer.status_code == 409

@@ -14,6 +14,7 @@ import pytest
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
+from store.evidence_chain import chain_name, entry_key
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
@@ -167,11 +168,20 @@ def test_an_auditor_sees_only_its_tenant(service: LiveService) -> None:
     other = service.call("GET", DECISIONS + "?tenant_id=tenant-a", auditor(service, "tenant-b"))
     assert other.status_code == 403
     assert other.json()["reason"] == "cross_tenant_scope_rejected"
+    # Another tenant's decision id answers exactly as an unknown one does.
     a_entry = listed(service)[0]["decision"]["decision_id"]
-    assert (
-        service.call("GET", f"{DECISIONS}/{a_entry}", auditor(service, "tenant-b")).status_code
-        == 403
+    theirs = service.call("GET", f"{DECISIONS}/{a_entry}", auditor(service, "tenant-b"))
+    unknown = service.call(
+        "GET", f"{DECISIONS}/00000000-0000-4000-8000-000000000000", auditor(service, "tenant-b")
     )
+    assert theirs.status_code == unknown.status_code == 404
+    # Each answer names the decision made about the request itself: its id, time, latency and
+    # input digest (the path holds the id asked for) are the request's own.
+    bodies = [answer.json() for answer in (theirs, unknown)]
+    for body in bodies:
+        for own in ("decision_id", "evaluated_at", "latency_ms", "input_digest"):
+            body["decision"].pop(own)
+    assert bodies[0] == bodies[1]
     export = service.call("GET", DECISIONS + "/export", auditor(service, "tenant-b"))
     assert "tenant-a" not in export.text.replace('"tenant_id": "tenant-b"', "")
 
@@ -248,7 +258,7 @@ def test_verify_names_the_first_edited_entry(service: LiveService) -> None:
     victim = listed(service)[3]
     edited = dict(victim, outcome={"status": 200, "applied": True})
     service.context.lanes.put(
-        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=victim["seq"].to_bytes(8, "big")),
+        entry_key(victim["seq"], chain_name(victim["target"]["tenant_id"])),
         canonical_json(edited),
     )
     body = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
@@ -342,9 +352,7 @@ def test_offline_review_of_a_stopped_service(
     from store.lanes import LaneStore
 
     lanes = LaneStore(data_dir / "leveldb")
-    lanes.delete(
-        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=tail[-1]["seq"].to_bytes(8, "big"))
-    )
+    lanes.delete(entry_key(tail[-1]["seq"], chain_name(tail[-1]["target"]["tenant_id"])))
     lanes.close()
     assert main(["decisions", "verify"]) == 0
     capsys.readouterr()
@@ -409,9 +417,10 @@ def test_retention_prunes_old_entries_and_what_remains_verifies(
     kept = service_settings(tmp_path / "var", decision_retention_days=7)
     with live_service(sidecar, kept) as service:
         deadline = time.monotonic() + 10
-        while service.context.journal.chain.anchor().seq == 0 and time.monotonic() < deadline:
+        chain = service.context.journal.chain("tenant-a")
+        while chain.anchor().seq == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        anchor = service.context.journal.chain.anchor()
+        anchor = chain.anchor()
         assert (
             anchor.seq >= old_count - 1
         )  # all old entries but the newest one (the head stays provable)
@@ -441,7 +450,7 @@ def test_a_listing_survives_a_tampered_entry_and_verify_names_it(service: LiveSe
     victim = listed(service)[3]
     mangled = {k: v for k, v in victim.items() if k != "decision"}
     service.context.lanes.put(
-        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=victim["seq"].to_bytes(8, "big")),
+        entry_key(victim["seq"], chain_name(victim["target"]["tenant_id"])),
         canonical_json(mangled),
     )
     seqs = [e["seq"] for e in listed(service)]

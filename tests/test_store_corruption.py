@@ -133,7 +133,7 @@ def test_repair_reports_a_dropped_log_record_and_leaves_a_store_that_opens(
     assert drop.reason == "unknown_record_type" and drop.bytes > 0
     assert report.repair.dropped_log_bytes == drop.bytes
     assert report.dropped
-    assert report.repair.log_operations_recovered == 9
+    assert report.repair.log_operations_recovered == 10  # 5 entries, the chain's marker, 4 sessions
     assert report.records_after is not None
     assert report.records_after[TenantResourceLane.SESSION_STATE] == 4
     assert report.records_after[TenantResourceLane.TRACE_EVIDENCE] == 5

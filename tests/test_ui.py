@@ -22,7 +22,7 @@ from service.auth import mint_token
 from service.http.ui_chart import CHART_BUCKETS, decision_chart
 from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_json
-from store.keys import LaneKey, TenantResourceLane
+from store.evidence_chain import chain_name, entry_key
 from tests.live import JWT_SECRET, LiveService
 from tests.test_http_decisions import auditor, exercise, listed
 
@@ -297,7 +297,7 @@ def test_a_broken_chain_is_shown_at_the_top(service: LiveService) -> None:
     victim = listed(service)[3]
     edited = dict(victim, outcome={"status": 200, "applied": True})
     service.context.lanes.put(
-        LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=victim["seq"].to_bytes(8, "big")),
+        entry_key(victim["seq"], chain_name(victim["target"]["tenant_id"])),
         canonical_json(edited),
     )
     answer = view(sign_in(service, auditor(service)), service)
@@ -322,15 +322,16 @@ def test_one_entry_in_full(service: LiveService) -> None:
     assert 'href="/ui/decisions"' in answer.text
 
 
-def test_an_unknown_entry_is_404_and_another_tenants_is_403(service: LiveService) -> None:
+def test_an_unknown_entry_and_another_tenants_are_both_404(service: LiveService) -> None:
     exercise(service)
     browser = sign_in(service, auditor(service, "tenant-b"))
     missing = view(browser, service, f"{UI}/no-such-decision")
     assert missing.status_code == 404
     assert "decision_not_found" in missing.text
     theirs = view(browser, service, f"{UI}/{ids(listed(service))[0]}")
-    assert theirs.status_code == 403
-    assert "cross_tenant_scope_rejected" in theirs.text
+    assert theirs.status_code == 404
+    assert "decision_not_found" in theirs.text
+    assert "cross_tenant_scope_rejected" not in theirs.text
     assert listed(service)[0]["hash"] not in theirs.text
 
 
