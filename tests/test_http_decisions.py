@@ -253,6 +253,49 @@ def test_verify_and_a_signed_checkpoint(service: LiveService) -> None:
     assert body["checkpoint"]["signature"]
 
 
+def test_an_auditor_learns_nothing_of_another_tenants_chain(service: LiveService) -> None:
+    """Counts, heads, checkpoints, ids: tenant-b's auditor sees tenant-b's chain only."""
+    exercise(service)  # tenant-a's chain, with tenant-b's refused attempt on it
+    a_entries = listed(service)
+    b_token = auditor(service, "tenant-b")
+    for _ in range(2):  # tenant-b's chain: its auditor's own reads
+        listed(service, b_token)
+    a_verify = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
+    b_verify = service.call("GET", DECISIONS + "/verify", b_token).json()
+    b_entries = listed(service, b_token)
+    assert a_verify["ok"] is b_verify["ok"] is True
+    assert {e["target"]["tenant_id"] for e in b_entries} == {"tenant-b"}
+    assert [e["seq"] for e in b_entries] == list(range(1, len(b_entries) + 1))
+    # b's count, head and checkpoint are b's chain's, not the store's nor a's.
+    assert b_verify["entries"] == b_verify["checkpoint"]["seq"] < a_verify["entries"]
+    b_head = next(e for e in b_entries if e["seq"] == b_verify["checkpoint"]["seq"])
+    assert b_verify["head_hash"] == b_verify["checkpoint"]["head_hash"] == b_head["hash"]
+    assert b_verify["checkpoint"]["tenant_id"] == "tenant-b"
+    assert a_verify["checkpoint"]["tenant_id"] == "tenant-a"
+    a_hashes = {e["hash"] for e in a_entries} | {a_verify["head_hash"]}
+    a_ids = {e["decision"]["decision_id"] for e in a_entries}
+    assert a_hashes.isdisjoint(e["hash"] for e in b_entries)
+    assert a_ids.isdisjoint(e["decision"]["decision_id"] for e in b_entries)
+    export = service.call("GET", DECISIONS + "/export", b_token)
+    assert export.status_code == 200
+    assert not any(id_ in export.text for id_ in a_ids)
+    assert not any(hash_ in export.text for hash_ in a_hashes)
+    # Every one of a's ids answers b's auditor exactly as an unknown id does.
+    unknown = service.call("GET", f"{DECISIONS}/00000000-0000-4000-8000-000000000001", b_token)
+    for id_ in sorted(a_ids)[:3]:
+        theirs = service.call("GET", f"{DECISIONS}/{id_}", b_token)
+        assert (
+            (theirs.status_code, theirs.json()["reason"])
+            == (
+                unknown.status_code,
+                unknown.json()["reason"],
+            )
+            == (404, "decision_not_found")
+        )
+        assert theirs.json()["detail"] == unknown.json()["detail"]
+        assert id_ not in theirs.text
+
+
 def test_verify_names_the_first_edited_entry(service: LiveService) -> None:
     exercise(service)
     victim = listed(service)[3]
