@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -17,12 +18,12 @@ from pydantic import ValidationError
 from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
-from service.decisions.migration import ChainMigration, LegacyChainUnverified
+from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
 from service.decisions.review import ReviewError
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
 from service.settings import Settings, setting_errors, unknown_variables
-from service.store_backend import StoreUpgradeRefused
+from service.store_backend import StoreUpgradeRefused, open_lanes
 from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
 from store.backends.contract import StoreOffline
@@ -252,8 +253,8 @@ def _positive(text: str) -> int:
 
 
 def _upgrade(settings: Settings) -> int:
-    """`db upgrade`: the configured store brought to this release's schema; on LevelDB, a
-    decision log still kept as one global chain moved onto per-tenant chains."""
+    """`db upgrade`: the configured store brought to this release's schema, and a decision
+    log still kept as one global chain moved onto per-tenant chains."""
     store = configured_store(settings)
     done = upgrade_store(store)
     migration: ChainMigration | None = None
@@ -261,6 +262,12 @@ def _upgrade(settings: Settings) -> int:
     if database is not None and database.is_dir():
         with _holding_data_dir(settings.data_dir, database):
             migration = decision_review.upgrade(settings.data_dir)
+    elif store.shared:  # PostgreSQL: written by a preview before chains were per tenant?
+        lanes = open_lanes(store)
+        try:
+            migration = migrate(lanes, datetime.now(UTC))
+        finally:
+            lanes.close()
     print(
         json.dumps(
             {

@@ -23,6 +23,7 @@ import pytest
 from service.cli import main
 from service.decisions.log import DecisionOutcome
 from service.policy.sidecar import OpaSidecar
+from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import GENESIS, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
@@ -41,9 +42,11 @@ def _seq(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
-def write_legacy_data_dir(data_dir: Path) -> list[dict[str, Any]]:
-    """The old layout, key by key, and a checkpoint of its head as it was signed then."""
-    lanes = LaneStore(data_dir / "leveldb")
+def write_legacy_data_dir(data_dir: Path, lanes: Lanes | None = None) -> list[dict[str, Any]]:
+    """The old layout, key by key (in the data dir's LevelDB unless `lanes` is given), and a
+    checkpoint of its head as it was signed then."""
+    own = lanes is None
+    lanes = lanes or LaneStore(data_dir / "leveldb")
     head = GENESIS
     entries: list[dict[str, Any]] = []
     try:
@@ -64,20 +67,23 @@ def write_legacy_data_dir(data_dir: Path) -> list[dict[str, Any]]:
             head = ChainHead(seq=n, hash=entry["hash"])
             entries.append(entry)
     finally:
-        lanes.close()
+        if own:
+            lanes.close()
     old = CheckpointSigner.from_data_dir(data_dir).sign(head, T0 + timedelta(hours=1), None)
     (data_dir.parent / "old-checkpoint.json").write_text(old.model_dump_json())
     return entries
 
 
-def _cli(data_dir: Path, opa_bin: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    data_dir: Path, opa_bin: str, *args: str, store: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         "SESSIONSTATE_DATA_DIR": str(data_dir),
         "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
         "SESSIONSTATE_DIGEST_KEY": DIGEST_KEY,
         "SESSIONSTATE_OPA_BIN": opa_bin,
         "SESSIONSTATE_PORT": "0",
-    }
+    } | ({"SESSIONSTATE_STORE": store} if store else {})
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
         env={**os.environ, **env},
@@ -157,3 +163,38 @@ def test_db_upgrade_moves_the_global_chain_onto_tenant_chains(
             assert verify["checkpoint"]["tenant_id"] == tenant
             listed = service.call("GET", "/v1/decisions/legacy-1", token)
             assert listed.status_code == (200 if tenant == "tenant-a" else 404)
+
+
+def test_db_upgrade_moves_a_global_chain_on_postgresql(
+    tmp_path: Path, opa_bin: str, postgres_conninfo: str
+) -> None:
+    """A database a preview wrote with the global chain: refused, then moved, then served."""
+    from store.backends.postgres import PostgresLaneStore
+
+    data_dir = tmp_path / "var"
+    data_dir.mkdir()
+    written = PostgresLaneStore(postgres_conninfo)
+    try:
+        old = write_legacy_data_dir(data_dir, written)
+    finally:
+        written.close()
+    refused = _cli(data_dir, opa_bin, "serve", store=postgres_conninfo)
+    assert refused.returncode == 2
+    assert "run `sessionstate db upgrade`" in refused.stderr
+
+    done = _cli(data_dir, opa_bin, "db", "upgrade", store=postgres_conninfo)
+    assert done.returncode == 0, done.stderr
+    migrated = json.loads(done.stdout)["chains_migrated"]
+    assert migrated["entries"] == len(TENANTS)
+    assert migrated["old_head"]["hash"] == old[-1]["hash"]
+    lanes = PostgresLaneStore(postgres_conninfo)
+    try:
+        assert chain_names(lanes) == ["tenant-a", "tenant-b", "tenant-c"]
+        for name, count in (("tenant-a", 4), ("tenant-b", 2), ("tenant-c", 1)):
+            verified = EvidenceChain(lanes, name).verify()
+            assert verified.ok and verified.entries == count
+        assert not any(True for _ in lanes.scan(TenantResourceLane.TRACE_EVIDENCE, ""))
+    finally:
+        lanes.close()
+    again = _cli(data_dir, opa_bin, "db", "upgrade", store=postgres_conninfo)
+    assert again.returncode == 0 and json.loads(again.stdout)["chains_migrated"] is None
