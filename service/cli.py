@@ -308,7 +308,15 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
     data_dir = settings.data_dir
     if args.review == "verify":
         if args.all_tenants:
-            every = decision_review.verify_all_tenants(data_dir)
+            store = configured_store(settings)
+            if store.shared:  # PostgreSQL: read while the service runs, by its own client
+                lanes = open_lanes(store)
+                try:
+                    every = decision_review.every_chain_verified(lanes)
+                finally:
+                    lanes.close()
+            else:
+                every = decision_review.verify_all_tenants(data_dir)
             print(every.model_dump_json())
             return 0 if every.ok else 1
         result = decision_review.verify(data_dir, args.checkpoint, args.public_key, args.tenant)

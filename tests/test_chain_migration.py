@@ -198,3 +198,9 @@ def test_db_upgrade_moves_a_global_chain_on_postgresql(
         lanes.close()
     again = _cli(data_dir, opa_bin, "db", "upgrade", store=postgres_conninfo)
     assert again.returncode == 0 and json.loads(again.stdout)["chains_migrated"] is None
+    # An operator verifies every chain of the database, with the command line.
+    every = _cli(data_dir, opa_bin, "decisions", "verify", "--all-tenants", store=postgres_conninfo)
+    assert every.returncode == 0, every.stderr
+    verified = json.loads(every.stdout)
+    assert verified["ok"] is True and verified["entries"] == len(TENANTS)
+    assert sorted(verified["chains"]) == ["tenant-a", "tenant-b", "tenant-c"]

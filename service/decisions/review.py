@@ -22,6 +22,7 @@ from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bund
 from service.decisions.log import prune_log
 from service.decisions.migration import ChainMigration, migrate, verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
+from store.backends.contract import Lanes
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import (
     LEGACY_CHAIN,
@@ -123,7 +124,12 @@ def verify(
 def verify_all_tenants(data_dir: Path) -> AllChainsVerification:
     """Verify every chain of the data dir (an operator's review of every tenant)."""
     with open_lanes(data_dir) as lanes:
-        chains = verify_all(lanes)
+        return every_chain_verified(lanes)
+
+
+def every_chain_verified(lanes: Lanes) -> AllChainsVerification:
+    """Verify every chain of an open store (PostgreSQL: while the service runs)."""
+    chains = verify_all(lanes)
     return AllChainsVerification(
         ok=all(result.ok for result in chains.values()),
         entries=sum(result.entries for result in chains.values()),
