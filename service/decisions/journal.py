@@ -14,7 +14,7 @@ the same chains. The commit expects the key of each chain's next seq to be
 absent, and each replaced record to be as read: when another writer got there
 first the store raises `ExpectationFailed` and nothing was written; the
 journal then reads those chains' heads again, decides and seals the batch
-again, and retries (at most `COMMIT_ATTEMPTS` times; then the batch fails and
+again, and retries after a short random pause (at most `COMMIT_ATTEMPTS` times; then the batch fails and
 no request of it is answered as committed). On a store that wants one tenant
 per transaction (PostgreSQL), each chain's part of a batch commits on its own.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +63,8 @@ from store.session_state import (
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
-COMMIT_ATTEMPTS = 16  # commits of one batch that lost a race to another writer, then it fails
+COMMIT_ATTEMPTS = 32  # commits of one batch that lost a race to another writer, then it fails
+MAX_RACE_BACKOFF_SECONDS = 0.05  # after a lost race: a random pause up to this, doubling from 1 ms
 RECOVERY_INTERVAL_SECONDS = 1.0
 
 
@@ -291,7 +293,7 @@ class DecisionJournal:
 
     def _commit_unit(self, batch: list[_Pending]) -> None:
         """Commit batch in one store batch; after a lost race, read the heads and do it again."""
-        for _ in range(COMMIT_ATTEMPTS):
+        for attempt in range(COMMIT_ATTEMPTS):
             try:
                 prepared = self._prepare(batch)
                 sealed_entries, record_puts, expected, written, starts, heads = prepared
@@ -312,6 +314,9 @@ class DecisionJournal:
                 self.conflicts += 1
                 for name in {pending.body.chain for pending in batch}:
                     self._read_head(name)
+                # A random pause, so two writers that keep colliding stop doing so in step.
+                pause = min(MAX_RACE_BACKOFF_SECONDS, 0.001 * 2**attempt)
+                time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
                 continue
             except Exception as error:  # nothing of this batch was acknowledged; each fails closed
                 log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
