@@ -37,38 +37,17 @@ tools:
 # downloads a browser of its own). Installed unattended when we are root, as in CI.
 CHROMIUM := /usr/bin/chromium
 browser:
-	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then \
-	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
-	else \
-	  echo "$(CHROMIUM) is missing; install Debian's chromium:" >&2; \
-	  echo "  sudo apt-get update && sudo apt-get install -y chromium" >&2; \
-	  exit 1; \
-	fi
+	@scripts/need_debian_package.sh chromium $(CHROMIUM)
 
 # wrk drives HTTP load in bench/ (the client's CPU must not dominate); Debian's package.
 WRK := /usr/bin/wrk
 wrk:
-	@if [ -x $(WRK) ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then \
-	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y wrk; \
-	else \
-	  echo "$(WRK) is missing; install Debian's wrk:" >&2; \
-	  echo "  sudo apt-get update && sudo apt-get install -y wrk" >&2; \
-	  exit 1; \
-	fi
+	@scripts/need_debian_package.sh wrk $(WRK)
 
 # Debian's PostgreSQL (15 on Debian 12) for the PostgreSQL store's tests: tests/postgres.py
 # starts servers of its own in temporary directories, as a system user of its own.
 postgres:
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then \
-	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; \
-	else \
-	  echo "PostgreSQL is missing; install Debian's postgresql:" >&2; \
-	  echo "  sudo apt-get update && sudo apt-get install -y postgresql" >&2; \
-	  exit 1; \
-	fi
+	@scripts/need_debian_package.sh postgresql '/usr/lib/postgresql/*/bin/initdb'
 
 # The OPA input schema is generated from service/policy/input.py.
 schema: install
