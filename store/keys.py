@@ -54,6 +54,26 @@ def scope_prefix(lane: TenantResourceLane, *scope: str) -> bytes:
     return lane_prefix(lane) + _components(*(part.encode() for part in scope))
 
 
+def successor(prefix: bytes) -> bytes | None:
+    """The least byte string greater than every string that starts with prefix (None: none)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def key_range(
+    prefix: bytes, start: LaneKey | None, stop: LaneKey | None
+) -> tuple[bytes, bytes | None]:
+    """The encoded keys a scan under prefix covers: from the greater of prefix and start,
+    up to (not including) the lesser of prefix's end and stop (None: no end)."""
+    low = prefix if start is None else max(prefix, start.encode())
+    high = successor(prefix)
+    if stop is not None:
+        high = stop.encode() if high is None else min(high, stop.encode())
+    return low, high
+
+
 def decode_key(data: bytes) -> LaneKey:
     """The inverse of `LaneKey.encode`; raises ValueError on bytes it never produces."""
     lane_name, sep, rest = data.partition(b"\x00")

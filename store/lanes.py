@@ -31,7 +31,14 @@ from store.backends.contract import (
     StoreUnwritable,
 )
 from store.integrity import check_tables, open_leveldb
-from store.keys import LaneKey, TenantResourceLane, decode_key, lane_prefix, scope_prefix
+from store.keys import (
+    LaneKey,
+    TenantResourceLane,
+    decode_key,
+    key_range,
+    lane_prefix,
+    scope_prefix,
+)
 from store.log_tail import forget_log_drops, remember_log_drop, torn_log_tail
 
 # Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
@@ -121,11 +128,25 @@ class LaneStore:
             return value
 
     def scan(
-        self, lane: TenantResourceLane, *scope: str, reverse: bool = False
+        self,
+        lane: TenantResourceLane,
+        *scope: str,
+        reverse: bool = False,
+        start: LaneKey | None = None,
+        stop: LaneKey | None = None,
     ) -> Iterator[tuple[LaneKey, bytes]]:
-        """Keys and values of lane under the leading scope components, in key order."""
+        """Keys and values of lane under the leading scope components, in key order; from
+        `start` on and before `stop`, when given (seeks: nothing outside is read)."""
+        prefix = scope_prefix(lane, *scope)
         with self._reading() as db:
-            for raw_key, value in db.iterator(prefix=scope_prefix(lane, *scope), reverse=reverse):
+            if start is None and stop is None:
+                iterator = db.iterator(prefix=prefix, reverse=reverse)
+            else:
+                low, high = key_range(prefix, start, stop)
+                if high is not None and low >= high:
+                    return
+                iterator = db.iterator(start=low, stop=high, reverse=reverse)
+            for raw_key, value in iterator:
                 yield decode_key(raw_key), value
 
     def count(self, lane: TenantResourceLane) -> int:

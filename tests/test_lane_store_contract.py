@@ -222,6 +222,42 @@ def test_long_scans_read_every_key_once_in_order(lanes: Lanes) -> None:
     reverse.close()
 
 
+def test_a_scan_seeks_to_its_start_and_stops_before_its_stop(lanes: Lanes) -> None:
+    keys = _sample_keys()
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, b"v")
+    ordered = sorted(keys, key=LaneKey.encode)
+    scopes: list[tuple[str, ...]] = [(), ("a",), ("tenant-b", "w"), ("Z", "")]
+    bounds = [ordered[0], ordered[len(ordered) // 3], ordered[len(ordered) // 2], ordered[-1]]
+    bounds += [key(tenant="zz-after-all"), LaneKey(APPROVALS)]
+    for scope_ in scopes:
+        want = _expected(keys, APPROVALS, *scope_)
+        for start in [None, *bounds]:
+            for stop in [None, *bounds]:
+                expected = [
+                    k
+                    for k in want
+                    if (start is None or k.encode() >= start.encode())
+                    and (stop is None or k.encode() < stop.encode())
+                ]
+                got = [k for k, _ in lanes.scan(APPROVALS, *scope_, start=start, stop=stop)]
+                assert got == expected, (scope_, start, stop)
+                backwards = lanes.scan(APPROVALS, *scope_, reverse=True, start=start, stop=stop)
+                assert [k for k, _ in backwards] == expected[::-1], (scope_, start, stop)
+
+
+def test_a_long_scan_from_a_start_pages_on_from_it(lanes: Lanes) -> None:
+    keys = [key(name=n.to_bytes(2, "big")) for n in range(1500)]
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, b"v")
+    assert [k for k, _ in lanes.scan(APPROVALS, "tenant-a", start=keys[700])] == keys[700:]
+    assert [k for k, _ in lanes.scan(APPROVALS, "tenant-a", stop=keys[1300], reverse=True)] == (
+        keys[:1300][::-1]
+    )
+
+
 def test_count_counts_a_lane_across_tenants(lanes: Lanes) -> None:
     keys = _sample_keys()
     with lanes.batch() as batch:

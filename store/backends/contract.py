@@ -13,7 +13,8 @@ suite (tests/test_lane_store_contract.py) holds both to it.
   threads.
 - Scans are in key order (bytewise, as LevelDB orders keys), optionally
   reversed, over the keys under a lane and leading scope components; with no
-  scope they cross tenants. A scan sees every key that stays in place while
+  scope they cross tenants. A scan may start at a key and stop before one,
+  seeking to them: the keys outside are never read. A scan sees every key that stays in place while
   it runs; LevelDB reads one snapshot, PostgreSQL a page at a time, so keys
   written meanwhile may or may not show.
 - A store that cannot be reached or read now raises `StoreOffline`, and
@@ -62,9 +63,19 @@ class Lanes(Protocol):
     def get(self, key: LaneKey) -> bytes | None: ...
 
     def scan(
-        self, lane: TenantResourceLane, *scope: str, reverse: bool = False
+        self,
+        lane: TenantResourceLane,
+        *scope: str,
+        reverse: bool = False,
+        start: LaneKey | None = None,
+        stop: LaneKey | None = None,
     ) -> Iterator[tuple[LaneKey, bytes]]:
-        """Keys and values of lane under the leading scope components, in key order."""
+        """Keys and values of lane under the leading scope components, in key order.
+
+        `start` keeps only keys at or after it, `stop` only keys before it. Both are
+        seeks: a scan between them never reads the keys outside, so its cost follows
+        what it returns, not what the lane holds.
+        """
         ...
 
     def count(self, lane: TenantResourceLane) -> int: ...

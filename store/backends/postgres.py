@@ -47,7 +47,15 @@ from store.backends.contract import (
     StoreUnwritable,
 )
 from store.backends.postgres_schema import LANES_TABLE, NO_TENANT
-from store.keys import LaneKey, TenantResourceLane, decode_key, lane_prefix, scope_prefix
+from store.keys import (
+    LaneKey,
+    TenantResourceLane,
+    decode_key,
+    key_range,
+    lane_prefix,
+    scope_prefix,
+    successor,
+)
 
 DEFAULT_MAX_CONNECTIONS = 8
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -88,14 +96,6 @@ def tenant_id(tenant: str) -> str:
     if "\x00" in tenant:  # a text column cannot hold NUL; no scope id has one
         raise ValueError("a tenant id holds a NUL character")
     return tenant or NO_TENANT
-
-
-def successor(prefix: bytes) -> bytes | None:
-    """The least byte string greater than every string that starts with prefix (None: none)."""
-    trimmed = prefix.rstrip(b"\xff")
-    if not trimmed:
-        return None
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 class _Batch:
@@ -179,20 +179,28 @@ class PostgresLaneStore:
         return self._read(fetch)
 
     def scan(
-        self, lane: TenantResourceLane, *scope: str, reverse: bool = False
+        self,
+        lane: TenantResourceLane,
+        *scope: str,
+        reverse: bool = False,
+        start: LaneKey | None = None,
+        stop: LaneKey | None = None,
     ) -> Iterator[tuple[LaneKey, bytes]]:
-        """Keys and values of lane under the leading scope components, in key order.
+        """Keys and values of lane under the leading scope components, in key order; from
+        `start` on and before `stop`, when given (bounds of the index range read).
 
         Read a page at a time, each page one statement: a scan sees every key that
         stays in place while it runs, once and in order; keys written or deleted
         meanwhile may or may not show (LevelDB's scans read one snapshot).
         """
-        prefix = scope_prefix(lane, *scope)
+        low, high = key_range(scope_prefix(lane, *scope), start, stop)
+        if high is not None and low >= high:
+            return
         tenant = tenant_id(scope[0]) if scope else None
         page = FIRST_PAGE
         after: bytes | None = None
         while True:
-            rows = self._read(_page_reader(prefix, tenant, after, reverse, page))
+            rows = self._read(_page_reader(low, high, tenant, after, reverse, page))
             for raw_key, value in rows:
                 yield decode_key(raw_key), value
             if len(rows) < page:
@@ -351,11 +359,15 @@ def _configure(conn: Connection) -> None:
 
 
 def _page_reader(
-    prefix: bytes, tenant: str | None, after: bytes | None, reverse: bool, limit: int
+    low: bytes,
+    high: bytes | None,
+    tenant: str | None,
+    after: bytes | None,
+    reverse: bool,
+    limit: int,
 ) -> Callable[[Connection], list[tuple[bytes, bytes]]]:
     clauses = ["key >= %s"]
-    params: list[object] = [prefix]
-    high = successor(prefix)
+    params: list[object] = [low]
     if high is not None:
         clauses.append("key < %s")
         params.append(high)
