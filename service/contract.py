@@ -50,6 +50,7 @@ PATH_PATTERNS = {
 
 # --- headers -----------------------------------------------------------------------------
 DECISION_ID_HEADER = "Sessionstate-Decision-Id"  # names the decision of an answer without a body
+NEXT_CURSOR_HEADER = "Sessionstate-Next-Cursor"  # an export page's next cursor
 ETAG = "ETag"  # the stored record's state digest, quoted
 IF_MATCH = "If-Match"  # replace only this version (a quoted state digest)
 IF_NONE_MATCH = "If-None-Match"  # `*`: create only

@@ -25,6 +25,7 @@ from service.contract import (
     DECISIONS_VERIFY,
     HEALTHZ,
     METRICS,
+    NEXT_CURSOR_HEADER,
     PATH_PATTERNS,
     READYZ,
     REPLAY_PREVIEW,
@@ -33,7 +34,7 @@ from service.contract import (
     STATE_PREVIEW,
     parameters,
 )
-from service.decisions.query import DecisionQuery
+from service.decisions.query import DecisionQuery, VerifyQuery
 from service.reasons import Reason
 from service.replay import ReplayPreviewRequest
 from service.wire import (
@@ -89,7 +90,7 @@ OPERATIONS = [
     Operation("get", APPROVALS, "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),
     Operation("delete", APPROVAL, "approvals", "Revoke an approval at once", None, 204, None, (*AUTHED, 404)),
     Operation("get", DECISIONS, "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
-    Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422)),
+    Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
     Operation("get", HEALTHZ, "ops", "Liveness", None, 200, Health),
@@ -188,7 +189,7 @@ def _plain(prop: dict[str, Any]) -> dict[str, Any]:
 def _success(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     if op.media == "application/x-ndjson":
         return {
-            "description": f"one JSON event a line; the governing decision's id is in `{DECISION_ID_HEADER}`",
+            "description": f"one JSON event a line; the governing decision's id is in `{DECISION_ID_HEADER}`; with `limit`, one page, and the next page's cursor in `{NEXT_CURSOR_HEADER}` (absent on the last)",
             "content": {op.media: {"schema": {"type": "string"}}},
         }
     if op.out is None:

@@ -83,6 +83,12 @@ class DecisionVerifyResponse(_Envelope):
     checkpoint_public_key: str = Field(
         description="PEM of the Ed25519 key checkpoints are signed with; pin it once, keep it apart"
     )
+    resumed_from: Checkpoint | None = Field(
+        default=None,
+        description="the signed head an earlier verify left, which this walk resumed from: the "
+        "entry at its seq was checked against its hash, and every entry after it was walked; "
+        "null: the whole chain was walked (full=true, or no usable head was remembered)",
+    )
     decision: DecisionTrace
 
 

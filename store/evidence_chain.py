@@ -56,6 +56,7 @@ _CHAIN_NAME_RE = re.compile(CHAIN_NAME_PATTERN)
 
 _HASH_RE = re.compile(HASH_PATTERN)
 _SEQ_BYTES = 8
+_LAST_SEQ = (1 << (8 * _SEQ_BYTES)) - 1
 _VERIFY_ATTEMPTS = 3
 
 ChainProblem = Literal[
@@ -301,6 +302,11 @@ class EvidenceChain:
         self.name = name
         self._lock = _write_lock(lanes)
 
+    @property
+    def lanes(self) -> Lanes:
+        """The store the chain is kept in."""
+        return self._lanes
+
     def head(self) -> ChainHead:
         """The newest entry's seq and hash, else the anchor, else genesis; read from the store.
 
@@ -353,29 +359,27 @@ class EvidenceChain:
         return None if stored is None else parse_entry(stored)
 
     def scan(self, *, after_seq: int = 0, reverse: bool = False) -> Iterator[dict[str, Any]]:
-        """Readable entries with seq > after_seq, oldest first (newest first when reverse)."""
-        for seq, stored in self._stored(reverse=reverse):
+        """Readable entries with seq > after_seq, oldest first (newest first when reverse).
+
+        Seeks to after_seq + 1: the entries before it are not read."""
+        for seq, stored in self._stored(reverse=reverse, first=after_seq + 1):
             if seq is None:
-                continue
-            if seq <= after_seq:
-                if reverse:
-                    return
                 continue
             entry = parse_entry(stored)
             if entry is not None:
                 yield entry
 
-    def stored_entries(self, *, until_seq: int) -> Iterator[tuple[int, bytes]]:
-        """(seq, bytes exactly as stored) of each entry up to until_seq, oldest first.
+    def stored_entries(self, *, until_seq: int, after_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+        """(seq, bytes exactly as stored) of each entry after after_seq up to until_seq, oldest
+        first. Seeks to the first: a deep page costs what a first one does.
 
         For evidence that is re-hashed elsewhere; `verify` says whether the bytes hold.
         """
-        for seq, stored in self._stored():
-            if seq is None:
-                continue
-            if seq > until_seq:
-                return
-            yield seq, stored
+        if until_seq <= after_seq:
+            return
+        for seq, stored in self._stored(first=after_seq + 1, last=until_seq):
+            if seq is not None:
+                yield seq, stored
 
     def verify(
         self, checkpoint: Checkpoint | None = None, verifier: CheckpointVerifier | None = None
@@ -418,8 +422,8 @@ class EvidenceChain:
         if anchor is None:
             return _Walk(GENESIS).outcome((None, "anchor_invalid"))
         walk = _Walk(anchor, checkpoint)
-        if checkpoint is not None and verifier is not None:
-            if not verifier.verify(checkpoint):
+        if checkpoint is not None:
+            if verifier is not None and not verifier.verify(checkpoint):
                 return walk.outcome((None, "checkpoint_signature_invalid"))
             if (checkpoint.tenant_id or LEGACY_CHAIN) != self.name:
                 return walk.outcome((None, "checkpoint_other_chain"))
@@ -435,6 +439,59 @@ class EvidenceChain:
         except ChainCorrupt:
             return walk.outcome((walk.expected, "entry_unreadable"))
         return walk.outcome(walk.finish())
+
+    def verify_resumed(self, since: Checkpoint) -> ChainVerification:
+        """Walk only the entries after `since`, a head an earlier walk verified and signed
+        (the caller checks its signature: `store.signed_head`).
+
+        The entry at `since.seq` must still be stored, read, hash to its content and be
+        `since.head_hash`; then every entry after it is checked as `verify` checks them,
+        linking on from that hash. So an entry after `since` that was edited, removed,
+        inserted or moved, and a rewrite or a cut that reaches `since`, are found as by a
+        whole walk. What is not read again: the entries before `since` (their links were
+        checked when `since` was signed) and keys that are not entries. When the entry at
+        `since.seq` does not hold, the whole chain is walked against `since` as against a
+        checkpoint, which names the problem (`checkpoint_mismatch`,
+        `truncated_before_checkpoint`, ...). When retention pruned up to `since` or past
+        it, the walk starts at the anchor, as `verify`'s does.
+
+        `entries` counts from the anchor: those before `since` verified when it was signed.
+        """
+        if (since.tenant_id or LEGACY_CHAIN) != self.name:
+            raise ValueError("a verified head of another chain")
+        for _ in range(_VERIFY_ATTEMPTS):
+            anchor = self._read_anchor()
+            outcome = self._resume_from(anchor, since)
+            if outcome.ok or self._read_anchor() == anchor:
+                break
+        return outcome
+
+    def _resume_from(self, anchor: ChainHead | None, since: Checkpoint) -> ChainVerification:
+        if anchor is None or since.seq < anchor.seq:
+            return self._verify_from(anchor, None, None)
+        if since.seq == anchor.seq or not self._holds(since):
+            return self._verify_from(anchor, since, None)
+        start = ChainHead(seq=since.seq, hash=since.head_hash)
+        walk = _Walk(start, verified=since.seq - anchor.seq)
+        try:
+            for seq, stored in self._stored(first=since.seq + 1):
+                failure = walk.step(seq, stored)
+                if failure is not None:
+                    return walk.outcome(failure)
+        except ChainCorrupt:
+            return walk.outcome((walk.expected, "entry_unreadable"))
+        return walk.outcome(walk.finish())
+
+    def _holds(self, head: Checkpoint) -> bool:
+        """Whether the entry at head's seq is stored, reads, and hashes to head's hash."""
+        stored = self._lanes.get(entry_key(head.seq, self.name))
+        entry = None if stored is None else parse_entry(stored)
+        return (
+            entry is not None
+            and entry.get("seq") == head.seq
+            and entry.get("hash") == head.head_hash
+            and _entry_hash(entry) == head.head_hash
+        )
 
     def prune(self, before: datetime) -> int:
         """Retention: delete the oldest entries recorded before `before`; how many went.
@@ -477,14 +534,27 @@ class EvidenceChain:
             return None
         return anchor if anchor.seq > 0 else None
 
-    def _stored(self, *, reverse: bool = False) -> Iterator[tuple[int | None, bytes]]:
+    def _stored(
+        self, *, reverse: bool = False, first: int | None = None, last: int | None = None
+    ) -> Iterator[tuple[int | None, bytes]]:
         """(seq, bytes) per evidence key in key order; seq None for a key the chain never writes.
 
-        Raises `ChainCorrupt` at a key that does not decode (only raw database access makes one).
+        With `first` and `last`, only the entry keys from seq first to seq last, sought to: a
+        key of another length than an entry's sorts outside them, so only a walk of the whole
+        chain (neither given) sees such keys. Raises `ChainCorrupt` at a key that does not
+        decode (only raw database access makes one).
         """
+        start = None if first is None or first <= 0 else entry_key(first, self.name)
+        stop = None if last is None or last >= _LAST_SEQ else entry_key(last + 1, self.name)
         try:
             for key, stored in self._lanes.scan(
-                TenantResourceLane.TRACE_EVIDENCE, self.name, "", "", reverse=reverse
+                TenantResourceLane.TRACE_EVIDENCE,
+                self.name,
+                "",
+                "",
+                reverse=reverse,
+                start=start,
+                stop=stop,
             ):
                 seq = int.from_bytes(key.name, "big") if len(key.name) == _SEQ_BYTES else None
                 yield seq, stored

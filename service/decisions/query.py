@@ -33,7 +33,13 @@ class DecisionQuery(BaseModel):
     allow: Literal["true", "false"] | None = None
     since: AwareDatetime | None = None
     until: AwareDatetime | None = None
-    limit: int = Field(default=100, ge=1, le=MAX_LIMIT)
+    limit: int = Field(
+        default=100,
+        ge=1,
+        le=MAX_LIMIT,
+        description="entries per page; the export applies it only when it is given "
+        "(then the next page's cursor is in the Sessionstate-Next-Cursor header)",
+    )
     cursor: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
@@ -66,6 +72,19 @@ class DecisionQuery(BaseModel):
         if self.since is not None and evaluated < self.since:
             return False
         return self.until is None or evaluated < self.until
+
+
+class VerifyQuery(BaseModel):
+    """The query string of `GET /v1/decisions/verify`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    full: Literal["true", "false"] = Field(
+        default="false",
+        description="true: walk the whole chain from its start (or the retention anchor); "
+        "else only the entries after the head the last verify signed, when that head's "
+        "entry still holds its signed hash",
+    )
 
 
 def encode_cursor(after: int, until: int) -> str:

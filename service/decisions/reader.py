@@ -69,15 +69,30 @@ class DecisionLogReader:
             yield entry
 
     def page(self, tenant: str, query: DecisionQuery) -> DecisionPage:
-        """Up to `query.limit` entries after the query's cursor, ending at the first page's head."""
+        """Up to `query.limit` entries after the query's cursor, ending at the first page's head.
+
+        Seeks to the cursor: a deep page reads what a first one does (with filters, the
+        entries it skips that do not pass them too)."""
+        selected, next_cursor = self._page(tenant, query)
+        return DecisionPage([entry for entry, _ in selected], next_cursor)
+
+    def export_page(self, tenant: str, query: DecisionQuery) -> tuple[list[str], str | None]:
+        """The export's lines of one page (as `page` selects it), and the next page's cursor."""
+        selected, next_cursor = self._page(tenant, query)
+        lines = [json.dumps(opa_event(entry, stored)) + "\n" for entry, stored in selected]
+        return lines, next_cursor
+
+    def _page(
+        self, tenant: str, query: DecisionQuery
+    ) -> tuple[list[tuple[DecisionLogEntry, dict[str, Any]]], str | None]:
         cursor_until = query.window()[1]
         until = self._head(tenant).seq if cursor_until is None else cursor_until
-        page: list[DecisionLogEntry] = []
-        for entry in self.entries(tenant, query, until=until):
+        page: list[tuple[DecisionLogEntry, dict[str, Any]]] = []
+        for selected in self._selected(tenant, query, until):
             if len(page) == query.limit:
-                return DecisionPage(page, encode_cursor(page[-1].seq, until))
-            page.append(entry)
-        return DecisionPage(page, None)
+                return page, encode_cursor(page[-1][0].seq, until)
+            page.append(selected)
+        return page, None
 
     def get(self, tenant: str, decision_id: str) -> DecisionLogEntry | None:
         """The entry of a decision id on the tenant's chain; None when it is not on it
@@ -122,11 +137,8 @@ class DecisionLogReader:
         """Readable entries of the window that pass the filters, with each as stored."""
         after, cursor_until = query.window()
         until = cursor_until if until is None else until
-        for seq, stored in self.chain(tenant).stored_entries(until_seq=_LAST_SEQ):
-            if seq <= after:
-                continue
-            if until is not None and seq > until:
-                return
+        last = _LAST_SEQ if until is None else until
+        for seq, stored in self.chain(tenant).stored_entries(after_seq=after, until_seq=last):
             read = _readable(parse_entry(stored), seq)
             if read is not None and query.matches(read[0]):
                 yield read

@@ -9,8 +9,10 @@ What the log holds is read through the context's `DecisionLogReader`.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from flask import Blueprint, Response, request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from service.auth import Actor
 from service.contract import (
@@ -19,10 +21,11 @@ from service.contract import (
     DECISIONS,
     DECISIONS_EXPORT,
     DECISIONS_VERIFY,
+    NEXT_CURSOR_HEADER,
     flask_rule,
 )
 from service.decisions.log import DecisionLogEntry
-from service.decisions.query import DecisionQuery
+from service.decisions.query import DecisionQuery, VerifyQuery
 from service.http.common import authenticate, authorize, context, json_response
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
@@ -30,21 +33,27 @@ from service.policy.trace import DecisionTrace
 from service.reasons import Reason
 from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
 from store.checkpoints import CheckpointSigner
-from store.signed_head import verified_checkpoint
+from store.signed_head import Verified, resumed_checkpoint
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
 
 bp = Blueprint("decisions", __name__)
+Q = TypeVar("Q", bound=BaseModel)
 
 
-def _query() -> DecisionQuery:
+def _query(model: type[Q]) -> Q:
     try:
-        return DecisionQuery.model_validate(request.args.to_dict())
+        return model.model_validate(request.args.to_dict())
     except ValidationError as error:
         # An unknown parameter is reported as one, never by its name.
-        violations = violations_of(
-            error, DecisionQuery, prefix=("query",), unknown=UNKNOWN_PARAMETER
-        )
+        violations = violations_of(error, model, prefix=("query",), unknown=UNKNOWN_PARAMETER)
         raise Problem(Reason.VALIDATION_FAILED, errors=violations) from None
+
+
+def chain_status(tenant: str, *, full: bool = False) -> Verified:
+    """The tenant's chain verified, from the head the last verify signed unless `full`; a
+    checkpoint of the head that verified (none for a broken chain), remembered for the next."""
+    chain = context().decision_log.chain(tenant)
+    return resumed_checkpoint(chain, context().settings.data_dir, context().clock(), full=full)
 
 
 def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace, str]:
@@ -72,7 +81,7 @@ def decision_entry(actor: Actor, decision_id: str) -> tuple[DecisionTrace, Decis
 @bp.get(DECISIONS)
 def list_decisions() -> Response:
     actor = authenticate()
-    query = _query()
+    query = _query(DecisionQuery)
     trace, tenant = audit_decision(actor, query.tenant_id)
     page = context().decision_log.page(tenant, query)
     body = DecisionListResponse(
@@ -83,14 +92,15 @@ def list_decisions() -> Response:
 
 @bp.get(DECISIONS_VERIFY)
 def verify_decisions() -> Response:
-    """Verify the tenant's whole chain; when it holds, hand out a signed checkpoint of that
-    head, naming the tenant."""
-    trace, tenant = audit_decision(authenticate())
-    data_dir = context().settings.data_dir
+    """Verify the tenant's chain (from the last verified head, or `?full=true` all of it);
+    when it holds, hand out a signed checkpoint of that head, naming the tenant."""
+    actor = authenticate()
+    full = _query(VerifyQuery).full == "true"
+    trace, tenant = audit_decision(actor)
     # A checkpoint vouches for a head that verified; a broken chain gets none.
-    chain = context().decision_log.chain(tenant)
-    result, checkpoint = verified_checkpoint(chain, data_dir, context().clock())
-    signer = CheckpointSigner.from_data_dir(data_dir)
+    verified = chain_status(tenant, full=full)
+    result = verified.result
+    signer = CheckpointSigner.from_data_dir(context().settings.data_dir)
     return json_response(
         DecisionVerifyResponse(
             ok=result.ok,
@@ -98,8 +108,9 @@ def verify_decisions() -> Response:
             head_hash=result.head_hash,
             first_invalid_seq=result.first_invalid_seq,
             problem=result.problem,
-            checkpoint=checkpoint,
+            checkpoint=verified.checkpoint,
             checkpoint_public_key=signer.public_key_pem.decode("ascii"),
+            resumed_from=verified.resumed_from,
             decision=trace,
         )
     )
@@ -109,14 +120,16 @@ def verify_decisions() -> Response:
 def export_decisions() -> Response:
     """NDJSON, one OPA-style decision log event a line, with our entry beside it."""
     actor = authenticate()
-    query = _query()
+    query = _query(DecisionQuery)
     trace, tenant = audit_decision(actor, query.tenant_id)
-    lines = list(context().decision_log.export(tenant, query))
-    return Response(
-        "".join(lines),
-        mimetype="application/x-ndjson",
-        headers={DECISION_ID_HEADER: trace.decision_id},
-    )
+    headers = {DECISION_ID_HEADER: trace.decision_id}
+    if "limit" in query.model_fields_set:  # one page; without a limit, everything after the cursor
+        lines, next_cursor = context().decision_log.export_page(tenant, query)
+        if next_cursor is not None:
+            headers[NEXT_CURSOR_HEADER] = next_cursor
+    else:
+        lines = list(context().decision_log.export(tenant, query))
+    return Response("".join(lines), mimetype="application/x-ndjson", headers=headers)
 
 
 @bp.get(flask_rule(DECISION))

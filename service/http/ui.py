@@ -27,7 +27,7 @@ from service.decisions.journal import JournalClosed
 from service.decisions.log import DecisionLogEntry
 from service.decisions.query import MAX_LIMIT, DecisionQuery
 from service.http.common import context, journal_decision, pending_decision
-from service.http.decisions import audit_decision, decision_entry
+from service.http.decisions import audit_decision, chain_status, decision_entry
 from service.http.problems import Problem, problem_of
 from service.http.ui_bundle import bundle_download
 from service.http.ui_chart import decision_chart
@@ -151,12 +151,15 @@ def decisions() -> Response:
             )
         everything = decision_log.entries(tenant, query.model_copy(update={"cursor": None}))
         chart = decision_chart((e.decision.evaluated_at, e.decision.allow) for e in everything)
+    # From the head the last verify signed: a view does not walk the whole log again.
+    verified = chain_status(tenant)
     body = render_template(
         "ui/decisions.html",
         actor=actor,
         tenant=tenant,
         trace=trace,
-        chain=decision_log.chain(tenant).verify(),
+        chain=verified.result,
+        resumed=verified.resumed_from,
         filters=filters,
         actions=ACTIONS,
         problems=problems,
