@@ -2,10 +2,24 @@
 
 An approval covers one session or a whole workspace for a bounded time. It is
 never deleted: revoking stamps `revoked_at`, and expired or revoked approvals
-stay stored as history but never count. Lookups only ever scan the one
-tenant/workspace key range they are asked about, and a stored approval must
-name the same tenant, workspace and id as its key, so an approval can never
-cover another tenant's, workspace's or session's state.
+stay stored as history but never count. A stored approval must name the same
+tenant, workspace and id as its key, so an approval can never cover another
+tenant's, workspace's or session's state.
+
+Approvals that may still apply are indexed in the `approval_index` lane, by
+tenant, workspace, session (`""` for a whole workspace's) and expiry, with
+the approval id: one empty key each, written with the approval and deleted in
+the same batch as its revocation (`approval_writes`); expired ones are pruned
+(`prune_expired_index`). The lookup a write makes reads its session's keys and
+its workspace's, newest expiry first, and stops at the first that expired: the
+approvals of other sessions, revoked ones and expired ones are not read. Each
+key only points: the approval itself is read and checked (in force, same
+session and expiry) before it counts.
+
+A store written before the index existed keeps its approvals without index
+keys: until `sessionstate db upgrade` indexes them (`index_approvals`, which
+then marks the index complete), lookups scan the workspace's approvals as
+before. A store with no approval at all is marked complete when it is opened.
 """
 
 from __future__ import annotations
@@ -29,6 +43,8 @@ from store.scope import ScopeId, TenantScope, is_scope_id
 logger = logging.getLogger(__name__)
 
 MAX_APPROVAL_TTL_SECONDS = 86_400
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EXPIRY_BYTES = 8
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -99,13 +115,47 @@ def approval_key(tenant_id: str, workspace_id: str, approval_id: str) -> LaneKey
     )
 
 
+def index_key(approval: Approval) -> LaneKey:
+    """The approval's index key: under its session (`""`: its whole workspace), named by
+    its expiry (8 bytes, microseconds since the epoch, big-endian) and its id."""
+    return LaneKey(
+        TenantResourceLane.APPROVAL_INDEX,
+        approval.tenant_id,
+        approval.workspace_id,
+        approval.session_id or "",
+        name=_expiry_name(approval.expires_at) + approval.approval_id.encode(),
+    )
+
+
+INDEX_COMPLETE = LaneKey(TenantResourceLane.APPROVAL_INDEX, name=b"complete")
+"""Says every stored approval that may apply has its index key (no tenant: the store's own)."""
+
+
+def _expiry_name(moment: datetime) -> bytes:
+    micros = max(0, (moment - _EPOCH) // timedelta(microseconds=1))
+    return micros.to_bytes(_EXPIRY_BYTES, "big")
+
+
+def indexed_as(key: LaneKey) -> tuple[datetime, str] | None:
+    """The expiry and approval id an index key names; None for a key the index never writes."""
+    if len(key.name) <= _EXPIRY_BYTES or not key.tenant:
+        return None
+    approval_id = key.name[_EXPIRY_BYTES:].decode("ascii", errors="replace")
+    if not is_approval_id(approval_id):
+        return None
+    micros = int.from_bytes(key.name[:_EXPIRY_BYTES], "big")
+    return _EPOCH + timedelta(microseconds=micros), approval_id
+
+
 class ApprovalStore:
-    """Approvals over a lane store (`Lanes`), one key per approval under its tenant and workspace."""
+    """Approvals over a lane store (`Lanes`), one key per approval under its tenant and
+    workspace, and one index key per approval that may still apply."""
 
     def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
         # Revocation reads, then writes: this lock makes that atomic in the one process.
         self._write_lock = threading.Lock()
+        self._index_complete = False
 
     def grant(
         self,
@@ -149,11 +199,21 @@ class ApprovalStore:
             return None
         key = approval_key(tenant_id, workspace_id, approval_id)
         stored = self._lanes.get(key)
-        return None if stored is None else _parse(key, stored)
+        return None if stored is None else parse_stored(key, stored)
 
     def active(self, tenant_id: str, workspace_id: str, now: datetime) -> list[Approval]:
         """The workspace's approvals in force at `now`, oldest first."""
-        current = self._in_force(tenant_id, workspace_id, now)
+        if not (is_scope_id(tenant_id) and is_scope_id(workspace_id)):
+            return []
+        if not self.index_complete():
+            current = self._in_force(tenant_id, workspace_id, now)
+        else:
+            current = []
+            lane = TenantResourceLane.APPROVAL_INDEX
+            for key, _ in self._lanes.scan(lane, tenant_id, workspace_id):
+                approval = self._pointed(key, now)
+                if approval is not None:
+                    current.append(approval)
         return sorted(current, key=lambda approval: (approval.issued_at, approval.approval_id))
 
     def revoke(
@@ -169,7 +229,62 @@ class ApprovalStore:
         return revoked
 
     def covering(self, scope: TenantScope, now: datetime) -> Approval | None:
-        """The approval in force for scope: its session's own first, else a workspace-wide one."""
+        """The approval in force for scope: its session's own first, else a workspace-wide one;
+        of several, the one that expires last (then the greatest id)."""
+        if not self.index_complete():
+            return self._covering_by_scan(scope, now)
+        if not (is_scope_id(scope.tenant_id) and is_scope_id(scope.workspace_id)):
+            return None
+        for session_id in (scope.session_id, ""):
+            found = self._newest_in_force(scope.tenant_id, scope.workspace_id, session_id, now)
+            if found is not None:
+                return found
+        return None
+
+    def index_complete(self) -> bool:
+        """Whether every stored approval that may apply has its index key (once true, for good)."""
+        if not self._index_complete:
+            self._index_complete = self._lanes.get(INDEX_COMPLETE) is not None
+        return self._index_complete
+
+    def _newest_in_force(
+        self, tenant_id: str, workspace_id: str, session_id: str, now: datetime
+    ) -> Approval | None:
+        """Walk the session's index keys newest expiry first, up to the first that expired."""
+        lane = TenantResourceLane.APPROVAL_INDEX
+        for key, _ in self._lanes.scan(lane, tenant_id, workspace_id, session_id, reverse=True):
+            indexed = indexed_as(key)
+            if indexed is not None and indexed[0] <= now:
+                return None  # this one and every one after it expired
+            approval = self._pointed(key, now)
+            if approval is not None:
+                return approval
+        return None
+
+    def _pointed(self, key: LaneKey, now: datetime) -> Approval | None:
+        """The approval an index key points at, if it is stored there, matches the key and is
+        in force at `now`."""
+        indexed = indexed_as(key)
+        if indexed is None:
+            logger.warning(
+                "skipping an unreadable approval index key", extra={"key_digest": key.digest()}
+            )
+            return None
+        expires_at, approval_id = indexed
+        if expires_at <= now:
+            return None
+        approval = self.get(key.tenant, key.workspace, approval_id)
+        if (
+            approval is None
+            or not approval.active(now)
+            or (approval.session_id or "") != key.session
+            or index_key(approval) != key
+        ):
+            return None
+        return approval
+
+    def _covering_by_scan(self, scope: TenantScope, now: datetime) -> Approval | None:
+        """`covering` over a store not indexed yet: every approval of the workspace is read."""
         current = self._in_force(scope.tenant_id, scope.workspace_id, now)
         for session_id in (scope.session_id, None):
             matching = [approval for approval in current if approval.session_id == session_id]
@@ -185,12 +300,18 @@ class ApprovalStore:
             return []
         lane = TenantResourceLane.APPROVAL_PACKET
         parsed = (
-            _parse(key, value) for key, value in self._lanes.scan(lane, tenant_id, workspace_id)
+            parse_stored(key, value)
+            for key, value in self._lanes.scan(lane, tenant_id, workspace_id)
         )
         return [approval for approval in parsed if approval is not None and approval.active(now)]
 
     def _put(self, approval: Approval) -> None:
-        self._lanes.put(*stored_form(approval), sync=True)
+        with self._lanes.batch(sync=True) as batch:
+            for key, change in approval_writes(approval):
+                if change is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, change)
 
 
 def revocation(approval: Approval, now: datetime) -> Approval | None:
@@ -207,7 +328,14 @@ def stored_form(approval: Approval) -> tuple[LaneKey, bytes]:
     return key, canonical_json(approval.model_dump(mode="json"))
 
 
-def _parse(key: LaneKey, stored: bytes) -> Approval | None:
+def approval_writes(approval: Approval) -> list[tuple[LaneKey, bytes | None]]:
+    """What storing an approval changes, to commit in one batch: the approval, and its index
+    key, kept while it is not revoked and deleted (None) once it is."""
+    indexed: bytes | None = None if approval.revoked_at is not None else b""
+    return [stored_form(approval), (index_key(approval), indexed)]
+
+
+def parse_stored(key: LaneKey, stored: bytes) -> Approval | None:
     """The approval stored under key, or None if the bytes are not one that belongs there."""
     try:
         approval = Approval.model_validate_json(stored)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from service.approval_index import index_approvals, mark_index_complete_if_empty
+from service.approvals import ApprovalStore
 from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
@@ -26,7 +28,7 @@ from service.settings import Settings, setting_errors, unknown_variables
 from service.store_backend import StoreUpgradeRefused, open_lanes
 from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
-from store.backends.contract import StoreOffline
+from store.backends.contract import Lanes, StoreOffline
 from store.backends.postgres_schema import SchemaMismatch
 from store.evidence_chain import ChainCorrupt
 from store.integrity import StoreBusy, StoreUnavailable
@@ -138,9 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     repairs.add_parser(
         "upgrade",
         help="bring the configured store (SESSIONSTATE_STORE, else the data dir's LevelDB) to "
-        "this release's schema and record its version; on LevelDB, move a decision log "
-        "written as one global chain onto per-tenant chains (it must verify first); print "
-        "what it did as JSON; safe to run again",
+        "this release's schema and record its version; move a decision log written as one "
+        "global chain onto per-tenant chains (it must verify first); index approvals stored "
+        "before the approval index; print what it did as JSON; safe to run again",
     )
     repairs.add_parser(
         "repair",
@@ -258,14 +260,18 @@ def _upgrade(settings: Settings) -> int:
     store = configured_store(settings)
     done = upgrade_store(store)
     migration: ChainMigration | None = None
+    indexed: int | None = None
     database = store.leveldb_path
     if database is not None and database.is_dir():
-        with _holding_data_dir(settings.data_dir, database):
-            migration = decision_review.upgrade(settings.data_dir)
+        with (
+            _holding_data_dir(settings.data_dir, database),
+            decision_review.open_lanes(settings.data_dir) as leveldb,
+        ):
+            migration, indexed = _upgrade_lanes(leveldb)
     elif store.shared:  # PostgreSQL: written by a preview before chains were per tenant?
         lanes = open_lanes(store)
         try:
-            migration = migrate(lanes, datetime.now(UTC))
+            migration, indexed = _upgrade_lanes(lanes)
         finally:
             lanes.close()
     print(
@@ -275,12 +281,23 @@ def _upgrade(settings: Settings) -> int:
                 "target": done.target,
                 "found": done.found,
                 "now": done.now,
-                "changed": done.changed or migration is not None,
+                "changed": done.changed or migration is not None or indexed is not None,
                 "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
+                "approvals_indexed": indexed,
             }
         )
     )
     return 0
+
+
+def _upgrade_lanes(lanes: Lanes) -> tuple[ChainMigration | None, int | None]:
+    """Move an old global chain onto per-tenant chains, and index approvals stored before
+    the approval index existed (None for each when there was nothing to do)."""
+    now = datetime.now(UTC)
+    migration = migrate(lanes, now)
+    if mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete():
+        return migration, None
+    return migration, index_approvals(lanes, now)
 
 
 def _repair(data_dir: Path) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from service.approval_index import ExpiredApprovalPruner, mark_index_complete_if_empty
 from service.approvals import ApprovalStore
 from service.auth import TokenVerifier
 from service.decisions.journal import DecisionJournal, RetentionTask
@@ -67,6 +68,7 @@ class ServiceContext:
     rate_limiter: ActorRateLimiter
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
+    approval_pruner: ExpiredApprovalPruner | None = None
     policy_source: PolicySource | None = None  # the sidecar's policy snapshot; None: external OPA
     worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
 
@@ -94,6 +96,9 @@ class ServiceContext:
             clock=clock,
             on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
         )
+        if not mark_index_complete_if_empty(lanes):
+            # Still correct, by reading every approval of a workspace per lookup.
+            log.warning("approvals_not_indexed")
         return cls(
             settings=settings,
             lanes=lanes,
@@ -123,6 +128,7 @@ class ServiceContext:
                 else RetentionTask(lanes, settings.decision_retention_days, clock=clock)
             ),
             policy_source=policy_source,
+            approval_pruner=ExpiredApprovalPruner(lanes, clock=clock),
         )
 
     def store_reachable(self) -> bool:
@@ -132,6 +138,8 @@ class ServiceContext:
     def close(self) -> None:
         if self.retention is not None:
             self.retention.close()
+        if self.approval_pruner is not None:
+            self.approval_pruner.close()
         self.rate_limit_log.close()  # its summaries go through the journal
         self.journal.close()
         self.gate.client.close()

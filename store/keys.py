@@ -20,6 +20,7 @@ class TenantResourceLane(StrEnum):
 
     SESSION_STATE = "session_state"
     APPROVAL_PACKET = "approval_packet"
+    APPROVAL_INDEX = "approval_index"  # approvals in force, by session and expiry
     TRACE_EVIDENCE = "trace_evidence"
     TRACE_INDEX = "trace_index"
     TRACE_META = "trace_meta"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from service.approval_index import mark_index_complete_if_empty
 from service.approvals import Approval, ApprovalGrantInput, ApprovalStore, approval_key
 from store.canonical import canonical_json
 from store.lanes import LaneStore
@@ -20,8 +21,11 @@ NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 TENANT, WORKSPACE = "tenant-a", "ws-1"
 
 
-@pytest.fixture
-def approvals(lanes: LaneStore) -> ApprovalStore:
+@pytest.fixture(params=["indexed", "not indexed yet"])
+def approvals(request: pytest.FixtureRequest, lanes: LaneStore) -> ApprovalStore:
+    """Every rule holds through the approvals' index, and on a store written before it."""
+    if request.param == "indexed":
+        assert mark_index_complete_if_empty(lanes)
     return ApprovalStore(lanes)
 
 

@@ -104,7 +104,7 @@ class _Pending:
     status: int = 0  # the answer's; a write's is decided at commit, by its precondition
     approval_id: str | None = None
     write: _StateWrite | None = None
-    puts: list[tuple[LaneKey, bytes]] = field(default_factory=list)
+    puts: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)  # None: delete
     done: threading.Event = field(default_factory=threading.Event)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -184,10 +184,11 @@ class DecisionJournal:
         body: DecisionEntryBody,
         *,
         status: int,
-        puts: Sequence[tuple[LaneKey, bytes]] = (),
+        puts: Sequence[tuple[LaneKey, bytes | None]] = (),
         approval_id: str | None = None,
     ) -> dict[str, Any]:
-        """Append an entry together with the keys its decision changed, in one batch.
+        """Append an entry together with the keys its decision changed, in one batch (a
+        value None deletes its key).
 
         The outcome says `applied` exactly when there was something to store.
         """
@@ -304,8 +305,11 @@ class DecisionJournal:
                         writes.expect(entry_key(start.seq + 1, name), None)
                         if start.seq == 0:
                             writes.put(marker_key(name), b"")
-                    for key, value in record_puts:
-                        writes.put(key, value)
+                    for key, change in record_puts:
+                        if change is None:
+                            writes.delete(key)
+                        else:
+                            writes.put(key, change)
                     for pending, sealed in zip(batch, sealed_entries, strict=True):
                         writes.put(sealed.key, sealed.value)
                         for index_key, index_value in index_puts(pending.body, sealed.seq):
@@ -344,7 +348,7 @@ class DecisionJournal:
         self, batch: list[_Pending]
     ) -> tuple[
         list[SealedEntry],
-        list[tuple[LaneKey, bytes]],
+        list[tuple[LaneKey, bytes | None]],
         list[tuple[LaneKey, bytes | None]],
         list[tuple[SessionStateRecord, bytes]],
         dict[str, ChainHead],
@@ -355,7 +359,7 @@ class DecisionJournal:
         chain's head before and after the batch."""
         versions: dict[bytes, StoredVersion] = {}
         expected: dict[bytes, tuple[LaneKey, bytes | None]] = {}
-        record_puts: list[tuple[LaneKey, bytes]] = []
+        record_puts: list[tuple[LaneKey, bytes | None]] = []
         written: list[tuple[SessionStateRecord, bytes]] = []
         recorded_at = format_timestamp(self._clock())
         starts: dict[str, ChainHead] = {}  # each chain's head before the batch

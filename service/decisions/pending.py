@@ -45,7 +45,7 @@ class PendingDecision:
         self,
         journal: DecisionJournal,
         status: int,
-        puts: Sequence[tuple[LaneKey, bytes]] = (),
+        puts: Sequence[tuple[LaneKey, bytes | None]] = (),
         *,
         approval_id: str | None = None,
     ) -> dict[str, Any]:

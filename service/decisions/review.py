@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bundle
 from service.decisions.log import prune_log
-from service.decisions.migration import ChainMigration, migrate, verify_legacy_checkpoint
+from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
 from store.backends.contract import Lanes
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
@@ -135,12 +135,6 @@ def every_chain_verified(lanes: Lanes) -> AllChainsVerification:
         entries=sum(result.entries for result in chains.values()),
         chains=chains,
     )
-
-
-def upgrade(data_dir: Path) -> ChainMigration | None:
-    """`sessionstate db upgrade`: move an old global chain onto per-tenant chains."""
-    with open_lanes(data_dir) as lanes:
-        return migrate(lanes, datetime.now(UTC))
 
 
 def _only_chain(lanes: LaneStore) -> str:

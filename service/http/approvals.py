@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from service.approvals import ApprovalGrantInput, ApprovalStore, revocation, stored_form
+from service.approvals import ApprovalGrantInput, ApprovalStore, approval_writes, revocation
 from service.contract import APPROVAL, APPROVAL_ID, APPROVALS, DECISION_ID_HEADER, fill, flask_rule
 from service.http.body import json_body
 from service.http.common import (
@@ -36,7 +36,7 @@ def grant_approval(tenant_id: str, workspace_id: str) -> Response:
         tenant_id, workspace_id, grant, operator=actor.sub, now=context().clock()
     )
     # The approval and the entry that allowed it commit together.
-    journal_effect(201, [stored_form(approval)], approval_id=approval.approval_id)
+    journal_effect(201, approval_writes(approval), approval_id=approval.approval_id)
     response = json_response(ApprovalResponse(approval=approval, decision=trace), 201)
     response.headers["Location"] = fill(
         APPROVAL,
@@ -70,7 +70,7 @@ def revoke_approval(tenant_id: str, workspace_id: str, approval_id: str) -> Resp
     if current is None:
         raise Problem(Reason.APPROVAL_NOT_FOUND, decision=trace)
     revoked = revocation(current, context().clock())
-    changes = [] if revoked is None else [stored_form(revoked)]
+    changes = [] if revoked is None else approval_writes(revoked)
     journal_effect(204, changes, approval_id=approval_id)
     # 204 has no body: the decision that governed it is named in a header.
     response = Response(status=204, headers={DECISION_ID_HEADER: trace.decision_id})

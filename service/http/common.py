@@ -124,9 +124,12 @@ def drop_decision() -> None:
 
 
 def journal_effect(
-    status: int, puts: Sequence[tuple[LaneKey, bytes]] = (), *, approval_id: str | None = None
+    status: int,
+    puts: Sequence[tuple[LaneKey, bytes | None]] = (),
+    *,
+    approval_id: str | None = None,
 ) -> None:
-    """Commit what an allowed decision changes, with its entry, in one batch."""
+    """Commit what an allowed decision changes, with its entry, in one batch (None deletes)."""
     _allowed().record_effect(context().journal, status, puts, approval_id=approval_id)
 
 
