@@ -13,9 +13,11 @@ a served request runs) and times, as an auditor of the big chain:
 - an export page (`GET /v1/decisions/export?limit=100` with that cursor);
 - a reviewer's page view (`GET /ui/decisions`, signed in by its cookie).
 
-Then, for two approval counts, builds a workspace's approvals (expired,
-revoked, other sessions' and exactly one that applies) and times the lookup a
-write does (`ApprovalStore.covering`).
+Then, for two approval counts, builds a workspace's approvals (4 in 10 expired,
+3 in 10 revoked, 3 in 10 other sessions' in force, and exactly one that
+applies), written as a grant and a revocation write them (`approval_writes`:
+expired ones keep their index keys, as before a prune), and times the lookup
+a write does (`ApprovalStore.covering`).
 
 Each figure is the median of `--repeat` calls; the last column is the ratio of
 the largest size to the smallest (the target is within 1.2x). Building uses
@@ -23,8 +25,11 @@ unsynced batches; entries are sealed with the standard library's JSON encoder,
 checked byte for byte against the chain's own `seal` on a sample, and the whole
 chain is verified afterwards (the full walk's time is printed too).
 
+`--postgres CONNINFO` measures the same on PostgreSQL (a database per
+measurement is created on that server and dropped after).
+
 Run: `make bench` or `.venv/bin/python bench/scale_bench.py [--sizes 10000 1000000]
-[--approvals 10 100000] [--repeat 5]`.
+[--approvals 10 100000] [--repeat 5] [--postgres CONNINFO]`.
 """
 
 from __future__ import annotations
@@ -44,17 +49,24 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.app import create_app
-from service.approvals import Approval, ApprovalStore, stored_form
+from service.approval_index import mark_index_complete_if_empty
+from service.approvals import Approval, ApprovalStore, approval_writes, revocation
 from service.auth import mint_token
 from service.context import ServiceContext
 from service.decisions.log import decision_id_key, seq_name
 from service.decisions.query import encode_cursor
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
+from store.backends import postgres_schema
 from store.backends.contract import Lanes
+from store.backends.postgres import PostgresLaneStore
 from store.chain_head import GENESIS, ChainHead, format_timestamp
 from store.evidence_chain import entry_key, marker_key, seal
 from store.lanes import LaneStore
@@ -173,10 +185,37 @@ def build_chain(lanes: Lanes, tenant: str, count: int, start: datetime) -> None:
                 )
 
 
-def build_log(data_dir: Path, size: int) -> float:
-    """The big chain and the others' under data_dir; seconds it took."""
+class Store:
+    """Where a measurement keeps its lanes: LevelDB in its data dir, or, with `--postgres`, a
+    PostgreSQL database of its own made on that server (dropped at the end)."""
+
+    def __init__(self, data_dir: Path, server: str | None) -> None:
+        self.data_dir = data_dir
+        self.server = server
+        self.conninfo: str | None = None
+        if server is not None:
+            name = f"scale_bench_{os.getpid()}_{data_dir.name.replace('-', '_')}"
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            self.conninfo = make_conninfo(server, dbname=name)
+            postgres_schema.upgrade(self.conninfo)
+
+    def open(self) -> Lanes:
+        if self.conninfo is not None:
+            return PostgresLaneStore(self.conninfo)
+        return LaneStore(self.data_dir / "leveldb")
+
+    def drop(self) -> None:
+        if self.server is not None and self.conninfo is not None:
+            name = conninfo_to_dict(self.conninfo)["dbname"]
+            with psycopg.connect(self.server, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(str(name))))
+
+
+def build_log(store: Store, size: int) -> float:
+    """The big chain and the others' in store; seconds it took."""
     started = time.perf_counter()
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = store.open()
     try:
         start = datetime.now(UTC) - timedelta(milliseconds=10 * size + 60_000)
         build_chain(lanes, TENANT, size, start)
@@ -200,9 +239,10 @@ def median_ms(operation: Callable[[], object], repeat: int) -> float:
 
 
 @contextmanager
-def opened_service(data_dir: Path, sidecar: OpaSidecar) -> Iterator[ServiceContext]:
+def opened_service(store: Store, sidecar: OpaSidecar) -> Iterator[ServiceContext]:
     settings = Settings(
-        data_dir=data_dir,
+        data_dir=store.data_dir,
+        store=store.conninfo,
         durable_writes=True,
         jwt_secret=JWT_SECRET,
         digest_key=DIGEST_KEY,
@@ -272,30 +312,31 @@ def reviewer_reads(context: ServiceContext, size: int, repeat: int) -> dict[str,
 
 
 def build_approvals(lanes: Lanes, count: int, now: datetime) -> Approval:
-    """count approvals in one workspace; the one that applies to chat-1 is returned."""
+    """count approvals in one workspace, stored as a grant (and a revocation) stores them; the
+    one that applies to chat-1 is returned. Expired ones keep their index keys (not pruned)."""
+    mark_index_complete_if_empty(lanes)  # a new store, as the service marks it
     applies = _approval(0, "chat-1", now - timedelta(minutes=5), now + timedelta(hours=1))
-    changes = [stored_form(applies)]
+    approvals = [applies]
     for index in range(1, count):
         kind = index % 10
         if kind < 4:  # expired
             issued = now - timedelta(days=2, seconds=index)
-            changes.append(
-                stored_form(_approval(index, "chat-1", issued, issued + timedelta(hours=1)))
-            )
+            approvals.append(_approval(index, "chat-1", issued, issued + timedelta(hours=1)))
         elif kind < 7:  # revoked while in force
             issued = now - timedelta(minutes=10)
             approval = _approval(index, "chat-1", issued, now + timedelta(hours=2))
-            revoked = Approval.model_validate({**approval.model_dump(), "revoked_at": now})
-            changes.append(stored_form(revoked))
+            approvals.append(revocation(approval, now) or approval)
         else:  # other sessions', in force
             issued = now - timedelta(minutes=10)
-            changes.append(
-                stored_form(_approval(index, f"chat-{index}", issued, now + timedelta(hours=3)))
-            )
-    for offset in range(0, len(changes), BATCH):
+            approvals.append(_approval(index, f"chat-{index}", issued, now + timedelta(hours=3)))
+    for offset in range(0, len(approvals), BATCH):
         with lanes.batch(sync=False) as batch:
-            for key, value in changes[offset : offset + BATCH]:
-                batch.put(key, value)
+            for approval in approvals[offset : offset + BATCH]:
+                for key, change in approval_writes(approval):
+                    if change is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, change)
     return applies
 
 
@@ -312,12 +353,24 @@ def _approval(index: int, session: str, issued: datetime, expires: datetime) -> 
     )
 
 
-def approval_lookup(data_dir: Path, count: int, repeat: int) -> float:
-    """Milliseconds of the lookup a write makes, among count approvals of its workspace."""
-    lanes = LaneStore(data_dir / "leveldb")
+def approval_lookup(store: Store, count: int, repeat: int) -> float:
+    """Milliseconds of the lookup a write makes, among count approvals of its workspace.
+
+    The store is closed after building and opened again, as the service opens it, and on
+    LevelDB the timing waits for the compaction that follows (`settled`): built in one go,
+    the 30% revocations leave their deleted index keys in LevelDB's memory table and then in
+    a level-0 table until it is compacted, a state a service passes through for a moment
+    only (each grant and revocation also appends its decision entry, so LevelDB writes that
+    table out every few thousand of them and compacts it soon after)."""
+    now = datetime.now(UTC)
+    lanes = store.open()
     try:
-        now = datetime.now(UTC)
         applies = build_approvals(lanes, count, now)
+    finally:
+        lanes.close()
+    lanes = store.open()
+    try:
+        settled(lanes)
         approvals = ApprovalStore(lanes)
         scope = TenantScope(tenant_id=TENANT, workspace_id="ws-1", session_id="chat-1")
 
@@ -327,9 +380,19 @@ def approval_lookup(data_dir: Path, count: int, repeat: int) -> float:
                 raise BenchFailure("the lookup did not find the one approval that applies")
 
         lookup()
-        return median_ms(lookup, repeat * 20)
+        return median_ms(lookup, repeat * 200)  # tens of microseconds each: many samples
     finally:
         lanes.close()
+
+
+def settled(lanes: Lanes, timeout: float = 60.0) -> None:
+    """On LevelDB, wait until no level-0 table waits for compaction (seconds after an open)."""
+    database = getattr(lanes, "_db", None)  # LevelDB's own handle; PostgreSQL has none
+    deadline = time.monotonic() + timeout
+    while database is not None and time.monotonic() < deadline:
+        if database.get_property(b"leveldb.num-files-at-level0") == b"0":
+            return
+        time.sleep(0.2)
 
 
 # -- report -----------------------------------------------------------------------------
@@ -341,7 +404,7 @@ def table(title: str, sizes: list[int], rows: dict[str, list[float]]) -> None:
     for name, values in rows.items():
         ratio = values[-1] / values[0] if values[0] else float("nan")
         ratio_text = "" if "untimed" in name else f"{ratio:>10.2f}x"
-        print(f"{name:<26}" + "".join(f"{value:>14.2f}" for value in values) + ratio_text)
+        print(f"{name:<26}" + "".join(f"{value:>14.3f}" for value in values) + ratio_text)
 
 
 def main() -> None:
@@ -355,34 +418,47 @@ def main() -> None:
         "--approvals", type=int, nargs="+", default=[10, 100_000], help="approvals in the workspace"
     )
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per figure")
+    parser.add_argument(
+        "--postgres",
+        metavar="CONNINFO",
+        help="measure on PostgreSQL: a server where the bench may create (and drop) a "
+        "database per measurement; default: LevelDB",
+    )
     args = parser.parse_args()
     if min(args.sizes) < 2 * PAGE or min(args.approvals) < 1:
         sys.exit("sizes must be at least 200 entries, and approvals at least 1")
     opa = Settings().resolved_opa_bin()
     reads: dict[str, list[float]] = {}
     builds = []
+    lookups = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_name:
         tmp = Path(tmp_name)
         sidecar = OpaSidecar(opa, ROOT / "policies", tmp / "opa")
         sidecar.start()
         try:
             for size in args.sizes:
-                data_dir = tmp / f"log-{size}"
-                builds.append(build_log(data_dir, size))
-                with opened_service(data_dir, sidecar) as context:
-                    for name, value in reviewer_reads(context, size, args.repeat).items():
-                        reads.setdefault(name, []).append(value)
+                store = Store(tmp / f"log-{size}", args.postgres)
+                try:
+                    builds.append(build_log(store, size))
+                    with opened_service(store, sidecar) as context:
+                        for name, value in reviewer_reads(context, size, args.repeat).items():
+                            reads.setdefault(name, []).append(value)
+                finally:
+                    store.drop()
+            for count in args.approvals:
+                store = Store(tmp / f"approvals-{count}", args.postgres)
+                try:
+                    lookups.append(approval_lookup(store, count, args.repeat))
+                finally:
+                    store.drop()
         except BenchFailure as failure:
             sys.exit(f"scale bench aborted: {failure}")
         finally:
             sidecar.stop()
-        lookups = [
-            approval_lookup(tmp / f"approvals-{count}", count, args.repeat)
-            for count in args.approvals
-        ]
+    kind = "LevelDB" if args.postgres is None else "PostgreSQL"
     print(
-        f"decision log: '{TENANT}' chain of N entries (+ N/10 on {len(OTHER_TENANTS)} other "
-        f"tenants' chains); built in "
+        f"{kind}; decision log: '{TENANT}' chain of N entries (+ N/10 on "
+        f"{len(OTHER_TENANTS)} other tenants' chains); built in "
         + ", ".join(f"{s:.0f} s" for s in builds)
         + f"; median of {args.repeat} calls; {os.cpu_count()} CPUs"
     )

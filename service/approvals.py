@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 MAX_APPROVAL_TTL_SECONDS = 86_400
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EXPIRY_BYTES = 8
+_LAST_MICROS = (1 << (8 * _EXPIRY_BYTES)) - 1
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -117,7 +118,9 @@ def approval_key(tenant_id: str, workspace_id: str, approval_id: str) -> LaneKey
 
 def index_key(approval: Approval) -> LaneKey:
     """The approval's index key: under its session (`""`: its whole workspace), named by
-    its expiry (8 bytes, microseconds since the epoch, big-endian) and its id."""
+    its expiry and its id. The expiry is 8 bytes big-endian, 2**64 - 1 less microseconds
+    since the epoch: a forward scan (cheaper than a backward one) meets the approval that
+    expires last first."""
     return LaneKey(
         TenantResourceLane.APPROVAL_INDEX,
         approval.tenant_id,
@@ -133,7 +136,7 @@ INDEX_COMPLETE = LaneKey(TenantResourceLane.APPROVAL_INDEX, name=b"complete")
 
 def _expiry_name(moment: datetime) -> bytes:
     micros = max(0, (moment - _EPOCH) // timedelta(microseconds=1))
-    return micros.to_bytes(_EXPIRY_BYTES, "big")
+    return (_LAST_MICROS - micros).to_bytes(_EXPIRY_BYTES, "big")
 
 
 def indexed_as(key: LaneKey) -> tuple[datetime, str] | None:
@@ -143,8 +146,11 @@ def indexed_as(key: LaneKey) -> tuple[datetime, str] | None:
     approval_id = key.name[_EXPIRY_BYTES:].decode("ascii", errors="replace")
     if not is_approval_id(approval_id):
         return None
-    micros = int.from_bytes(key.name[:_EXPIRY_BYTES], "big")
-    return _EPOCH + timedelta(microseconds=micros), approval_id
+    micros = _LAST_MICROS - int.from_bytes(key.name[:_EXPIRY_BYTES], "big")
+    try:
+        return _EPOCH + timedelta(microseconds=micros), approval_id
+    except OverflowError:  # no expiry the index writes
+        return None
 
 
 class ApprovalStore:
@@ -250,16 +256,20 @@ class ApprovalStore:
     def _newest_in_force(
         self, tenant_id: str, workspace_id: str, session_id: str, now: datetime
     ) -> Approval | None:
-        """Walk the session's index keys newest expiry first, up to the first that expired."""
+        """Walk the session's index keys, latest expiry first, up to the first that expired:
+        the first in force (of several expiring at the same instant, the greatest id)."""
+        found: Approval | None = None
         lane = TenantResourceLane.APPROVAL_INDEX
-        for key, _ in self._lanes.scan(lane, tenant_id, workspace_id, session_id, reverse=True):
+        for key, _ in self._lanes.scan(lane, tenant_id, workspace_id, session_id):
             indexed = indexed_as(key)
-            if indexed is not None and indexed[0] <= now:
-                return None  # this one and every one after it expired
+            if indexed is not None and (
+                indexed[0] <= now or (found is not None and indexed[0] != found.expires_at)
+            ):
+                break  # expired, as is every one after it; or later than the one found
             approval = self._pointed(key, now)
-            if approval is not None:
-                return approval
-        return None
+            if approval is not None and (found is None or approval.approval_id > found.approval_id):
+                found = approval
+        return found
 
     def _pointed(self, key: LaneKey, now: datetime) -> Approval | None:
         """The approval an index key points at, if it is stored there, matches the key and is

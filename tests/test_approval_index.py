@@ -107,7 +107,8 @@ def test_the_lookup_of_a_write_reads_only_what_applies(lanes: Lanes) -> None:
     assert approvals.index_complete()  # read once, then known
     counted.scanned = counted.got = 0
     assert approvals.covering(scope(), NOW) == applies
-    assert (counted.scanned, counted.got) == (1, 1)  # its index key, then the approval
+    # its index key and the approval, and the next key (which expires sooner: the walk stops)
+    assert (counted.scanned, counted.got) == (2, 1)
     counted.scanned = counted.got = 0
     assert approvals.covering(scope(session="chat-none"), NOW) is None
     assert counted.got == 0 and counted.scanned <= 1  # the workspace's one expired key, at most
@@ -131,6 +132,16 @@ def test_other_sessions_approvals_are_not_applied(approvals: ApprovalStore) -> N
     assert approvals.covering(scope(), NOW) is None
     theirs = approvals.covering(scope(session="chat-2"), NOW)
     assert theirs is not None and theirs.session_id == "chat-2"
+
+
+def test_of_several_expiring_at_once_the_greatest_id_applies(approvals: ApprovalStore) -> None:
+    """As before the index: the greatest (expires_at, approval_id) in force."""
+    granted = [grant(approvals, ttl=600) for _ in range(4)]
+    greatest = max(granted, key=lambda approval: approval.approval_id)
+    assert approvals.covering(scope(), NOW) == greatest
+    approvals.revoke(TENANT, WORKSPACE, greatest.approval_id, NOW)
+    rest = max((a for a in granted if a != greatest), key=lambda approval: approval.approval_id)
+    assert approvals.covering(scope(), NOW) == rest
 
 
 def test_of_several_the_one_that_expires_last_applies(approvals: ApprovalStore) -> None:
