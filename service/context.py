@@ -113,8 +113,9 @@ class ServiceContext:
             metrics=metrics,
             clock=clock,
             journal=journal,
-            # Pages end at the head the journal keeps in memory, not one read from the store.
-            decision_log=DecisionLogReader(lanes, head=journal.head),
+            # One process owns LevelDB: its pages end at the head the journal keeps in memory.
+            # On a shared store other replicas append too: the head is read from the store.
+            decision_log=DecisionLogReader(lanes, head=None if store.shared else journal.head),
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             retention=(
