@@ -88,7 +88,12 @@ class ServiceContext:
         if policy_source is not None:
             metrics.watch_policy_source(policy_source)
         report_dropped_log_bytes(lanes, metrics)
-        client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
+        client = PolicyClient(
+            opa_url,
+            opa_token,
+            timeout=settings.opa_timeout_ms / 1000,
+            transport=settings.opa_transport,
+        )
         journal = DecisionJournal(
             lanes,
             clock=clock,

@@ -1,18 +1,26 @@
 """One canonical encoding for every stored value and every digest: RFC 8785 (JCS).
 
-Most values this service encodes (records, decision entries without floats)
-are plain: strings, integers in JSON's exact range, booleans, nulls, lists and
-objects with ASCII keys. For those, RFC 8785's form is exactly Python's own
-compact, key-sorted JSON (the same string escapes; ASCII keys sort the same
-by UTF-16 code unit as by code point), which the C encoder writes many times
-faster than `rfc8785`. Everything else (floats, other key sets, other types)
-goes through `rfc8785`, which also raises for what JCS cannot encode.
+Most values this service encodes (records, decision entries) are plain:
+strings, integers in JSON's exact range, booleans, nulls, lists and objects
+with ASCII keys, and floats such as a decision's `latency_ms`. For those,
+RFC 8785's form is exactly Python's own compact, key-sorted JSON (the same
+string escapes; ASCII keys sort the same by UTF-16 code unit as by code
+point), which the C encoder writes many times faster than `rfc8785`.
+
+A float is plain when it is finite, not integral, and `repr` writes it without
+an exponent (1e-4 <= |x| < 1e16): both `repr` and ECMAScript's Number
+serialisation (which RFC 8785 uses) write the shortest digits that round-trip,
+and in that range both write them as a plain decimal. Integral floats (`3.0`,
+which JCS writes `3`), exponents, NaN and infinities, other key sets and other
+types go through `rfc8785`, which also raises for what JCS cannot encode.
+tests/test_canonical.py checks byte equality with `rfc8785` over generated values.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 import rfc8785
@@ -54,6 +62,8 @@ def _plain(value: Any) -> bool:
         return True
     if kind is int:
         return bool(-_MAX_EXACT <= value <= _MAX_EXACT)
+    if kind is float:
+        return math.isfinite(value) and not value.is_integer() and "e" not in repr(value)
     if kind is list or kind is tuple:
         return all(_plain(item) for item in value)
     if kind is dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import rfc8785
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store.canonical import canonical_json
@@ -51,6 +51,29 @@ def test_canonical_json_is_rfc8785(value: Any) -> None:
         except expected:
             return
         raise AssertionError("canonical_json encoded what rfc8785 refuses")
+
+
+@settings(max_examples=5000)
+@given(
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=-1e17, max_value=1e17),
+        st.floats(min_value=-1e-3, max_value=1e-3),
+        st.integers(min_value=0, max_value=10**9).map(lambda n: n / 1000),  # latency_ms
+        st.sampled_from([1e-4, -1e-4, 9.999999999999998e15, 1e16, 1e-5, 5e-324, 0.1 + 0.2]),
+    )
+)
+def test_every_float_alone_and_in_an_object_is_rfc8785(number: float) -> None:
+    for value in (number, {"latency_ms": number, "a": [number]}):
+        expected = reference(value)
+        if isinstance(expected, bytes):
+            assert canonical_json(value) == expected
+        else:
+            try:
+                canonical_json(value)
+            except expected:
+                continue
+            raise AssertionError("canonical_json encoded what rfc8785 refuses")
 
 
 def test_plain_values_and_the_rest_agree_on_known_cases() -> None:
