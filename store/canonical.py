@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import rfc8785
@@ -31,12 +32,29 @@ _PLAIN = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", "
 
 def canonical_json(value: Any) -> bytes:
     """RFC 8785 canonical JSON bytes: same value, same bytes, whatever the key order."""
+    return encode(value)[0]
+
+
+def encode(value: Any) -> tuple[bytes, bool]:
+    """The canonical bytes, and whether the value was plain: then `json.loads` of the bytes
+    gives back an equal value (lists for tuples), with nothing lost or rounded."""
     if _is_plain(value):
         try:
-            return _PLAIN.encode(value).encode("utf-8")
+            return _PLAIN.encode(value).encode("utf-8"), True
         except UnicodeEncodeError:  # a lone surrogate: rfc8785 says what is wrong
             pass
-    return bytes(rfc8785.dumps(value))
+    return bytes(rfc8785.dumps(value)), False
+
+
+def canonical_object(members: Mapping[str, bytes]) -> bytes:
+    """The canonical bytes of an object whose ASCII-named members are already encoded."""
+    if not all(type(name) is str and name.isascii() for name in members):
+        raise ValueError("member names must be ASCII")  # they sort by code point then
+    return b"{" + b",".join(_key(name) + b":" + members[name] for name in sorted(members)) + b"}"
+
+
+def _key(name: str) -> bytes:
+    return _PLAIN.encode(name).encode("ascii")
 
 
 def sha256_digest(data: bytes) -> str:
