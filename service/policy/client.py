@@ -25,7 +25,7 @@ from service.policy.transport import (
     OpaClientTransport,
 )
 from service.reasons import Reason
-from store.canonical import canonical_digest
+from store.canonical import canonical_json, sha256_digest
 
 UNKNOWN = "unknown"
 
@@ -70,8 +70,9 @@ class PolicyClient:
         package = DECISION_PACKAGES[policy_input.action]
         document = policy_input.model_dump(mode="json", by_alias=True)
         evaluated_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        encoded = canonical_json(document)
         started = time.perf_counter()
-        answer = transport.query(package, document)
+        answer = transport.query(package, document, encoded)
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
         allow, reasons, decision_id, revision, version = _read_answer(answer)
         if version != UNKNOWN:
@@ -83,7 +84,7 @@ class PolicyClient:
             allow=allow,
             reasons=reasons,
             policy_revision=revision,
-            input_digest=canonical_digest(document),
+            input_digest=sha256_digest(encoded),
             evaluated_at=evaluated_at,
             engine=DecisionEngine(version=self._engine_version),
             latency_ms=latency_ms,

@@ -36,8 +36,10 @@ REFUSED = "refused"
 
 
 class DecisionTransport(Protocol):
-    def query(self, package: str, document: dict[str, Any]) -> Any:
-        """OPA's answer (a dict), `REFUSED` for 401/403, `None` for anything else."""
+    def query(self, package: str, document: dict[str, Any], encoded: bytes) -> Any:
+        """OPA's answer (a dict), `REFUSED` for 401/403, `None` for anything else.
+
+        `encoded` is `document` as JSON (its canonical bytes, which the trace digests too)."""
         ...
 
     def close(self) -> None: ...
@@ -65,7 +67,7 @@ class OpaClientTransport:
             timeout=timeout,
         )
 
-    def query(self, package: str, document: dict[str, Any]) -> Any:
+    def query(self, package: str, document: dict[str, Any], encoded: bytes) -> Any:
         try:
             return self._opa.query_rule(
                 input_data=document,
@@ -99,9 +101,9 @@ class KeepAliveTransport:
         self._opened: list[http.client.HTTPConnection] = []
         self._opened_guard = threading.Lock()
 
-    def query(self, package: str, document: dict[str, Any]) -> Any:
+    def query(self, package: str, document: dict[str, Any], encoded: bytes) -> Any:
         path = f"/v1/data/sessionstate/{package}/decision?provenance=true"
-        body = json.dumps({"input": document}, separators=(",", ":")).encode()
+        body = b'{"input":' + encoded + b"}"
         for fresh in (False, True):
             connection, reused = self._connection(fresh)
             try:
