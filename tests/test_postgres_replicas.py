@@ -70,21 +70,21 @@ def _body(label: str) -> dict[str, object]:
 @contextmanager
 def _two_instances(conninfo: str, opa_bin: str, tmp_path: Path) -> Iterator[list[Served]]:
     instances: list[Served] = []
+    env = {
+        "SESSIONSTATE_STORE": conninfo,
+        "SESSIONSTATE_RATE_LIMIT": "off",
+        "SESSIONSTATE_DENIAL_RATE_LIMIT": "off",
+    }
     try:
         for name in ("a", "b"):
-            instances.append(
-                start(
-                    opa_bin,
-                    tmp_path / f"var-{name}",
-                    tmp_path,
-                    {
-                        "SESSIONSTATE_STORE": conninfo,
-                        "SESSIONSTATE_RATE_LIMIT": "off",
-                        "SESSIONSTATE_DENIAL_RATE_LIMIT": "off",
-                    },
-                )
-            )
+            instances.append(start(opa_bin, tmp_path / f"var-{name}", tmp_path, env))
         yield instances
+    except Exception as failure:  # with what the instances logged
+        logs = "".join(
+            f"\n--- instance {n}\n" + instance.log.read_text()[-4000:]
+            for n, instance in enumerate(instances)
+        )
+        raise AssertionError(f"{type(failure).__name__}: {failure}{logs}") from failure
     finally:
         for instance in instances:
             stop(instance)

@@ -288,8 +288,16 @@ class DecisionJournal:
         by_chain: dict[str, list[_Pending]] = {}
         for pending in batch:  # one tenant per transaction
             by_chain.setdefault(pending.body.chain, []).append(pending)
-        for unit in by_chain.values():
-            self._commit_unit(unit)
+        for name, unit in by_chain.items():
+            # Writers of one chain (other workers, other replicas) take turns: racing, one
+            # could lose to the others' commits again and again.
+            try:
+                with self._lanes.exclusive(marker_key(name)):
+                    self._commit_unit(unit)
+            except Exception as error:  # the hold could not be had: nothing was written
+                if not all(pending.done.is_set() for pending in unit):
+                    log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
+                    self._fail(unit, error)
 
     def _commit_unit(self, batch: list[_Pending]) -> None:
         """Commit batch in one store batch; after a lost race, read the heads and do it again."""
