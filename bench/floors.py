@@ -1,6 +1,6 @@
 """The floors the service is measured against, in the same run (bench/service_bench.py).
 
-- `HelloWorld`: a hello-world Flask app served exactly as `sessionstate serve`
+- `hello_world`: a hello-world Flask app served exactly as `sessionstate serve`
   serves the service: hypercorn on one listening socket, the same front
   (`BoundedWSGIWrapper`, `front_config` with the default timeouts), the same
   pool of `service.serve.THREADS` request threads, in a process of its own
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
 import statistics
@@ -26,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loadgen import Request
+from bench.processes import held_signals, stop_group
 from service.contract import DECISION_PACKAGES
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
@@ -71,41 +71,25 @@ def wait_answering(url: str, process: subprocess.Popen[bytes], timeout: float = 
     raise FloorFailure(f"{url} did not answer")
 
 
-class HelloWorld:
-    """The hello-world floor in a process (and process group) of its own."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "hello-world", str(self.port)],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def __enter__(self) -> HelloWorld:
-        try:
-            wait_answering(self.url + "/", self.process)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-                return
-            except subprocess.TimeoutExpired:
-                pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+@contextlib.contextmanager
+def hello_world() -> Iterator[str]:
+    """The hello-world floor in a process (and process group) of its own: its URL."""
+    port = free_port()
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        with held_signals():
+            process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "hello-world", str(port)],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        wait_answering(url + "/", process)
+        yield url
+    finally:
+        if process is not None:
+            stop_group(process, 15, "hello-world floor")
 
 
 def serve_hello_world(port: int) -> None:
@@ -150,8 +134,8 @@ def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[str, Request]]:
     """A sidecar over policies/ (as the service starts its own); its URL and the request of
     the raw read decision, checked once to be allowed."""
     sidecar = OpaSidecar(opa, ROOT / "policies", work_dir)
-    sidecar.start()
     try:
+        sidecar.start()
         path = f"/v1/data/sessionstate/{DECISION_PACKAGES['read']}/decision?provenance=true"
         body = json.dumps(
             {"input": allowed_input("read").model_dump(mode="json", by_alias=True)}
@@ -165,21 +149,28 @@ def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[str, Request]]:
         sidecar.stop()
 
 
-def timed_threads(
-    operation: Callable[[], object], threads: int, seconds: float
-) -> dict[str, float]:
-    """ops/s, p50 and p99 in ms of operation() called by `threads` threads for `seconds`."""
-    samples: list[list[float]] = [[] for _ in range(threads)]
-    start = threading.Barrier(threads + 1)
+def timed_threads(operations: Sequence[Callable[[], object]], seconds: float) -> dict[str, float]:
+    """ops/s, p50 and p99 in ms of one thread per operation, each calling its own in a
+    loop for `seconds`."""
+    samples: list[list[float]] = [[] for _ in operations]
+    failures: list[BaseException] = []
+    start = threading.Barrier(len(operations) + 1)
     deadline = [0.0]
 
-    def work(mine: list[float]) -> None:
+    def work(operation: Callable[[], object], mine: list[float]) -> None:
         start.wait()
-        while (began := time.perf_counter()) < deadline[0]:
-            operation()
-            mine.append((time.perf_counter() - began) * 1000)
+        try:
+            while (began := time.perf_counter()) < deadline[0]:
+                operation()
+                mine.append((time.perf_counter() - began) * 1000)
+        except BaseException as error:  # the run stops, and says why
+            failures.append(error)
+            deadline[0] = 0.0
 
-    workers = [threading.Thread(target=work, args=(mine,)) for mine in samples]
+    workers = [
+        threading.Thread(target=work, args=(operation, mine), daemon=True)
+        for operation, mine in zip(operations, samples, strict=True)
+    ]
     for worker in workers:
         worker.start()
     began = time.perf_counter()
@@ -188,7 +179,11 @@ def timed_threads(
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - began
+    if failures:
+        raise FloorFailure(f"an operation failed: {failures[0]!r}")
     every = sorted(sample for mine in samples for sample in mine)
+    if not every:
+        raise FloorFailure("no operation completed")
     return {
         "requests_per_second": round(len(every) / elapsed, 1),
         "p50_ms": round(statistics.median(every), 4),
@@ -210,9 +205,9 @@ def leveldb_floor(
     try:
         db.put(key, value, sync=True)
         for count in clients:
-            found["get"][count] = timed_threads(lambda: db.get(key), count, seconds)
+            found["get"][count] = timed_threads([lambda: db.get(key)] * count, seconds)
             found["put"][count] = timed_threads(
-                lambda: db.put(key, value, sync=True), count, seconds
+                [lambda: db.put(key, value, sync=True)] * count, seconds
             )
     finally:
         db.close()

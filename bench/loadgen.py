@@ -6,14 +6,15 @@ load in C, so the load generator's CPU does not dominate what is measured. A
 thread: e.g. each connection its own session path and bearer token, with as
 many threads as connections), the connection and thread counts and the
 duration. `run` writes a Lua script that gives each thread its request in
-`setup(thread)`/`init` (wrk then builds it once per thread: no Lua runs per
-request), counts every answer's status in `response`, and prints the figures
-as one JSON line from `done(summary, latency, requests)`; nothing is read off
-wrk's screen report.
+`setup(thread)`/`init` (wrk then builds it once per thread), counts every
+answer's status in `response` (the only Lua that runs per request), and
+prints the figures as one JSON line from `done(summary, latency, requests)`;
+nothing is read off wrk's screen report.
 
-A status outside `Load.expected` fails the run (`LoadFailure`, with the count
-of each status), and so does a socket error (connect, read, write, timeout)
-unless the caller tolerates them, and a run that completed no request.
+A status outside `Load.expected` fails the run (`UnexpectedStatus`, a
+`LoadFailure` that names the count of each status and carries the figures),
+and so does a socket error (connect, read, write, timeout) unless the caller
+tolerates them, and a run that completed no request.
 `run_together` runs several loads at once (one wrk process each), e.g. one
 per service instance.
 
@@ -33,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.processes import held_signals
+
 WRK = "wrk"
 MARKER = "LOADGEN-FIGURES "  # the line done() prints; wrk's own report is ignored
 INSTALL_HINT = "wrk is not on PATH: `make wrk` installs it as root (apt-get install wrk)"
@@ -40,6 +43,15 @@ INSTALL_HINT = "wrk is not on PATH: `make wrk` installs it as root (apt-get inst
 
 class LoadFailure(RuntimeError):
     """wrk failed, an answer had an unexpected status, or a socket failed: the run stops."""
+
+
+class UnexpectedStatus(LoadFailure):
+    """Some answers had a status the load did not expect. `results` holds the figures of
+    every load run together (each with its status counts), for a report of what happened."""
+
+    def __init__(self, message: str, results: list[Result]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,12 @@ class Result:
         return sum(count for status, count in self.statuses.items() if not 200 <= status < 300)
 
     @property
+    def ok_per_second(self) -> float:
+        """Answers with a 2xx status per second."""
+        ok = self.requests - self.non_2xx
+        return self.requests_per_second * ok / self.requests if self.requests else 0.0
+
+    @property
     def socket_error_count(self) -> int:
         return sum(self.socket_errors.values())
 
@@ -135,15 +153,16 @@ def run_together(loads: Sequence[Load], *, tolerate_socket_errors: bool = False)
             for number, load in enumerate(loads):
                 script = Path(tmp) / f"load-{number}.lua"
                 script.write_text(lua_script(load))  # bearer tokens: the temp dir is 0700
-                processes.append(
-                    subprocess.Popen(
-                        command(load, script),
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        stdin=subprocess.DEVNULL,
-                        text=True,
+                with held_signals():
+                    processes.append(
+                        subprocess.Popen(
+                            command(load, script),
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL,
+                            text=True,
+                        )
                     )
-                )
             outputs = [process.communicate() for process in processes]
         finally:
             for process in processes:
@@ -154,7 +173,12 @@ def run_together(loads: Sequence[Load], *, tolerate_socket_errors: bool = False)
     for load, process, (out, err) in zip(loads, processes, outputs, strict=True):
         if process.returncode != 0:
             raise LoadFailure(f"{load.what}: wrk exited with {process.returncode}: {err[-1000:]}")
-        results.append(_checked(load, _parse(load, out), tolerate_socket_errors))
+        results.append(_parse(load, out))
+    unexpected = [_unexpected(load, result) for load, result in zip(loads, results, strict=True)]
+    if any(unexpected):
+        raise UnexpectedStatus("; ".join(filter(None, unexpected)), results)
+    for load, result in zip(loads, results, strict=True):
+        _check_sockets(load, result, tolerate_socket_errors)
     return results
 
 
@@ -286,16 +310,20 @@ def _parse(load: Load, out: str) -> Result:
     )
 
 
-def _checked(load: Load, result: Result, tolerate_socket_errors: bool) -> Result:
+def _unexpected(load: Load, result: Result) -> str | None:
+    """What was unexpected in the answers' statuses, or None."""
     unexpected = {
         status: count for status, count in result.statuses.items() if status not in load.expected
     }
-    if unexpected:
-        wanted = "/".join(str(status) for status in sorted(load.expected))
-        got = ", ".join(f"{count} x {status}" for status, count in sorted(unexpected.items()))
-        raise LoadFailure(f"{load.what}: expected {wanted} only, got {got}")
+    if not unexpected:
+        return None
+    wanted = "/".join(str(status) for status in sorted(load.expected))
+    got = ", ".join(f"{count} x {status}" for status, count in sorted(unexpected.items()))
+    return f"{load.what}: expected {wanted} only, got {got}"
+
+
+def _check_sockets(load: Load, result: Result, tolerate_socket_errors: bool) -> None:
     if result.socket_error_count and not tolerate_socket_errors:
         raise LoadFailure(f"{load.what}: socket errors {dict(result.socket_errors)}")
     if result.requests == 0:
         raise LoadFailure(f"{load.what}: no request completed in {load.seconds} s")
-    return result

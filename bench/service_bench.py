@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -58,8 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import floors
 from bench.loadgen import Load, LoadFailure, Request, Result, run
+from bench.processes import exit_on_sigterm, held_signals, stop_group
 from service.auth import mint_token
-from service.serve import THREADS
+from service.serve import GRACEFUL_SECONDS, THREADS
 from service.settings import Settings
 from tests.factories import state_input
 
@@ -184,17 +184,40 @@ class Served:
             time.sleep(0.1)
         raise BenchFailure("the service did not become ready:\n" + self.log_tail())
 
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM, wait; SIGKILL the process group if it lingers. The exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(f"service still running {timeout:.0f}s after SIGTERM: killing its group")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        return self.process.wait()
+    def stop(self, timeout: float = GRACEFUL_SECONDS + 5) -> int | None:
+        """SIGTERM, wait; SIGKILL the process group if it lingers (a clean stop takes at
+        most the service's graceful period). The exit code."""
+        return stop_group(self.process, timeout, f"service on port {self.port}")
+
+
+class Instances:
+    """The service processes a bench started: every one is stopped on the way out of the
+    `with` block, however it is left (an error, Ctrl-C, SIGTERM after `exit_on_sigterm`)."""
+
+    def __init__(self, opa: str, tmp: Path) -> None:
+        self.opa = opa
+        self.tmp = tmp
+        self.running: list[Served] = []
+
+    def start(self, **options: Any) -> Served:
+        """A new instance (options as `Served`'s), once it is ready."""
+        with held_signals():
+            served = Served(self.opa, self.tmp, **options)
+            self.running.append(served)
+        served.wait_ready()
+        return served
+
+    def stop_all(self) -> list[tuple[Served, int | None]]:
+        """Stop every instance still running; each with its exit code."""
+        stopped = [(served, served.stop()) for served in self.running]
+        self.running = []
+        return stopped
+
+    def __enter__(self) -> Instances:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_all()
 
 
 def token(role: str, session: str = "chat-1") -> str:
@@ -268,37 +291,39 @@ def wrk_load(
 
 def measure_service(opa: str, tmp: Path, args: argparse.Namespace) -> dict[str, dict[int, Any]]:
     found: dict[str, dict[int, Any]] = {}
-    served = Served(opa, tmp)
-    failure: Exception | None = None
-    try:
-        served.wait_ready()
-        grant_approval(served.url)
-        ops = operations()
-        write = ops[-1]
-        seeded = requests.put(
-            served.url + write.path,
-            data=write.body,
-            headers=bearer("model-service") | JSON,
-            timeout=30,
-        )
-        check(seeded, write.expected, "seed write")
-        for clients in (1, args.clients):
-            for op in ops:
-                what = f"{op.key} at {clients} connections"
-                request = request_of(op, bearer("model-service"))
-                load = wrk_load(served.url, request, clients, args, what, op.expected)
-                found.setdefault(op.key, {})[clients] = measured(load, args.warmup).figures()
-    except (BenchFailure, LoadFailure) as error:
-        failure = error
-    finally:
-        code = served.stop()
-    if failure is not None:
-        raise BenchFailure(
-            f"{failure}\n(service exit code {code}); its log ends:\n{served.log_tail()}"
-        )
-    if code != 0:
-        raise BenchFailure(f"service exited with {code} after SIGTERM:\n{served.log_tail()}")
+    with Instances(opa, tmp) as instances:
+        try:
+            served = instances.start()
+            grant_approval(served.url)
+            ops = operations()
+            write = ops[-1]
+            seeded = requests.put(
+                served.url + write.path,
+                data=write.body,
+                headers=bearer("model-service") | JSON,
+                timeout=30,
+            )
+            check(seeded, write.expected, "seed write")
+            for clients in (1, args.clients):
+                for op in ops:
+                    what = f"{op.key} at {clients} connections"
+                    request = request_of(op, bearer("model-service"))
+                    load = wrk_load(served.url, request, clients, args, what, op.expected)
+                    found.setdefault(op.key, {})[clients] = measured(load, args.warmup).figures()
+        except (BenchFailure, LoadFailure) as failure:
+            raise BenchFailure(f"{failure}\n{stopped_report(instances.stop_all())}") from None
+        stopped = instances.stop_all()
+    if any(code != 0 for _, code in stopped):
+        raise BenchFailure("the service did not stop cleanly:\n" + stopped_report(stopped))
     return found
+
+
+def stopped_report(stopped: list[tuple[Served, int | None]]) -> str:
+    """Each stopped instance's exit code and the end of its log."""
+    return "\n".join(
+        f"service on port {served.port} exited with {code}; its log ends:\n{served.log_tail()}"
+        for served, code in stopped
+    )
 
 
 def measure_floors(
@@ -310,9 +335,9 @@ def measure_floors(
         for clients in counts:
             load = wrk_load(url, decision, clients, args, f"raw OPA at {clients} connections")
             found["opa"][clients] = measured(load, args.warmup).figures()
-    with floors.HelloWorld() as hello:
+    with floors.hello_world() as hello:
         for clients in counts:
-            load = wrk_load(hello.url, Request(), clients, args, f"hello-world at {clients}")
+            load = wrk_load(hello, Request(), clients, args, f"hello-world at {clients}")
             found["hello-world"][clients] = measured(load, args.warmup).figures()
     leveldb, size = floors.leveldb_floor(tmp / "floor-leveldb", DIGEST_KEY, counts, args.seconds)
     found["leveldb-get"], found["leveldb-put"] = leveldb["get"], leveldb["put"]
@@ -404,6 +429,7 @@ def main() -> None:
         parser.error("--seconds, --clients and --wrk-threads must be 1 or more, --warmup 0 or more")
     if args.clients % min(args.wrk_threads, args.clients):
         parser.error("--clients must be a multiple of --wrk-threads")
+    exit_on_sigterm()
     opa = Settings().resolved_opa_bin()
     with tempfile.TemporaryDirectory(prefix="service-bench-") as tmp_name:
         tmp = Path(tmp_name)
