@@ -386,6 +386,11 @@ def targets(figures: dict[str, dict[int, Any]], clients: int) -> list[dict[str, 
     return found
 
 
+def ms(value: float) -> str:
+    """Milliseconds to three decimals; a figure under 10 µs to four."""
+    return f"{value:.4f}" if value < 0.01 else f"{value:.3f}"
+
+
 def print_report(report: dict[str, Any]) -> None:
     settings, figures = report["settings"], report["figures"]
     counts = (1, settings["clients"])
@@ -400,8 +405,8 @@ def print_report(report: dict[str, Any]) -> None:
     labels = {op.key: op.label for op in operations()} | FLOOR_LABELS
     for key, label in labels.items():
         cells = "".join(
-            f"{figures[key][n]['requests_per_second']:>16,.0f}{figures[key][n]['p50_ms']:>9.3f}"
-            f"{figures[key][n]['p99_ms']:>9.3f}"
+            f"{figures[key][n]['requests_per_second']:>16,.0f}{ms(figures[key][n]['p50_ms']):>9}"
+            f"{ms(figures[key][n]['p99_ms']):>9}"
             for n in counts
         )
         print(f"{label:<44}{cells}")
