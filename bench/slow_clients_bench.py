@@ -34,8 +34,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.instances import SESSION, Served, bearer, grant_approval, token
 from bench.loadgen import INSTALL_HINT, Load, Request, Result, available, run
-from bench.service_bench import SESSION, Served, bearer, grant_approval, token
 from service.settings import Settings
 from tests.factories import state_input
 

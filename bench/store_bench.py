@@ -61,9 +61,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.floors import FloorFailure, timed_threads
-from bench.loadgen import Load, LoadFailure, Request, UnexpectedStatus, combined, run_together
-from bench.processes import exit_on_sigterm
-from bench.service_bench import (
+from bench.instances import (
     DIGEST_KEY,
     JSON,
     TENANT,
@@ -76,6 +74,8 @@ from bench.service_bench import (
     grant_approval,
     stopped_report,
 )
+from bench.loadgen import Load, LoadFailure, Request, UnexpectedStatus, combined, run_together
+from bench.processes import exit_on_sigterm
 from service.settings import Settings
 from store.canonical import canonical_json
 from store.digests import DigestKey
