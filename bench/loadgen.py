@@ -184,7 +184,7 @@ def run_together(loads: Sequence[Load], *, tolerate_socket_errors: bool = False)
 
 def combined(results: Sequence[Result]) -> Result:
     """Loads run together as one: requests and req/s added up; p50, p99, mean and max are
-    the largest of the parts (wrk reports no latency histogram to merge)."""
+    the largest of the parts (their latency distributions are not merged)."""
     statuses: dict[int, int] = {}
     errors: dict[str, int] = {}
     for result in results:
