@@ -61,6 +61,7 @@ _UPSERT = (
     f"INSERT INTO {LANES_TABLE} (tenant_id, key, value) VALUES (%s, %s, %s) "  # noqa: S608
     "ON CONFLICT (tenant_id, key) DO UPDATE SET value = EXCLUDED.value"
 )
+_GET_MANY = f"SELECT key, value FROM {LANES_TABLE} WHERE tenant_id = %s AND key = ANY(%s)"  # noqa: S608
 _HOLD = f"SELECT 1 FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s FOR UPDATE"  # noqa: S608
 _DELETE = f"DELETE FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s"  # noqa: S608
 _COUNT = f"SELECT count(*) FROM {LANES_TABLE} WHERE key >= %s AND key < %s"  # noqa: S608
@@ -261,8 +262,10 @@ class PostgresLaneStore:
         try:
             conn = hold.enter_context(self._pool.connection())
             hold.enter_context(conn.transaction())
-            conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            conn.execute(f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}")
+            conn.execute(  # one round trip: no parameters, so both go as one simple query
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}"
+            )
             conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
         except pg_errors.LockNotAvailable:
             _release(hold)
@@ -419,10 +422,18 @@ def _release(hold: ExitStack) -> None:
 
 
 def _check_expected(conn: Connection, pending: _Batch) -> None:
+    """Every expected key as expected, read in one statement."""
+    if not pending.expected:
+        return
+    by_tenant: dict[str, list[bytes]] = {}
+    for raw, (tenant, _) in pending.expected.items():
+        by_tenant.setdefault(tenant, []).append(raw)
+    stored: dict[tuple[str, bytes], bytes] = {}
+    for tenant, keys in by_tenant.items():  # one tenant per statement (Citus routes it)
+        for key, value in conn.execute(_GET_MANY, (tenant, keys)).fetchall():
+            stored[(tenant, _bytes(key))] = _bytes(value)
     for raw, (tenant, value) in pending.expected.items():
-        row = conn.execute(_GET, (tenant, raw)).fetchone()
-        stored = None if row is None else _bytes(row[0])
-        if stored != value:
+        if stored.get((tenant, raw)) != value:
             raise ExpectationFailed("a key of the batch changed; nothing was written")
 
 
