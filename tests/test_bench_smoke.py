@@ -56,11 +56,9 @@ def bench_env(opa_bin: str, tmp_path: Path) -> dict[str, str]:
 
 def test_store_bench_on_postgresql(postgres_conninfo: str, opa_bin: str, tmp_path: Path) -> None:
     """`--store`: through one and two service instances and raw psycopg, figures printed;
-    afterwards no process it started is left, nor its scratch table.
-
-    Exit 3 is the bench's loud report that the service answered some writes with another
-    status than 200/201 (it names them; every figure was still measured): a finding about
-    the service under load, which benchmarks report and tests here do not judge."""
+    afterwards no process it started is left, nor its scratch table. Every write through
+    the two instances is answered 200/201 (exit 3 names any other answer: writers of one
+    chain once lost races until they gave up with 503)."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "store_bench.py"), "--store", postgres_conninfo,
          "--seconds", "1", "--clients", "2"],
@@ -70,9 +68,7 @@ def test_store_bench_on_postgresql(postgres_conninfo: str, opa_bin: str, tmp_pat
         timeout=300,
         env=bench_env(opa_bin, tmp_path),
     )  # fmt: skip
-    assert done.returncode in {0, 3}, done.stderr[-3000:]
-    if done.returncode == 3:
-        assert "FAILED: answers other than 200/201" in done.stderr
+    assert done.returncode == 0, done.stderr[-3000:]
     for row in ("through one service instance", "through two instances", "raw psycopg"):
         assert row in done.stdout
     assert processes_using(tmp_path) == []
