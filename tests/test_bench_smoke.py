@@ -23,7 +23,7 @@ SMALL_RUNS = {
     "long_session_bench.py": [
         "--turns", "20", "100", "--exchanges", "2", "--warmup", "1", "--window", "16",
     ],
-    "policy_bench.py": ["--requests", "5"],
+    "policy_bench.py": ["--requests", "5", "--actions", "read"],
     "decision_log_bench.py": ["--entries", "16", "--threads", "1", "4"],
     "slow_clients_bench.py": ["--seconds", "1", "--headers", "2", "--bodies", "2", "--pause", "0.5"],
     "service_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
