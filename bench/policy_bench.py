@@ -2,8 +2,11 @@
 
 For each decision package: p50/p99 of `PolicyClient.decide` against the real
 locked-down sidecar (HTTP, token check, system.authz, provenance, decision
-logging), beside `opa bench` evaluating the same query on the same input
-in-process, and the overhead ratio of the two medians. Run: `make bench`.
+logging) over each transport (service.policy.transport: the hot path's
+kept-alive `http.client` connection, and opa-python-client), beside `opa
+bench` evaluating the same query on the same input in-process, and the
+overhead ratio of the medians. Run: `make bench`, or `.venv/bin/python
+bench/policy_bench.py [--requests 2000] [--actions read write]`.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.contract import DECISION_PACKAGES
 from service.policy.client import PolicyClient
+from service.policy.input import PolicyInput
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from tests.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTIONS = ("write", "read", "replay", "approval.grant", "decisions.read")
+TRANSPORTS = ("keep-alive", "opa-python-client")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -66,38 +71,58 @@ def opa_bench(opa: str, action: str, tmp: Path) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=2000, help="decisions per package")
+    parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS))
     args = parser.parse_args()
     opa = Settings().resolved_opa_bin()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         sidecar = OpaSidecar(opa, ROOT / "policies", tmp / "opa")
         sidecar.start()
-        client = PolicyClient(sidecar.url, sidecar.token, timeout=1.0)
-        print(f"{args.requests} decisions per package through PolicyClient; opa bench for 1 s each")
+        clients = {
+            transport: PolicyClient(sidecar.url, sidecar.token, timeout=1.0, transport=transport)
+            for transport in TRANSPORTS
+        }
         print(
-            f"{'package':<12}{'client p50':>12}{'client p99':>12}{'opa bench p50':>15}"
-            f"{'opa bench p99':>15}{'p50 ratio':>11}"
+            f"{args.requests} decisions per package through PolicyClient over each transport; "
+            "opa bench in-process; one client"
+        )
+        print(
+            f"{'package':<10}{'keep-alive p50/p99 ms':>24}{'opa-python-client p50/p99 ms':>31}"
+            f"{'opa bench p50/p99 ms':>23}{'keep-alive / opa-python-client':>32}"
         )
         try:
-            for action in ACTIONS:
-                policy_input = allowed_input(action)
-                for _ in range(50):  # warm the connection and OPA's caches
-                    client.decide(policy_input)
-                samples = []
-                for _ in range(args.requests):
-                    started = time.perf_counter()
-                    trace = client.decide(policy_input)
-                    samples.append((time.perf_counter() - started) * 1000)
-                    assert trace.allow, trace.reasons
-                bench_p50, bench_p99 = opa_bench(opa, action, tmp)
-                p50, p99 = statistics.median(samples), percentile(samples, 0.99)
+            for action in args.actions:
+                figures = {
+                    transport: _decisions(client, allowed_input(action), args.requests)
+                    for transport, client in clients.items()
+                }
+                bench = opa_bench(opa, action, tmp)
+                fast, slow = figures["keep-alive"], figures["opa-python-client"]
                 print(
-                    f"{DECISION_PACKAGES[action]:<12}{p50:>10.3f}ms{p99:>10.3f}ms"
-                    f"{bench_p50:>13.3f}ms{bench_p99:>13.3f}ms{p50 / bench_p50:>10.1f}x"
+                    f"{DECISION_PACKAGES[action]:<10}{_pair(fast):>24}{_pair(slow):>31}"
+                    f"{_pair(bench):>23}{fast[0] / slow[0]:>31.2f}x"
                 )
         finally:
-            client.close()
+            for client in clients.values():
+                client.close()
             sidecar.stop()
+
+
+def _decisions(client: PolicyClient, policy_input: PolicyInput, count: int) -> tuple[float, float]:
+    """p50 and p99 in ms of `decide`, after a warm-up of the connection and OPA's caches."""
+    for _ in range(50):
+        client.decide(policy_input)
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        trace = client.decide(policy_input)
+        samples.append((time.perf_counter() - started) * 1000)
+        assert trace.allow, trace.reasons
+    return statistics.median(samples), percentile(samples, 0.99)
+
+
+def _pair(figures: tuple[float, float]) -> str:
+    return f"{figures[0]:.3f} / {figures[1]:.3f}"
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Starts the real `sessionstate serve` (its OPA sidecar, LevelDB in a temporary
 dir), stores one record, then measures governed reads (GET S/state) with
-`wrk` (so the load generator's CPU does not dominate):
+`wrk` through bench/loadgen.py (so the load generator's CPU does not dominate):
 
 1. quiet: no attack;
 2. attacked: while 50 slow-header sockets (a header line every few seconds,
@@ -11,7 +11,8 @@ dir), stores one record, then measures governed reads (GET S/state) with
    server cuts off is reopened at once, so the attack keeps its strength.
 
 It prints requests/s, p50 and p99 of each, the p99 ratio (attacked / quiet),
-how many attack sockets the server cut off, and any errors wrk saw.
+how many attack sockets the server cut off, and any socket errors wrk saw
+(counted, not fatal); an answer other than 200 stops the run.
 The claim being measured: a slow client costs a socket, not a thread.
 
 Run: `make bench`, or `.venv/bin/python bench/slow_clients_bench.py
@@ -22,11 +23,8 @@ PATH (Debian's package; `make bench` installs it when run as root).
 from __future__ import annotations
 
 import argparse
-import re
 import select
-import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,7 +34,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.service_bench import SESSION, WORKSPACE, Served, token
+from bench.instances import SESSION, Served, bearer, grant_approval, token
+from bench.loadgen import INSTALL_HINT, Load, Request, Result, available, run
 from service.settings import Settings
 from tests.factories import state_input
 
@@ -90,44 +89,18 @@ class Attackers:
             connection.close()
 
 
-def wrk(url: str, seconds: int, connections: int) -> dict[str, float]:
-    """wrk's figures for GET url: requests/s, p50 and p99 in ms, errors."""
-    done = subprocess.run(
-        [
-            "wrk",
-            f"-t{min(2, connections)}",
-            f"-c{connections}",
-            f"-d{seconds}s",
-            "--latency",
-            "-H",
-            f"Authorization: Bearer {token('model-service')}",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+def reads(url: str, seconds: int, connections: int) -> Result:
+    """wrk's figures for GET S/state: socket errors are counted, not fatal (the attack may
+    cost some); any answer but 200 stops the run."""
+    load = Load(
+        url,
+        (Request("GET", SESSION + "/state", bearer("model-service")),),
+        connections=connections,
+        threads=min(2, connections) if connections % 2 == 0 else 1,
+        seconds=seconds,
+        what=f"GET S/state at {connections} connections",
     )
-    out = done.stdout
-
-    def latency(label: str) -> float:
-        match = re.search(rf"^\s*{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
-        if match is None:
-            raise RuntimeError("wrk printed no " + label + " latency:\n" + out)
-        value, unit = float(match.group(1)), match.group(2)
-        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    errors = re.search(r"Socket errors: (.*)", out)
-    return {
-        "rps": float(rate.group(1)) if rate else 0.0,
-        "p50": latency("50%"),
-        "p99": latency("99%"),
-        "non2xx": float(non2xx.group(1)) if non2xx else 0.0,
-        "socket_errors": 0.0
-        if errors is None
-        else float(sum(map(int, re.findall(r"\d+", errors.group(1))))),
-    }
+    return run(load, tolerate_socket_errors=True)
 
 
 def main() -> None:
@@ -138,31 +111,24 @@ def main() -> None:
     parser.add_argument("--bodies", type=int, default=50, help="slow-body sockets")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between trickles")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is not on PATH: `make bench` installs it (apt-get install wrk)")
+    if not available():
+        raise SystemExit(INSTALL_HINT)
     opa = Settings().resolved_opa_bin()
     with tempfile.TemporaryDirectory() as tmp:
         served = Served(opa, Path(tmp))
         try:
             served.wait_ready()
-            url = served.url + SESSION + "/state"
-            operator = {"Authorization": f"Bearer {token('operator')}"}
-            requests.post(
-                served.url + WORKSPACE + "/approvals",
-                json={"ttl_seconds": 3600, "reason": "bench"},
-                headers=operator,
-                timeout=5,
-            ).raise_for_status()
+            grant_approval(served.url)
             requests.put(
-                url,
+                served.url + SESSION + "/state",
                 json=state_input(),
-                headers={"Authorization": f"Bearer {token('model-service')}"},
+                headers=bearer("model-service"),
                 timeout=5,
             ).raise_for_status()
-            quiet = wrk(url, args.seconds, args.connections)
+            quiet = reads(served.url, args.seconds, args.connections)
             attackers = Attackers("127.0.0.1", served.port, args.headers, args.bodies, args.pause)
             try:
-                attacked = wrk(url, args.seconds, args.connections)
+                attacked = reads(served.url, args.seconds, args.connections)
                 cut = dict(attackers.closed_by_server)
             finally:
                 attackers.close()
@@ -176,12 +142,12 @@ def main() -> None:
     print(f"{'':>10} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'sock err':>8}")
     for name, row in (("quiet", quiet), ("attacked", attacked)):
         print(
-            f"{name:>10} {row['rps']:9.0f} {row['p50']:8.2f} {row['p99']:8.2f} "
-            f"{row['non2xx']:8.0f} {row['socket_errors']:8.0f}"
+            f"{name:>10} {row.requests_per_second:9.0f} {row.p50_ms:8.2f} {row.p99_ms:8.2f} "
+            f"{row.non_2xx:8d} {row.socket_error_count:8d}"
         )
     print(
-        f"p99 attacked / quiet: {attacked['p99'] / quiet['p99']:.2f}; "
-        f"req/s attacked / quiet: {attacked['rps'] / max(quiet['rps'], 1):.2f}"
+        f"p99 attacked / quiet: {attacked.p99_ms / quiet.p99_ms:.2f}; "
+        f"req/s attacked / quiet: {attacked.requests_per_second / quiet.requests_per_second:.2f}"
     )
     print(
         f"attack sockets the server cut off (each reopened at once): {cut['header']} slow-header "

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
@@ -102,6 +104,9 @@ _DECODE_OPTIONS: Options = {
 }
 
 
+VERIFIED_TOKENS_KEPT = 4096  # verified tokens remembered, the least recently used dropped
+
+
 class TokenVerifier:
     """Verifies `Authorization: Bearer <JWT>` headers against the configured keys."""
 
@@ -120,13 +125,27 @@ class TokenVerifier:
         self._max_token_bytes = max_token_bytes
         self._max_lifetime = max_lifetime_seconds
         self._clock = clock
+        # Tokens whose signature and claims verified, by their exact text: a model service
+        # sends the same token with every turn. Dates are checked again on every use.
+        self._verified: OrderedDict[str, tuple[Actor, dict[str, Any]]] = OrderedDict()
+        self._verified_guard = threading.Lock()
 
     def verify(self, authorization_header: str | None) -> Actor:
         """The actor of a valid bearer token; raises `AuthenticationFailed` otherwise."""
         token = self._bearer_token(authorization_header)
-        claims = self._verified_claims(token)
-        actor = _actor(claims)
+        with self._verified_guard:
+            known = self._verified.get(token)
+            if known is not None:
+                self._verified.move_to_end(token)
+        if known is None:
+            claims = self._verified_claims(token)
+            known = (_actor(claims), claims)
+        actor, claims = known
         _check_dates(claims, now=self._clock(), max_lifetime=self._max_lifetime)
+        with self._verified_guard:
+            self._verified[token] = known
+            if len(self._verified) > VERIFIED_TOKENS_KEPT:
+                self._verified.popitem(last=False)
         return actor
 
     def _bearer_token(self, header: str | None) -> str:

@@ -90,7 +90,12 @@ class ServiceContext:
         if policy_source is not None:
             metrics.watch_policy_source(policy_source)
         report_dropped_log_bytes(lanes, metrics)
-        client = PolicyClient(opa_url, opa_token, timeout=settings.opa_timeout_ms / 1000)
+        client = PolicyClient(
+            opa_url,
+            opa_token,
+            timeout=settings.opa_timeout_ms / 1000,
+            transport=settings.opa_transport,
+        )
         journal = DecisionJournal(
             lanes,
             clock=clock,
@@ -118,8 +123,9 @@ class ServiceContext:
             metrics=metrics,
             clock=clock,
             journal=journal,
-            # Pages end at the head the journal keeps in memory, not one read from the store.
-            decision_log=DecisionLogReader(lanes, head=journal.head),
+            # One process owns LevelDB: its pages end at the head the journal keeps in memory.
+            # On a shared store other replicas append too: the head is read from the store.
+            decision_log=DecisionLogReader(lanes, head=None if store.shared else journal.head),
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             retention=(

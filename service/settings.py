@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, Le
 from pydantic import Field, ValidationError
@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)
+    # How request decisions reach OPA: one kept-alive connection per thread, or
+    # opa-python-client (which probes, reload checks and engine checks always use).
+    opa_transport: Literal["keep-alive", "opa-python-client"] = "keep-alive"
     opa_bin: str | None = None
     policy_dir: Path = PROJECT_ROOT / "policies"
     # Local sidecar: serve every edit of policy_dir that compiles, without a reload.
@@ -121,6 +124,8 @@ def accepted_values(field_name: str) -> str:
             text = "a whole number"
     elif Path in kinds:
         text = "a path"
+    elif get_origin(field.annotation) is Literal:
+        text = " or ".join(f"`{choice}`" for choice in get_args(field.annotation))
     else:
         text = "text"
     return text + (", or unset" if optional else "")

@@ -79,6 +79,8 @@ class LaneStore:
         self.dropped_log_bytes = 0
         self._db: Any = self._open(read_every_block=read_every_block)
         self._write_failed = False
+        self._exclusive: dict[bytes, threading.Lock] = {}
+        self._exclusive_guard = threading.Lock()
         self.write_failures = 0  # failed writes so far (each latched the store)
         self.reopens = 0  # successful reopens after a failed write
         # Readers in flight, so a reopen never closes the database under one of them.
@@ -186,6 +188,14 @@ class LaneStore:
                     batch.write()
                 except Exception as error:
                     self._latch(error)
+
+    @contextmanager
+    def exclusive(self, key: LaneKey) -> Iterator[None]:
+        """Hold key against the other threads holding it (one process owns a LevelDB)."""
+        with self._exclusive_guard:
+            held = self._exclusive.setdefault(key.encode(), threading.Lock())
+        with held:
+            yield
 
     @contextmanager
     def _writing(self) -> Iterator[Any]:

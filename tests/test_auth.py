@@ -263,6 +263,18 @@ def test_the_validity_window_is_judged_on_the_clock(
     assert failure_of(fixed, bearer(hs256(at_now(**overrides)))).reason == reason
 
 
+def test_a_token_verified_before_still_expires_on_time(public_pem: bytes) -> None:
+    now = [time.time()]
+    verifier = TokenVerifier(SECRET, public_pem, clock=lambda: now[0])
+    token = bearer(hs256(claims(exp=int(now[0]) + 300, iat=int(now[0]))))
+    for _ in range(3):  # remembered after the first: the same actor each time
+        assert verifier.verify(token).sub == SUB
+    now[0] += 301
+    assert failure_of(verifier, token).reason == "token_expired"
+    tampered = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
+    assert failure_of(verifier, tampered).reason == "token_invalid"
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

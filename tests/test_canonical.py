@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import rfc8785
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.canonical import canonical_json
+from store.canonical import canonical_json, canonical_object
 
 TEXT = st.text(st.characters(exclude_categories=()))  # surrogates, controls, astral planes
 KEYS = st.one_of(
@@ -53,6 +53,29 @@ def test_canonical_json_is_rfc8785(value: Any) -> None:
         raise AssertionError("canonical_json encoded what rfc8785 refuses")
 
 
+@settings(max_examples=5000)
+@given(
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=-1e17, max_value=1e17),
+        st.floats(min_value=-1e-3, max_value=1e-3),
+        st.integers(min_value=0, max_value=10**9).map(lambda n: n / 1000),  # latency_ms
+        st.sampled_from([1e-4, -1e-4, 9.999999999999998e15, 1e16, 1e-5, 5e-324, 0.1 + 0.2]),
+    )
+)
+def test_every_float_alone_and_in_an_object_is_rfc8785(number: float) -> None:
+    for value in (number, {"latency_ms": number, "a": [number]}):
+        expected = reference(value)
+        if isinstance(expected, bytes):
+            assert canonical_json(value) == expected
+        else:
+            try:
+                canonical_json(value)
+            except expected:
+                continue
+            raise AssertionError("canonical_json encoded what rfc8785 refuses")
+
+
 def test_plain_values_and_the_rest_agree_on_known_cases() -> None:
     for value in [
         {"b": 1, "a": [True, None, 'x\u0000\u001f\u007f"\\\n'], "é": "ü", "😀": 1, "\ue000": 2},
@@ -60,3 +83,13 @@ def test_plain_values_and_the_rest_agree_on_known_cases() -> None:
         ("t", 1),
     ]:
         assert canonical_json(value) == rfc8785.dumps(value)
+
+
+@given(st.dictionaries(st.text(st.characters(max_codepoint=0x7F)), VALUES, max_size=6))
+def test_an_object_of_encoded_members_is_the_object_encoded(value: dict[str, Any]) -> None:
+    try:
+        whole = canonical_json(value)
+    except Exception:
+        return  # rfc8785 refuses a member: nothing to compare
+    members = {name: canonical_json(item) for name, item in value.items()}
+    assert canonical_object(members) == whole

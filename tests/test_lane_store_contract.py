@@ -344,6 +344,49 @@ def run_compare_and_set(
     assert written - set(based_on) == {final.record.state_digest}
 
 
+def test_holders_of_a_key_take_turns_and_read_each_others_writes(
+    lanes: Lanes, request: pytest.FixtureRequest
+) -> None:
+    """Read-increment-write with no expectation, from threads on two store objects (one on
+    LevelDB, which one process owns): under `exclusive` no increment is lost."""
+    stores = [lanes]
+    if isinstance(lanes, PostgresLaneStore):
+        stores.append(PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=5))
+    held, counter = key(name=b"hold"), key(name=b"counter")
+    lanes.put(held, b"")
+    lanes.put(counter, b"0")
+    inside: list[int] = []
+
+    def increment(store: Lanes, rounds: int) -> None:
+        for _ in range(rounds):
+            with store.exclusive(held):
+                inside.append(1)
+                assert len(inside) == 1  # nobody else holds it now
+                value = int(store.get(counter) or b"0")
+                with store.batch() as batch:
+                    batch.put(counter, str(value + 1).encode())
+                inside.pop()
+
+    threads = [
+        threading.Thread(target=increment, args=(stores[n % len(stores)], 10)) for n in range(6)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert lanes.get(counter) == b"60"
+    finally:
+        for other in stores[1:]:
+            other.close()
+
+
+def test_a_key_not_stored_yet_holds_nothing_and_does_not_fail(lanes: Lanes) -> None:
+    with lanes.exclusive(key(name=b"absent")):
+        lanes.put(key(name=b"k"), b"v")
+    assert lanes.get(key(name=b"k")) == b"v"
+
+
 def _tampered(digest_key: DigestKey) -> bytes:
     return canonical_json(record(digest_key).to_json() | {"state_id": "state-" + CANARY})
 

@@ -25,7 +25,7 @@ from tests.policy_inputs import APPROVAL, NOW, RECORD, SCOPE, allowed_input
 
 @pytest.fixture(scope="module")
 def client(sidecar: OpaSidecar) -> Iterator[PolicyClient]:
-    opa = PolicyClient(sidecar.url, sidecar.token, timeout=1.0)
+    opa = PolicyClient(sidecar.url, sidecar.token, timeout=1.0, transport="keep-alive")
     yield opa
     opa.close()
 
@@ -271,6 +271,10 @@ def test_runtime_changes_are_refused_even_with_the_token(
 # --- failing closed ----------------------------------------------------------------------
 
 
+# Both ways a decision reaches OPA fail closed the same way (service.policy.transport).
+TRANSPORTS = pytest.mark.parametrize("transport", ["keep-alive", "opa-python-client"])
+
+
 def assert_unavailable(client: PolicyClient) -> None:
     trace = client.decide(allowed_input("read"))
     assert trace.allow is False
@@ -278,16 +282,22 @@ def assert_unavailable(client: PolicyClient) -> None:
     assert trace.decision_id.startswith("local-")
 
 
-def test_fails_closed_when_nothing_listens() -> None:
+@TRANSPORTS
+def test_fails_closed_when_nothing_listens(transport: str) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    assert_unavailable(PolicyClient(f"http://127.0.0.1:{port}", "token", timeout=0.25))
+    assert_unavailable(
+        PolicyClient(f"http://127.0.0.1:{port}", "token", timeout=0.25, transport=transport)
+    )
 
 
-def test_a_wrong_token_fails_closed_as_a_refusal(sidecar: OpaSidecar) -> None:
+@TRANSPORTS
+def test_a_wrong_token_fails_closed_as_a_refusal(sidecar: OpaSidecar, transport: str) -> None:
     for token in ("not-the-token", None):
-        trace = PolicyClient(sidecar.url, token, timeout=0.5).decide(allowed_input("read"))
+        trace = PolicyClient(sidecar.url, token, timeout=0.5, transport=transport).decide(
+            allowed_input("read")
+        )
         assert trace.allow is False
         assert trace.reasons == ["policy_engine_refused"]  # not "did not answer in time"
         assert trace.engine_refused and trace.engine_unavailable
@@ -305,11 +315,12 @@ def private_sidecar(opa_bin: str, tmp_path: Path) -> Iterator[tuple[OpaSidecar, 
     running.stop()
 
 
+@TRANSPORTS
 def test_fails_closed_when_opa_is_killed_and_recovers_by_itself(
-    private_sidecar: tuple[OpaSidecar, Path],
+    private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, _ = private_sidecar
-    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25, transport=transport)
     assert client.decide(allowed_input("read")).allow
     pid = sidecar.pid
     send_signal(sidecar, signal.SIGKILL)
@@ -322,9 +333,12 @@ def test_fails_closed_when_opa_is_killed_and_recovers_by_itself(
     assert client.decide(allowed_input("read")).allow
 
 
-def test_fails_closed_when_opa_is_paused(private_sidecar: tuple[OpaSidecar, Path]) -> None:
+@TRANSPORTS
+def test_fails_closed_when_opa_is_paused(
+    private_sidecar: tuple[OpaSidecar, Path], transport: str
+) -> None:
     sidecar, _ = private_sidecar
-    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25, transport=transport)
     send_signal(sidecar, signal.SIGSTOP)
     try:
         started = time.monotonic()
@@ -349,11 +363,12 @@ def _reload(sidecar: OpaSidecar, policies: Path) -> None:
     assert status.revision == load_bundle(policies).revision
 
 
+@TRANSPORTS
 def test_fails_closed_when_the_decision_is_undefined(
-    private_sidecar: tuple[OpaSidecar, Path],
+    private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, policies = private_sidecar
-    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5, transport=transport)
     before = client.decide(allowed_input("read"))
     _rewrite(policies / "sessionstate" / "read" / "read.rego", "decision :=", "not_the_decision :=")
     _reload(sidecar, policies)
@@ -361,9 +376,12 @@ def test_fails_closed_when_the_decision_is_undefined(
     assert_unavailable(client)
 
 
-def test_fails_closed_on_a_malformed_result(private_sidecar: tuple[OpaSidecar, Path]) -> None:
+@TRANSPORTS
+def test_fails_closed_on_a_malformed_result(
+    private_sidecar: tuple[OpaSidecar, Path], transport: str
+) -> None:
     sidecar, policies = private_sidecar
-    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5, transport=transport)
     before = client.decide(allowed_input("read"))
     _rewrite(
         policies / "sessionstate" / "read" / "read.rego",

@@ -27,8 +27,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from service.decisions.log import (
@@ -66,6 +68,18 @@ MAX_BATCH = 512
 COMMIT_ATTEMPTS = 32  # commits of one batch that lost a race to another writer, then it fails
 MAX_RACE_BACKOFF_SECONDS = 0.05  # after a lost race: a random pause up to this, doubling from 1 ms
 RECOVERY_INTERVAL_SECONDS = 1.0
+
+
+# A batch sealed and ready: its entries, the records it writes, what the commit expects, the
+# records as written, and each chain's head before and after it.
+_Prepared = tuple[
+    list[SealedEntry],
+    list[tuple[LaneKey, bytes | None]],  # None: delete the key
+    list[tuple[LaneKey, bytes | None]],
+    list[tuple[SessionStateRecord, bytes]],
+    dict[str, ChainHead],
+    dict[str, ChainHead],
+]
 
 
 class JournalClosed(RuntimeError):
@@ -284,59 +298,75 @@ class DecisionJournal:
             self._fail(batch, StoreOffline("the store is latched after a failed write"))
             return
         if isinstance(self._lanes, LaneStore):  # one process: one batch, one fsync
-            self._commit_unit(batch)
+            self._commit_unit(batch, nullcontext)
             return
         by_chain: dict[str, list[_Pending]] = {}
         for pending in batch:  # one tenant per transaction
             by_chain.setdefault(pending.body.chain, []).append(pending)
-        for unit in by_chain.values():
-            self._commit_unit(unit)
+        for name, unit in by_chain.items():
+            self._commit_unit(unit, partial(self._lanes.exclusive, marker_key(name)))
 
-    def _commit_unit(self, batch: list[_Pending]) -> None:
-        """Commit batch in one store batch; after a lost race, read the heads and do it again."""
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:
-                prepared = self._prepare(batch)
-                sealed_entries, record_puts, expected, written, starts, heads = prepared
-                with self._lanes.batch(sync=True) as writes:
-                    for key, value in expected:
-                        writes.expect(key, value)
-                    for name, start in starts.items():
-                        writes.expect(entry_key(start.seq + 1, name), None)
-                        if start.seq == 0:
-                            writes.put(marker_key(name), b"")
-                    for key, change in record_puts:
-                        if change is None:
-                            writes.delete(key)
-                        else:
-                            writes.put(key, change)
-                    for pending, sealed in zip(batch, sealed_entries, strict=True):
-                        writes.put(sealed.key, sealed.value)
-                        for index_key, index_value in index_puts(pending.body, sealed.seq):
-                            writes.put(index_key, index_value)
-            except ExpectationFailed:  # another writer came first: nothing of this was written
-                self.conflicts += 1
-                for name in {pending.body.chain for pending in batch}:
-                    self._read_head(name)
-                # A random pause, so two writers that keep colliding stop doing so in step.
-                pause = min(MAX_RACE_BACKOFF_SECONDS, 0.001 * 2**attempt)
-                time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
-                continue
-            except Exception as error:  # nothing of this batch was acknowledged; each fails closed
-                log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
-                self._fail(batch, error)
-                return
-            with self._heads_guard:
-                self._heads.update(heads)
-            self.batches += 1
-            for record, encoded in written:  # what the next read of each session will find
-                PARSED_RECORDS.remember(record, encoded)
-            for pending, sealed in zip(batch, sealed_entries, strict=True):
-                pending.entry = sealed.entry
-                pending.done.set()
+    def _commit_unit(
+        self, batch: list[_Pending], hold: Callable[[], AbstractContextManager[Any]]
+    ) -> None:
+        """Seal batch on the heads this journal knows, then commit it in one store batch
+        while holding its chain (`hold`): writers of one chain (other workers, other
+        replicas) take turns. After losing a race, read the heads again and seal again while
+        still holding it, so the next attempt cannot lose to another journal."""
+        try:
+            prepared = self._prepare(batch)
+            with hold():
+                for attempt in range(COMMIT_ATTEMPTS):
+                    try:
+                        self._write(batch, prepared)
+                    except ExpectationFailed:  # another writer came first: nothing was written
+                        self.conflicts += 1
+                        for name in {pending.body.chain for pending in batch}:
+                            self._read_head(name)
+                        # A random pause, so two writers that keep colliding (a hold that
+                        # could not be had holds nothing) stop doing so in step.
+                        pause = min(MAX_RACE_BACKOFF_SECONDS, 0.001 * 2**attempt)
+                        time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter
+                        prepared = self._prepare(batch)
+                        continue
+                    self._acknowledge(batch, prepared)
+                    return
+        except Exception as error:  # nothing of this batch was acknowledged; each fails closed
+            log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
+            self._fail(batch, error)
             return
         log.error("journal_commit_contended", extra={"attempts": COMMIT_ATTEMPTS})
         self._fail(batch, CommitContended("other writers kept appending to these chains"))
+
+    def _write(self, batch: list[_Pending], prepared: _Prepared) -> None:
+        sealed_entries, record_puts, expected, _, starts, _ = prepared
+        with self._lanes.batch(sync=True) as writes:
+            for key, value in expected:
+                writes.expect(key, value)
+            for name, start in starts.items():
+                writes.expect(entry_key(start.seq + 1, name), None)
+                if start.seq == 0:  # held while written? Only if entry 1 exists: the
+                    writes.put(marker_key(name), b"")  # expectation above fails first
+            for key, change in record_puts:
+                if change is None:
+                    writes.delete(key)
+                else:
+                    writes.put(key, change)
+            for pending, sealed in zip(batch, sealed_entries, strict=True):
+                writes.put(sealed.key, sealed.value)
+                for index_key, index_value in index_puts(pending.body, sealed.seq):
+                    writes.put(index_key, index_value)
+
+    def _acknowledge(self, batch: list[_Pending], prepared: _Prepared) -> None:
+        sealed_entries, _, _, written, _, heads = prepared
+        with self._heads_guard:
+            self._heads.update(heads)
+        self.batches += 1
+        for record, encoded in written:  # what the next read of each session will find
+            PARSED_RECORDS.remember(record, encoded)
+        for pending, sealed in zip(batch, sealed_entries, strict=True):
+            pending.entry = sealed.entry
+            pending.done.set()
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:
@@ -344,16 +374,7 @@ class DecisionJournal:
             pending.error = error
             pending.done.set()
 
-    def _prepare(
-        self, batch: list[_Pending]
-    ) -> tuple[
-        list[SealedEntry],
-        list[tuple[LaneKey, bytes | None]],
-        list[tuple[LaneKey, bytes | None]],
-        list[tuple[SessionStateRecord, bytes]],
-        dict[str, ChainHead],
-        dict[str, ChainHead],
-    ]:
+    def _prepare(self, batch: list[_Pending]) -> _Prepared:
         """Decide each write against the state as the batch leaves it; date and seal the entries
         onto their chains. Also what the commit expects (each replaced record as read) and each
         chain's head before and after the batch."""

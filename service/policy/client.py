@@ -14,19 +14,20 @@ import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
-
-import requests
-from opa_client.opa import OpaClient
 
 from service.contract import DECISION_PACKAGES
 from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
 from service.policy.trace import DecisionEngine, DecisionTrace
+from service.policy.transport import (
+    REFUSED,
+    DecisionTransport,
+    KeepAliveTransport,
+    OpaClientTransport,
+)
 from service.reasons import Reason
-from store.canonical import canonical_digest
+from store.canonical import canonical_json, sha256_digest
 
 UNKNOWN = "unknown"
-REFUSING_STATUSES = (401, 403)  # OPA's authentication or its system.authz said no
 
 # A fixed, harmless question whose answer proves OPA decides with a loaded policy.
 PROBE = PolicyInput(
@@ -39,42 +40,39 @@ PROBE = PolicyInput(
 
 
 class PolicyClient:
-    """One HTTP round trip per decision over a reused connection pool."""
+    """One HTTP round trip per decision over a reused connection (service.policy.transport)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 0.25) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in {"http", "https"} or parts.hostname is None:
-            raise ValueError("OPA url must be http(s)://host:port")
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 0.25,
+        *,
+        transport: str = "opa-python-client",
+    ) -> None:
         self.url = url
         self.timeout = timeout
-        self._opa = OpaClient(
-            host=parts.hostname,
-            port=parts.port or (443 if parts.scheme == "https" else 80),
-            ssl=parts.scheme == "https",
-            token=token,
-            retries=0,  # a retry would stretch the deadline; failing closed is the answer
-            timeout=timeout,
+        self._opa = OpaClientTransport(url, token, timeout)  # probes always use it
+        self._hot: DecisionTransport = (
+            KeepAliveTransport(url, token, timeout) if transport == "keep-alive" else self._opa
         )
         self._engine_version = UNKNOWN
 
     def decide(self, policy_input: PolicyInput) -> DecisionTrace:
         """The decision for policy_input, from the package that owns its action."""
+        return self._decide(policy_input, self._hot)
+
+    def probe(self) -> DecisionTrace:
+        """The decision on `PROBE`: readiness and reloads ask it which revision decides."""
+        return self._decide(PROBE, self._opa)
+
+    def _decide(self, policy_input: PolicyInput, transport: DecisionTransport) -> DecisionTrace:
         package = DECISION_PACKAGES[policy_input.action]
         document = policy_input.model_dump(mode="json", by_alias=True)
         evaluated_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        encoded = canonical_json(document)
         started = time.perf_counter()
-        try:
-            answer: Any = self._opa.query_rule(
-                input_data=document,
-                package_path=f"sessionstate.{package}",
-                rule_name="decision",
-                query_params={"provenance": "true"},
-            )
-        except requests.HTTPError as error:
-            refused = error.response is not None and error.response.status_code in REFUSING_STATUSES
-            answer = Reason.POLICY_ENGINE_REFUSED if refused else None
-        except Exception:  # any failure to get an answer denies
-            answer = None
+        answer = transport.query(package, document, encoded)
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
         allow, reasons, decision_id, revision, version = _read_answer(answer)
         if version != UNKNOWN:
@@ -86,26 +84,22 @@ class PolicyClient:
             allow=allow,
             reasons=reasons,
             policy_revision=revision,
-            input_digest=canonical_digest(document),
+            input_digest=sha256_digest(encoded),
             evaluated_at=evaluated_at,
             engine=DecisionEngine(version=self._engine_version),
             latency_ms=latency_ms,
         )
 
-    def probe(self) -> DecisionTrace:
-        """The decision on `PROBE`: readiness and reloads ask it which revision decides."""
-        return self.decide(PROBE)
-
     def close(self) -> None:
-        self._opa.close_connection()
+        self._opa.close()
+        if self._hot is not self._opa:
+            self._hot.close()
 
 
 def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     """allow, reasons, decision id, policy revision and engine version; deny on any doubt."""
     failure = (
-        Reason.POLICY_ENGINE_REFUSED
-        if answer == Reason.POLICY_ENGINE_REFUSED
-        else Reason.POLICY_ENGINE_UNAVAILABLE
+        Reason.POLICY_ENGINE_REFUSED if answer == REFUSED else Reason.POLICY_ENGINE_UNAVAILABLE
     ).value
     unavailable = (False, [failure], "local-" + uuid.uuid4().hex, UNKNOWN, UNKNOWN)
     if not isinstance(answer, dict):

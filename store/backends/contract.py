@@ -88,6 +88,17 @@ class Lanes(Protocol):
         """All puts and deletes inside commit together, or not at all on error."""
         ...
 
+    def exclusive(self, key: LaneKey) -> AbstractContextManager[None]:
+        """Hold key against every other holder of it, in this process or any other, until
+        the block ends: writers of one decision chain take turns instead of racing.
+
+        Reads inside see every write committed before the hold began. A key not stored yet
+        holds nothing, and neither does a hold that could not be had within the store's
+        timeout: writers then race, and their batches' expectations still keep them from
+        overwriting each other. Raises `StoreOffline` when the store cannot be reached.
+        """
+        ...
+
     @property
     def writable(self) -> bool:
         """False from a latching write failure until a successful `reopen()`."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
@@ -69,6 +69,8 @@ _UPSERT = (
     f"INSERT INTO {LANES_TABLE} (tenant_id, key, value) VALUES (%s, %s, %s) "  # noqa: S608
     "ON CONFLICT (tenant_id, key) DO UPDATE SET value = EXCLUDED.value"
 )
+_GET_MANY = f"SELECT key, value FROM {LANES_TABLE} WHERE tenant_id = %s AND key = ANY(%s)"  # noqa: S608
+_HOLD = f"SELECT 1 FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s FOR UPDATE"  # noqa: S608
 _DELETE = f"DELETE FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s"  # noqa: S608
 _COUNT = f"SELECT count(*) FROM {LANES_TABLE} WHERE key >= %s AND key < %s"  # noqa: S608
 
@@ -139,6 +141,7 @@ class PostgresLaneStore:
     ) -> None:
         self.conninfo = redacted(conninfo)
         self.single_tenant_batches = single_tenant_batches
+        self._timeout = timeout
         connect: dict[str, object] = {"autocommit": True}
         if "connect_timeout" not in conninfo_to_dict(conninfo):
             connect["connect_timeout"] = max(1, round(timeout))
@@ -161,6 +164,7 @@ class PostgresLaneStore:
         self.reopens = 0
         self.conflict_retries = 0  # transactions run again after SQLSTATE 40001 or 40P01
         self.connection_retries = 0  # operations run again after a lost connection
+        self.hold_timeouts = 0  # `exclusive` holds not had within the timeout (held nothing)
         try:
             self._read(postgres_schema.check)
         except BaseException:
@@ -249,6 +253,38 @@ class PostgresLaneStore:
         if self.single_tenant_batches and len(pending.tenants) > 1:
             raise ValueError("a batch touches more than one tenant")
         self._commit(pending, sync)
+
+    @contextmanager
+    def exclusive(self, key: LaneKey) -> Iterator[None]:
+        """Hold key's row (`SELECT … FOR UPDATE` in a READ COMMITTED transaction of its own,
+        which writes nothing) until the block ends; other holders wait for it.
+
+        The batches inside commit on other connections while the row is held, so the next
+        holder reads what they wrote. A row not stored yet, or a hold not had within the
+        store's timeout, holds nothing (the batches' expectations still guard them). Ending
+        the hold never raises: its transaction wrote nothing, and a lost connection lets go
+        of the row by itself.
+        """
+        self._check_writable()
+        hold = ExitStack()
+        try:
+            conn = hold.enter_context(self._pool.connection())
+            hold.enter_context(conn.transaction())
+            conn.execute(  # one round trip: no parameters, so both go as one simple query
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}"
+            )
+            conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
+        except pg_errors.LockNotAvailable:
+            _release(hold)
+            self.hold_timeouts += 1
+        except (psycopg.Error, PoolClosed) as error:
+            _release(hold)
+            raise StoreOffline(f"the store cannot be reached now ({_sqlstate(error)})") from None
+        try:
+            yield
+        finally:
+            _release(hold)
 
     def _check_writable(self) -> None:
         if self._pool.closed:
@@ -391,11 +427,25 @@ def _page_reader(
     return read
 
 
+def _release(hold: ExitStack) -> None:
+    # The transaction wrote nothing; the server lets go of a lost connection's rows.
+    with suppress(psycopg.Error, PoolClosed):
+        hold.close()
+
+
 def _check_expected(conn: Connection, pending: _Batch) -> None:
+    """Every expected key as expected, read in one statement."""
+    if not pending.expected:
+        return
+    by_tenant: dict[str, list[bytes]] = {}
+    for raw, (tenant, _) in pending.expected.items():
+        by_tenant.setdefault(tenant, []).append(raw)
+    stored: dict[tuple[str, bytes], bytes] = {}
+    for tenant, keys in by_tenant.items():  # one tenant per statement (Citus routes it)
+        for key, value in conn.execute(_GET_MANY, (tenant, keys)).fetchall():
+            stored[(tenant, _bytes(key))] = _bytes(value)
     for raw, (tenant, value) in pending.expected.items():
-        row = conn.execute(_GET, (tenant, raw)).fetchone()
-        stored = None if row is None else _bytes(row[0])
-        if stored != value:
+        if stored.get((tenant, raw)) != value:
             raise ExpectationFailed("a key of the batch changed; nothing was written")
 
 
