@@ -80,8 +80,10 @@ test-rego: tools install
 	$$opa test $(POLICIES) && \
 	$$opa test --coverage --format json $(POLICIES) | $(PY) scripts/rego_coverage.py
 
+# Two pytest workers (pytest-xdist): most tests wait on real servers, fsync and timeouts.
+PYTEST_WORKERS ?= 2
 test-py: install tools browser wrk postgres
-	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest
+	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 
 test: lint-rego test-rego lint-py types test-py
 
