@@ -100,6 +100,26 @@ def test_a_batch_can_be_held_to_one_tenant(postgres_conninfo: str) -> None:
         store.close()
 
 
+def test_a_statement_that_hangs_fails_closed_and_writes_nothing(
+    store: PostgresLaneStore, postgres_conninfo: str
+) -> None:
+    """A row locked by another session makes the write wait; statement_timeout (the store's
+    timeout) ends the wait: StoreOffline, nothing written, and the store writes again after."""
+    key = LaneKey(APPROVALS, "tenant-a", "ws-1", name=b"locked")
+    store.put(key, b"before")
+    with psycopg.connect(postgres_conninfo) as blocker:
+        blocker.execute(
+            "SELECT 1 FROM sessionstate_lanes WHERE tenant_id = %s AND key = %s FOR UPDATE",
+            ("tenant-a", key.encode()),
+        )
+        with pytest.raises(StoreOffline):
+            store.put(key, b"during")
+        blocker.rollback()
+    assert store.get(key) == b"before"
+    store.put(key, b"after")
+    assert store.get(key) == b"after"
+
+
 def test_a_tenant_with_a_nul_is_refused_before_anything_is_sent(store: PostgresLaneStore) -> None:
     with pytest.raises(ValueError, match="NUL"):
         store.put(LaneKey(APPROVALS, "a\x00b", name=b"k"), b"v")

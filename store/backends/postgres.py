@@ -143,8 +143,11 @@ class PostgresLaneStore:
         self.single_tenant_batches = single_tenant_batches
         self._timeout = timeout
         connect: dict[str, object] = {"autocommit": True}
-        if "connect_timeout" not in conninfo_to_dict(conninfo):
+        params = conninfo_to_dict(conninfo)
+        if "connect_timeout" not in params:
             connect["connect_timeout"] = max(1, round(timeout))
+        if "options" not in params:  # a statement that hangs fails (and rolls back) instead
+            connect["options"] = f"-c statement_timeout={max(1, round(timeout * 1000))}"
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             conninfo,
             kwargs=connect,
