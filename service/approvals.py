@@ -9,17 +9,18 @@ tenant's, workspace's or session's state.
 Approvals that may still apply are indexed in the `approval_index` lane, by
 tenant, workspace, session (`""` for a whole workspace's) and expiry, with
 the approval id: one empty key each, written with the approval and deleted in
-the same batch as its revocation (`approval_writes`); expired ones are pruned
-(`prune_expired_index`). The lookup a write makes reads its session's keys and
-its workspace's, newest expiry first, and stops at the first that expired: the
-approvals of other sessions, revoked ones and expired ones are not read. Each
-key only points: the approval itself is read and checked (in force, same
-session and expiry) before it counts.
+the same batch as its revocation (`approval_writes`); the keys of expired ones
+are pruned (`service.approval_index`). The lookup a write makes reads its
+session's keys and its workspace's, latest expiry first, up to the keys of
+approvals expired by then (a bound of the scan, so those are never read): the
+approvals of other sessions, revoked ones and expired ones are not read. Each key only points: the approval itself is read and checked (in
+force, same session and expiry) before it counts.
 
 A store written before the index existed keeps its approvals without index
 keys: until `sessionstate db upgrade` indexes them (`index_approvals`, which
 then marks the index complete), lookups scan the workspace's approvals as
-before. A store with no approval at all is marked complete when it is opened.
+before. A store with no approval at all is marked complete when the service
+opens it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ MAX_APPROVAL_TTL_SECONDS = 86_400
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EXPIRY_BYTES = 8
 _LAST_MICROS = (1 << (8 * _EXPIRY_BYTES)) - 1
+# Below every approval id (all are "appr_" and 24 hex digits): a key's name is compared after
+# its length, so a bound is as long as the names it bounds.
+_NO_ID = bytes(len("appr_") + 24)
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -256,11 +260,13 @@ class ApprovalStore:
     def _newest_in_force(
         self, tenant_id: str, workspace_id: str, session_id: str, now: datetime
     ) -> Approval | None:
-        """Walk the session's index keys, latest expiry first, up to the first that expired:
+        """Walk the session's index keys, latest expiry first, up to those expired by `now`:
         the first in force (of several expiring at the same instant, the greatest id)."""
         found: Approval | None = None
         lane = TenantResourceLane.APPROVAL_INDEX
-        for key, _ in self._lanes.scan(lane, tenant_id, workspace_id, session_id):
+        # Every key from here on names an approval that expired by `now`: none is read.
+        expired = LaneKey(lane, tenant_id, workspace_id, session_id, _expiry_name(now) + _NO_ID)
+        for key, _ in self._lanes.scan(lane, tenant_id, workspace_id, session_id, stop=expired):
             indexed = indexed_as(key)
             if indexed is not None and (
                 indexed[0] <= now or (found is not None and indexed[0] != found.expires_at)
