@@ -10,7 +10,7 @@ request's hot path (readiness probes, reload checks, engine checks).
 `http.client` connection per thread. requests spends most of its time per
 call on work a loopback query to one fixed host never needs (proxy and netrc
 lookups in the environment, merging settings, building a prepared request,
-a connection pool's bookkeeping); bench/service_bench.py measures both (see
+a connection pool's bookkeeping); bench/policy_bench.py measures both (see
 docs/performance.md). Nothing about failing closed changes: any error, a
 timeout (`timeout` bounds the connect and each read), a status other than
 200 or a body that is not JSON is an answer of `None`, and 401/403 is
