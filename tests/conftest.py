@@ -10,6 +10,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from service.policy.sidecar import OpaSidecar
+from store.backends.contract import Lanes
+from store.backends.postgres import PostgresLaneStore
 from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.session_state import SessionStateStore
@@ -34,6 +36,18 @@ def digest_key() -> DigestKey:
 @pytest.fixture
 def lanes(tmp_path: Path) -> Iterator[LaneStore]:
     store = LaneStore(tmp_path / "leveldb")
+    yield store
+    store.close()
+
+
+@pytest.fixture(params=["leveldb", "postgresql"])
+def lanes_on_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lanes]:
+    """A fresh lane store on each backend in turn: LevelDB, then a real PostgreSQL."""
+    store: Lanes
+    if request.param == "leveldb":
+        store = LaneStore(tmp_path / "leveldb")
+    else:
+        store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
     yield store
     store.close()
 

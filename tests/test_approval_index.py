@@ -31,7 +31,6 @@ from service.approvals import (
 from service.cli import main
 from service.decisions.journal import DecisionJournal
 from store.backends.contract import Lanes
-from store.backends.postgres import PostgresLaneStore
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
 from tests.factories import decision_entry_body, scope
@@ -64,15 +63,9 @@ class CountingLanes:
             yield found
 
 
-@pytest.fixture(params=["leveldb", "postgresql"])
-def lanes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lanes]:
-    store: Lanes
-    if request.param == "leveldb":
-        store = LaneStore(tmp_path / "leveldb")
-    else:
-        store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
-    yield store
-    store.close()
+@pytest.fixture
+def lanes(lanes_on_both: Lanes) -> Lanes:
+    return lanes_on_both
 
 
 @pytest.fixture

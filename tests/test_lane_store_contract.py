@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import plyvel
@@ -34,15 +33,9 @@ APPROVALS = TenantResourceLane.APPROVAL_PACKET
 CANARY = "CONTRACT-CANARY-31c9"
 
 
-@pytest.fixture(params=["leveldb", "postgresql"])
-def lanes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lanes]:
-    store: Lanes
-    if request.param == "leveldb":
-        store = LaneStore(tmp_path / "leveldb")
-    else:
-        store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
-    yield store
-    store.close()
+@pytest.fixture
+def lanes(lanes_on_both: Lanes) -> Lanes:
+    return lanes_on_both
 
 
 def key(tenant: str = "tenant-a", workspace: str = "ws-1", name: bytes = b"k") -> LaneKey:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +13,7 @@ from service.decisions.journal import DecisionJournal
 from service.decisions.query import DecisionQuery, encode_cursor
 from service.decisions.reader import DecisionLogReader
 from store.backends.contract import Lanes
-from store.backends.postgres import PostgresLaneStore
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 from tests.factories import decision_entry_body
 
 ENTRIES = 60
@@ -40,15 +37,9 @@ class CountingLanes:
             yield found
 
 
-@pytest.fixture(params=["leveldb", "postgresql"])
-def lanes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lanes]:
-    store: Lanes
-    if request.param == "leveldb":
-        store = LaneStore(tmp_path / "leveldb")
-    else:
-        store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
-    yield store
-    store.close()
+@pytest.fixture
+def lanes(lanes_on_both: Lanes) -> Lanes:
+    return lanes_on_both
 
 
 @pytest.fixture

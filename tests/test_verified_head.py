@@ -4,7 +4,6 @@ remembered head that was itself rewritten. On LevelDB and on PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,27 +11,19 @@ from typing import Any
 import pytest
 
 from store.backends.contract import Lanes
-from store.backends.postgres import PostgresLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
 from store.evidence_chain import EvidenceChain, anchor_key, entry_key, parse_entry
-from store.lanes import LaneStore
 from store.signed_head import Verified, resumed_checkpoint, verified_head_key
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 TENANT = "tenant-a"
 
 
-@pytest.fixture(params=["leveldb", "postgresql"])
-def lanes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lanes]:
-    store: Lanes
-    if request.param == "leveldb":
-        store = LaneStore(tmp_path / "leveldb")
-    else:
-        store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
-    yield store
-    store.close()
+@pytest.fixture
+def lanes(lanes_on_both: Lanes) -> Lanes:
+    return lanes_on_both
 
 
 def body(n: int) -> dict[str, Any]:
