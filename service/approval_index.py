@@ -10,11 +10,11 @@ their own, as on a store sharded by tenant.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime
 
 from service.approvals import INDEX_COMPLETE, index_key, indexed_as, parse_stored
+from service.periodic import PeriodicPrune
 from store.backends.contract import Lanes
 from store.keys import LaneKey, TenantResourceLane
 
@@ -86,32 +86,16 @@ def _delete_keys(lanes: Lanes, keys: list[LaneKey]) -> int:
     return len(keys)
 
 
-class ExpiredApprovalPruner:
+class ExpiredApprovalPruner(PeriodicPrune):
     """Prunes expired approvals' index keys: once at start, then every `interval` seconds."""
 
     def __init__(
         self, lanes: Lanes, *, clock: Callable[[], datetime], interval: float = PRUNE_INTERVAL
     ) -> None:
-        self._lanes = lanes
-        self._clock = clock
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="approval-index-prune", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                pruned = prune_expired_index(self._lanes, self._clock())
-                if pruned:
-                    logger.info("approval_index_pruned", extra={"pruned": pruned})
-            except Exception as error:  # pruning must never take the service down
-                logger.error(
-                    "approval_index_prune_failed", extra={"error_type": type(error).__name__}
-                )
-            if self._stop.wait(self._interval):
-                return
+        super().__init__(
+            lambda: prune_expired_index(lanes, clock()),
+            interval=interval,
+            name="approval-index-prune",
+            log=logger,
+            event="approval_index",
+        )

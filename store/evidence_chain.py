@@ -281,6 +281,17 @@ class _Walk:
         self.expected, self.prev_hash, self.verified = seq + 1, entry["hash"], self.verified + 1
         return None
 
+    def over(self, stored: Iterator[tuple[int | None, bytes]]) -> ChainVerification:
+        """Step through stored entries to the first problem, or to the end."""
+        try:
+            for seq, value in stored:
+                failure = self.step(seq, value)
+                if failure is not None:
+                    return self.outcome(failure)
+        except ChainCorrupt:
+            return self.outcome((self.expected, "entry_unreadable"))
+        return self.outcome(self.finish())
+
     def finish(self) -> _Failure | None:
         """After the last key: a checkpoint beyond it means the tail was cut."""
         if self.checkpoint is not None and self.checkpoint.seq >= self.expected:
@@ -453,14 +464,7 @@ class EvidenceChain:
                 return walk.outcome((anchor.seq, "checkpoint_mismatch"))
             if checkpoint.seq < anchor.seq:
                 return walk.outcome((None, "checkpoint_before_anchor"))
-        try:
-            for seq, stored in self._stored():
-                failure = walk.step(seq, stored)
-                if failure is not None:
-                    return walk.outcome(failure)
-        except ChainCorrupt:
-            return walk.outcome((walk.expected, "entry_unreadable"))
-        return walk.outcome(walk.finish())
+        return walk.over(self._stored())
 
     def verify_resumed(self, since: Checkpoint) -> ChainVerification:
         """Walk only the entries after `since`, a head an earlier walk verified and signed
@@ -495,14 +499,7 @@ class EvidenceChain:
             return self._verify_from(anchor, since, None)
         start = ChainHead(seq=since.seq, hash=since.head_hash)
         walk = _Walk(start, verified=since.seq - anchor.seq)
-        try:
-            for seq, stored in self._stored(first=since.seq + 1):
-                failure = walk.step(seq, stored)
-                if failure is not None:
-                    return walk.outcome(failure)
-        except ChainCorrupt:
-            return walk.outcome((walk.expected, "entry_unreadable"))
-        return walk.outcome(walk.finish())
+        return walk.over(self._stored(first=since.seq + 1))
 
     def _holds(self, head: Checkpoint) -> bool:
         """Whether the entry at head's seq is stored, reads, and hashes to head's hash."""

@@ -6,10 +6,8 @@ upgrade` indexes it. On LevelDB and on PostgreSQL."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,36 +29,13 @@ from service.approvals import (
 from service.cli import main
 from service.decisions.journal import DecisionJournal
 from store.backends.contract import Lanes
-from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
+from tests.counting_lanes import CountingLanes
 from tests.factories import decision_entry_body, scope
 from tests.live import DIGEST_KEY, JWT_SECRET
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 TENANT, WORKSPACE = "tenant-a", "ws-1"
-
-
-class CountingLanes:
-    """A lane store that counts what its reads hand out: keys scanned, keys got."""
-
-    def __init__(self, lanes: Lanes) -> None:
-        self._lanes = lanes
-        self.scanned = 0
-        self.got = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._lanes, name)
-
-    def get(self, key: LaneKey) -> bytes | None:
-        self.got += 1
-        return self._lanes.get(key)
-
-    def scan(
-        self, lane: TenantResourceLane, *scope_: str, **options: Any
-    ) -> Iterator[tuple[LaneKey, bytes]]:
-        for found in self._lanes.scan(lane, *scope_, **options):
-            self.scanned += 1
-            yield found
 
 
 @pytest.fixture

@@ -13,28 +13,10 @@ from service.decisions.journal import DecisionJournal
 from service.decisions.query import DecisionQuery, encode_cursor
 from service.decisions.reader import DecisionLogReader
 from store.backends.contract import Lanes
-from store.keys import LaneKey, TenantResourceLane
+from tests.counting_lanes import CountingLanes
 from tests.factories import decision_entry_body
 
 ENTRIES = 60
-
-
-class CountingLanes:
-    """A lane store that counts the keys its scans hand out: what a reader took from it."""
-
-    def __init__(self, lanes: Lanes) -> None:
-        self._lanes = lanes
-        self.scanned = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._lanes, name)
-
-    def scan(
-        self, lane: TenantResourceLane, *scope: str, **bounds: Any
-    ) -> Iterator[tuple[LaneKey, bytes]]:
-        for found in self._lanes.scan(lane, *scope, **bounds):
-            self.scanned += 1
-            yield found
 
 
 @pytest.fixture

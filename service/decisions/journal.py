@@ -40,6 +40,7 @@ from service.decisions.log import (
     index_puts,
     prune_log,
 )
+from service.periodic import PeriodicPrune
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
@@ -427,7 +428,7 @@ class DecisionJournal:
         return versions[encoded]
 
 
-class RetentionTask:
+class RetentionTask(PeriodicPrune):
     """Prunes the decision log by age: once at start, then every `interval` seconds."""
 
     def __init__(
@@ -441,25 +442,13 @@ class RetentionTask:
         self._lanes = lanes
         self._age = timedelta(days=days)
         self._clock = clock
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="decision-retention", daemon=True)
-        self._thread.start()
+        super().__init__(
+            self.prune_now,
+            interval=interval,
+            name="decision-retention",
+            log=log,
+            event="decision_log",
+        )
 
     def prune_now(self) -> int:
         return prune_log(self._lanes, self._clock() - self._age)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                pruned = self.prune_now()
-                if pruned:
-                    log.info("decision_log_pruned", extra={"pruned": pruned})
-            except Exception as error:  # retention must never take the service down
-                log.error("decision_log_prune_failed", extra={"error_type": type(error).__name__})
-            if self._stop.wait(self._interval):
-                return

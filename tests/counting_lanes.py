@@ -1,0 +1,32 @@
+"""`CountingLanes`: a lane store wrapper counting what its reads hand out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from store.backends.contract import Lanes
+from store.keys import LaneKey, TenantResourceLane
+
+
+class CountingLanes:
+    """A lane store that counts what its reads hand out: keys scanned, keys got."""
+
+    def __init__(self, lanes: Lanes) -> None:
+        self._lanes = lanes
+        self.scanned = 0
+        self.got = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lanes, name)
+
+    def get(self, key: LaneKey) -> bytes | None:
+        self.got += 1
+        return self._lanes.get(key)
+
+    def scan(
+        self, lane: TenantResourceLane, *scope_: str, **options: Any
+    ) -> Iterator[tuple[LaneKey, bytes]]:
+        for found in self._lanes.scan(lane, *scope_, **options):
+            self.scanned += 1
+            yield found
