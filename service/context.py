@@ -21,6 +21,7 @@ from service.decisions.reader import DecisionLogReader
 from service.metrics import ServiceMetrics
 from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
+from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySource
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
@@ -81,6 +82,8 @@ class ServiceContext:
         opa_token: str | None,
         clock: Callable[[], datetime] = utc_now,
         policy_source: PolicySource | None = None,
+        shadow_url: str | None = None,
+        shadow_token: str | None = None,
     ) -> ServiceContext:
         limits = rate_limits(settings)
         metrics = ServiceMetrics()
@@ -112,7 +115,17 @@ class ServiceContext:
             approvals=ApprovalStore(lanes),
             planner=SessionReplayPlanner(),
             gate=PolicyGate(
-                client, durable_writes=settings.durable_writes, metrics=metrics, clock=clock
+                client,
+                durable_writes=settings.durable_writes,
+                metrics=metrics,
+                clock=clock,
+                shadow=(
+                    None
+                    if shadow_url is None
+                    else ShadowPolicy(
+                        shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms
+                    )
+                ),
             ),
             verifier=TokenVerifier(
                 jwt_secret(settings),
@@ -149,6 +162,8 @@ class ServiceContext:
         self.rate_limit_log.close()  # its summaries go through the journal
         self.journal.close()
         self.gate.client.close()
+        if self.gate.shadow is not None:
+            self.gate.shadow.close()
         self.lanes.close()
 
 
@@ -183,6 +198,13 @@ def check_settings(settings: Settings) -> None:
             PolicyClient(settings.opa_url).close()
         except ValueError:
             raise ConfigurationError("SESSIONSTATE_OPA_URL must be http(s)://host:port") from None
+    if settings.shadow_opa_url is not None:
+        try:
+            PolicyClient(settings.shadow_opa_url).close()
+        except ValueError:
+            raise ConfigurationError(
+                "SESSIONSTATE_SHADOW_OPA_URL must be http(s)://host:port"
+            ) from None
 
 
 def configured_store(settings: Settings) -> StoreTarget:

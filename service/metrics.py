@@ -37,6 +37,13 @@ class ServiceMetrics:
             ["action", "outcome"],
             registry=self.registry,
         )
+        self.shadow_decisions = Counter(
+            "sessionstate_shadow_decisions",
+            "Shadow policy decisions beside the live ones, by action and outcome (agree, "
+            "allow_gained, allow_lost, reasons_changed, unavailable, timeout).",
+            ["action", "outcome"],
+            registry=self.registry,
+        )
         self.corrupt_reads = Counter(
             "sessionstate_corrupt_reads",
             "Stored session records that read back as corrupt, by redacted label.",

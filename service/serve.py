@@ -41,6 +41,7 @@ from service.policy.engine_checks import (
     external_opa_accepts_token,
     local_opa_bin,
     local_policy_dir,
+    local_shadow_dir,
 )
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
@@ -68,6 +69,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
     forget_pid(settings.data_dir)  # left by a service that was killed
     forget_status(settings.data_dir)
     sidecar: OpaSidecar | None = None
+    shadow: OpaSidecar | None = None
     context: ServiceContext | None = None
     try:
         check_settings(settings)
@@ -75,6 +77,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             external_opa_accepts_token(settings)
         else:
             opa_bin, policy_dir = local_opa_bin(settings), local_policy_dir(settings)
+        shadow_dir = local_shadow_dir(settings)
         _check_decision_log(configured_store(settings))
         listener = _listen(settings.host, settings.port)
         if settings.workers > 1:
@@ -93,18 +96,35 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             log.info(
                 "opa_sidecar_ready", extra={"policy_revision": sidecar.policies.served.revision}
             )
+        shadow_url, shadow_token = settings.shadow_opa_url, settings.shadow_opa_token
+        if shadow_dir is not None:
+            # The shadow follows its directory: every edit that compiles decides beside the live set.
+            shadow = OpaSidecar(
+                local_opa_bin(settings),
+                shadow_dir,
+                settings.data_dir / "opa-shadow",
+                watch_policies=True,
+            )
+            shadow.start()
+            shadow_url, shadow_token = shadow.url, shadow.token
+            log.info(
+                "opa_shadow_sidecar_ready",
+                extra={"policy_revision": shadow.policies.served.revision},
+            )
         if settings.workers > 1:
             write_pid(settings.data_dir)  # `policy reload` signals this process: it has the sidecar
             reload = _reloader(sidecar)
             if early_reload.is_set():
                 reload()
-            supervise(settings, listener, sidecar, on_ready, reload)
+            supervise(settings, listener, sidecar, on_ready, reload, shadow)
             return
         context = ServiceContext.open(
             settings,
             opa_url=opa_url,
             opa_token=opa_token,
             policy_source=None if sidecar is None else sidecar.policies,
+            shadow_url=shadow_url,
+            shadow_token=shadow_token,
         )
         raise_open_file_limit()
         asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
@@ -116,6 +136,8 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             context.close()
         if sidecar is not None:
             sidecar.stop()
+        if shadow is not None:
+            shadow.stop()
         lock.close()
 
 

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     policy_dir: Path = PROJECT_ROOT / "policies"
     # Local sidecar: serve every edit of policy_dir that compiles, without a reload.
     watch_policies: bool = False
+    # A shadow policy set decides beside the live one and decides nothing (service.policy.shadow):
+    # a directory a second local sidecar serves, or an OPA of your own (the URL wins).
+    shadow_policies: Path | None = None
+    shadow_opa_url: str | None = None
+    shadow_opa_token: str | None = Field(default=None, repr=False)
+    shadow_timeout_ms: int = Field(default=50, ge=1, le=1_000)
     # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)

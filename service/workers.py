@@ -38,7 +38,13 @@ STOP_GRACE_SECONDS = 15.0
 class Workers:
     """The parent's view of its workers: spawn, restart the dead, stop them all."""
 
-    def __init__(self, count: int, listener: socket.socket, sidecar: OpaSidecar | None) -> None:
+    def __init__(
+        self,
+        count: int,
+        listener: socket.socket,
+        sidecar: OpaSidecar | None,
+        shadow: OpaSidecar | None = None,
+    ) -> None:
         self._count = count
         self._fd = listener.fileno()
         os.set_inheritable(self._fd, True)
@@ -47,6 +53,11 @@ class Workers:
             self._env |= {
                 "SESSIONSTATE_OPA_URL": sidecar.url,
                 "SESSIONSTATE_OPA_TOKEN": sidecar.token,
+            }
+        if shadow is not None:  # the workers ask the parent's shadow sidecar
+            self._env |= {
+                "SESSIONSTATE_SHADOW_OPA_URL": shadow.url,
+                "SESSIONSTATE_SHADOW_OPA_TOKEN": shadow.token,
             }
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._started: list[float] = [0.0] * count
@@ -100,13 +111,14 @@ def supervise(
     sidecar: OpaSidecar | None,
     on_ready: Callable[[], None] | None,
     reload: Callable[[], None],
+    shadow: OpaSidecar | None = None,
 ) -> None:
     """Run settings.workers workers until SIGTERM or SIGINT; SIGHUP reloads the sidecar."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload())
-    workers = Workers(settings.workers, listener, sidecar)
+    workers = Workers(settings.workers, listener, sidecar, shadow)
     try:
         workers.start()
         if on_ready is not None:
@@ -127,7 +139,13 @@ def worker_main(fd: int, slot: int) -> None:
     settings = Settings()
     listener = socket.socket(fileno=fd)
     assert settings.opa_url is not None  # the parent set it
-    context = ServiceContext.open(settings, opa_url=settings.opa_url, opa_token=settings.opa_token)
+    context = ServiceContext.open(
+        settings,
+        opa_url=settings.opa_url,
+        opa_token=settings.opa_token,
+        shadow_url=settings.shadow_opa_url,
+        shadow_token=settings.shadow_opa_token,
+    )
     context.worker_label = f"{slot}:{os.getpid()}"
     try:
         raise_open_file_limit()

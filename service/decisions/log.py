@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
 from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
+from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
 from store.evidence_chain import EvidenceChain, chain_name, chain_names
@@ -50,6 +51,7 @@ class DecisionEntryBody(BaseModel):
     actor: PolicyActor
     target: PolicyTarget
     input: dict[str, Any] = Field(description="what was decided on: the full policy input")
+    shadow: ShadowDecision | None = None
 
     @property
     def chain(self) -> str:
@@ -58,7 +60,8 @@ class DecisionEntryBody(BaseModel):
 
     def sealable(self, outcome: DecisionOutcome, recorded_at: str) -> dict[str, Any]:
         """The entry's JSON for the chain to seal: the only place the model becomes a dict."""
-        document = self.model_dump(mode="json")
+        # An entry without a shadow has no `shadow` member at all, as before shadows existed.
+        document = self.model_dump(mode="json", exclude={"shadow"} if self.shadow is None else None)
         document["outcome"] = outcome.model_dump(mode="json")
         document["recorded_at"] = recorded_at
         return document
@@ -89,6 +92,11 @@ class DecisionLogEntry(BaseModel):
     input: dict[str, Any] = Field(description="the full policy input: ids, flags, counts, digests")
     prev_hash: str
     hash: str
+    shadow: ShadowDecision | None = Field(
+        default=None,
+        description="with a shadow policy set (SESSIONSTATE_SHADOW_POLICIES): what it would "
+        "have decided, and whether it agrees with the decision; absent otherwise",
+    )
     legacy: LegacyLink | None = Field(
         default=None,
         description="set on entries `sessionstate db upgrade` moved from the one global "
@@ -96,13 +104,19 @@ class DecisionLogEntry(BaseModel):
     )
 
 
-def entry_body(trace: DecisionTrace, policy_input: PolicyInput, actor: Actor) -> DecisionEntryBody:
+def entry_body(
+    trace: DecisionTrace,
+    policy_input: PolicyInput,
+    actor: Actor,
+    shadow: ShadowDecision | None = None,
+) -> DecisionEntryBody:
     """A decision OPA made, as an entry of the log (the outcome follows when it is known)."""
     return DecisionEntryBody(
         decision=trace,
         actor=actor.to_policy(),
         target=policy_input.target,
         input=policy_input.model_dump(mode="json", by_alias=True),
+        shadow=shadow,
     )
 
 

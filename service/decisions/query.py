@@ -33,6 +33,11 @@ class DecisionQuery(BaseModel):
     allow: Literal["true", "false"] | None = None
     since: AwareDatetime | None = None
     until: AwareDatetime | None = None
+    shadow: Literal["agree", "disagree"] | None = Field(
+        default=None,
+        description="with a shadow policy set: only entries whose shadow decision agrees, or "
+        "only those where it disagrees (allow gained or lost, or other reasons)",
+    )
     limit: int = Field(
         default=100,
         ge=1,
@@ -67,6 +72,10 @@ class DecisionQuery(BaseModel):
         if self.action is not None and decision.action != self.action:
             return False
         if self.allow is not None and decision.allow != (self.allow == "true"):
+            return False
+        if self.shadow is not None and (
+            entry.shadow is None or entry.shadow.agrees is not (self.shadow == "agree")
+        ):
             return False
         evaluated = datetime.fromisoformat(decision.evaluated_at)
         if self.since is not None and evaluated < self.since:

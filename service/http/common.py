@@ -93,12 +93,14 @@ def authorize(
         ctx.metrics.rate_limited.labels(refusal.budget).inc()
         ctx.rate_limit_log.note(actor, refusal, action, target)
         raise RateLimited(refusal)
-    trace, policy_input = ctx.gate.decide(action, actor, target, record=record, approval=approval)
+    trace, policy_input, shadow = ctx.gate.decide(
+        action, actor, target, record=record, approval=approval
+    )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target)
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
-    g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor))
+    g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor, shadow))
     PolicyGate.enforce(trace, write_report=None if write_report is None else write_report(trace))
     return trace
 

@@ -70,6 +70,7 @@ _FILTER_HINTS = {
     "allow": "any, allowed or denied",
     "since": "a date and time (UTC)",
     "until": "a date and time (UTC), after since",
+    "shadow": "any, agrees or disagrees",
     "limit": f"a whole number from 1 to {MAX_LIMIT}",
     "cursor": "only the next-page link of this page",
 }
@@ -335,19 +336,20 @@ class Filters:
     allow: str = ""
     since: str = ""
     until: str = ""
+    shadow: str = ""
     limit: str = str(PAGE_SIZE)
     cursor: str = ""
 
     @classmethod
     def from_args(cls, args: Mapping[str, str]) -> Filters:
-        names = ("action", "allow", "since", "until", "limit", "cursor")
+        names = ("action", "allow", "since", "until", "shadow", "limit", "cursor")
         return cls(**{name: args[name] for name in names if name in args})
 
     def query(self) -> tuple[DecisionQuery | None, list[str]]:
         """The API's query for these filters, or None and what to fix (field hints, no values)."""
         values: dict[str, Any] = {
             name: text
-            for name in ("action", "allow", "limit", "cursor")
+            for name in ("action", "allow", "shadow", "limit", "cursor")
             if (text := getattr(self, name))
         }
         values.setdefault("limit", PAGE_SIZE)
@@ -371,7 +373,9 @@ class Filters:
 
     def selection(self) -> dict[str, str]:
         """The filters that select entries (not the page size or position), as sent."""
-        kept = {name: getattr(self, name) for name in ("action", "allow", "since", "until")}
+        kept = {
+            name: getattr(self, name) for name in ("action", "allow", "since", "until", "shadow")
+        }
         return {name: value for name, value in kept.items() if value}
 
     def with_cursor(self, cursor: str) -> dict[str, str]:

@@ -47,6 +47,17 @@ def local_policy_dir(settings: Settings) -> Path:
     return settings.policy_dir
 
 
+def local_shadow_dir(settings: Settings) -> Path | None:
+    """The shadow policy directory a second local sidecar will serve, if one is wanted."""
+    if settings.shadow_policies is None or settings.shadow_opa_url is not None:
+        return None
+    if not settings.shadow_policies.is_dir():
+        raise ConfigurationError(
+            f"SESSIONSTATE_SHADOW_POLICIES is not a directory: {settings.shadow_policies}"
+        )
+    return settings.shadow_policies
+
+
 def external_opa_accepts_token(settings: Settings) -> None:
     """An OPA at SESSIONSTATE_OPA_URL that refuses the service's token stops the start.
 

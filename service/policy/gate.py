@@ -24,6 +24,7 @@ from service.policy.input import (
     PolicyTarget,
     record_summary,
 )
+from service.policy.shadow import ShadowDecision, ShadowPolicy
 from service.policy.trace import DecisionTrace
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
@@ -39,8 +40,10 @@ class PolicyGate:
         durable_writes: bool,
         metrics: ServiceMetrics,
         clock: Callable[[], datetime],
+        shadow: ShadowPolicy | None = None,
     ) -> None:
         self.client = client
+        self.shadow = shadow
         self.durable_writes = durable_writes
         self.metrics = metrics
         self.clock = clock
@@ -53,8 +56,9 @@ class PolicyGate:
         *,
         record: SessionStateRecord | None = None,
         approval: Approval | None = None,
-    ) -> tuple[DecisionTrace, PolicyInput]:
-        """The decision, and the input it was made on (the decision log keeps both)."""
+    ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
+        """The decision, the input it was made on, and with a shadow policy set what that
+        would have decided (the decision log keeps all three)."""
         policy_input = PolicyInput(
             action=action,
             now=int(self.clock().timestamp()),
@@ -64,6 +68,7 @@ class PolicyGate:
             approval=None if approval is None else approval.to_policy(),
             record=None if record is None else record_summary(record),
         )
+        question = None if self.shadow is None else self.shadow.ask(policy_input)
         trace = self.client.decide(policy_input)
         outcome = (
             "refused"
@@ -76,7 +81,11 @@ class PolicyGate:
         )
         self.metrics.decisions.labels(action, outcome).inc()
         self.metrics.decision_latency.labels(action).observe(trace.latency_ms / 1000)
-        return trace, policy_input
+        if question is None or trace.engine_unavailable:  # nothing to compare with
+            return trace, policy_input, None
+        shadow = question.verdict(trace)
+        self.metrics.shadow_decisions.labels(action, shadow.outcome).inc()
+        return trace, policy_input, shadow
 
     @staticmethod
     def enforce(
