@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.policy.bundle import BUNDLE_ROOTS, PolicyBundle, load_bundle
+from service.policy.tenant_settings import settings_errors
 
 ReloadOutcome = Literal["loaded", "unchanged", "invalid"]
 RELOAD_OUTCOMES: tuple[ReloadOutcome, ...] = ("loaded", "unchanged", "invalid")
@@ -110,9 +111,9 @@ class PolicySource:
         except OSError as error:
             empty = PolicyBundle(revision="", files=())
             return empty, [f"the policy directory cannot be read ({error.strerror or 'I/O error'})"]
-        if not bundle.files:
+        if not any(name.endswith(".rego") for name, _ in bundle.files):
             return bundle, ["no .rego policy files"]
-        return bundle, compile_errors(self.opa_bin, bundle)
+        return bundle, settings_errors(self.policy_dir) or compile_errors(self.opa_bin, bundle)
 
 
 def compile_errors(opa_bin: str, bundle: PolicyBundle) -> list[str]:
