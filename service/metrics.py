@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from service.policy.source import RELOAD_OUTCOMES, PolicySource
+from service.policy.source import RELOAD_OUTCOMES, PolicySnapshots
 from store.backends.contract import Lanes
 
 
@@ -67,7 +67,7 @@ class ServiceMetrics:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))
 
-    def watch_policy_source(self, source: PolicySource) -> None:
+    def watch_policy_source(self, source: PolicySnapshots) -> None:
         """Export whether the served policy source compiled, and the reloads by outcome."""
         self.registry.register(_PolicySourceHealth(source))
 
@@ -102,7 +102,7 @@ class _StoreHealth(Collector):
 class _PolicySourceHealth(Collector):
     """The local sidecar's policy snapshot: was the directory good at the last reload."""
 
-    def __init__(self, source: PolicySource) -> None:
+    def __init__(self, source: PolicySnapshots) -> None:
         self._source = source
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

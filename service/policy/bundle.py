@@ -13,10 +13,23 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from store.canonical import canonical_digest
 
 BUNDLE_ROOTS = ("sessionstate", "system")
+
+
+class ServedBundle(Protocol):
+    """What the bundle server hands OPA: a revision, an ETag and the tarball."""
+
+    @property
+    def revision(self) -> str: ...
+
+    @property
+    def etag(self) -> str: ...
+
+    def tarball(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -25,6 +38,10 @@ class PolicyBundle:
 
     revision: str
     files: tuple[tuple[str, bytes], ...]
+
+    @property
+    def etag(self) -> str:
+        return self.revision
 
     def tarball(self) -> bytes:
         manifest = {"revision": self.revision, "roots": list(BUNDLE_ROOTS)}
