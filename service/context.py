@@ -69,7 +69,9 @@ class ServiceContext:
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
     approval_pruner: ExpiredApprovalPruner | None = None
-    policy_source: PolicySnapshots | None = None  # the sidecar's policy snapshot; None: external OPA
+    policy_source: PolicySnapshots | None = (
+        None  # the sidecar's policy snapshot; None: external OPA
+    )
     worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
 
     @classmethod

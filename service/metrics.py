@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from service.policy.signed_bundle import SignedBundleSource
 from service.policy.source import RELOAD_OUTCOMES, PolicySnapshots
 from store.backends.contract import Lanes
 
@@ -120,3 +121,10 @@ class _PolicySourceHealth(Collector):
         for outcome in RELOAD_OUTCOMES:
             reloads.add_metric([outcome], self._source.reloads(outcome))
         yield reloads
+        if isinstance(self._source, SignedBundleSource):
+            # While the latest offer stands refused, sessionstate_policy_source_valid is 0.
+            yield CounterMetricFamily(
+                "sessionstate_policy_bundle_rejected",
+                "Signed policy bundles OPA refused (at start or at a reload).",
+                value=self._source.rejections,
+            )

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     policy_dir: Path = PROJECT_ROOT / "policies"
     # Local sidecar: serve every edit of policy_dir that compiles, without a reload.
     watch_policies: bool = False
+    # Local sidecar: serve this signed bundle (`sessionstate policy build`) instead of
+    # policy_dir; OPA activates it only if it verifies with the key (a PEM public key file,
+    # or for HS256 a file holding the shared secret). Both or neither.
+    policy_bundle: Path | None = None
+    policy_verification_key: Path | None = None
+    policy_verification_alg: Literal["RS256", "ES256", "HS256"] = "RS256"
     # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)

@@ -111,9 +111,7 @@ class OpaSidecar:
         self.policies: PolicySnapshots
         if bundle_file is not None:
             board = OpaStatusBoard(BUNDLE_NAME)
-            self.signed = SignedBundleSource(
-                bundle_file, board, verdict_timeout=activation_timeout
-            )
+            self.signed = SignedBundleSource(bundle_file, board, verdict_timeout=activation_timeout)
             self.policies = self.signed
             self._bundles = BundleServer(
                 lambda: self.policies.served, board=board, token=self._status_token
@@ -203,7 +201,9 @@ class OpaSidecar:
             result = self.policies.reload()
             if result.outcome == "invalid":
                 log.error(
-                    "policy_bundle_rejected" if self.signed is not None else "policy_reload_rejected",
+                    "policy_bundle_rejected"
+                    if self.signed is not None
+                    else "policy_reload_rejected",
                     extra={"policy_revision": result.revision, "errors": list(result.errors)},
                 )
             return self._report(result, checked_at)
@@ -250,7 +250,7 @@ class OpaSidecar:
 
     def _reload_when_asked(self) -> None:
         """Reload on request; with `watch_policies`, also whenever the directory changes."""
-        watched = self.policies.served.revision
+        watched = self.policies.served.etag  # what source_revision() reports of it
         while not self._stopping.is_set():
             asked = self._reload_requested.wait(self.poll_seconds if self.watch_policies else None)
             if self._stopping.is_set():
