@@ -49,9 +49,11 @@ wrk:
 postgres:
 	@scripts/need_debian_package.sh postgresql '/usr/lib/postgresql/*/bin/initdb'
 
-# The OPA input schema is generated from service/policy/input.py.
+# The OPA input schema is generated from service/policy/input.py, the tenant settings
+# document's (data.sessionstate.tenants) from service/policy/tenant_settings.py.
 schema: install
 	$(PY) -m service.policy.input > $(SCHEMAS)/policy_input.json
+	$(PY) -m service.policy.tenant_settings > $(SCHEMAS)/tenants/settings.json
 
 # After a policy edit: the bundle manifest's revision is the policies' content hash.
 policy-manifest: install

@@ -3,8 +3,9 @@
 In docker-compose.yml, OPA loads policies/ itself as a bundle (`--bundle
 /policies`). OPA takes the bundle's revision from `policies/.manifest`, so that
 file must carry the same content hash that the local sidecar's bundle gets
-from `service.policy.bundle` (every non-test `.rego` file). Run this after any
-policy change; tests/test_deployment.py fails while the manifest is stale.
+from `service.policy.bundle` (every non-test `.rego` file and every `data.json`,
+the tenant settings). Run this after any policy or tenant settings change;
+tests/test_deployment.py fails while the manifest is stale.
 
     .venv/bin/python deploy/policy_manifest.py          # rewrite policies/.manifest
     .venv/bin/python deploy/policy_manifest.py --check  # exit 1 if it is stale

@@ -22,8 +22,10 @@ from service.context import ConfigurationError, configured_store, jwt_secret, se
 from service.decisions import review as decision_review
 from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
 from service.decisions.review import ReviewError
+from service.policy.engine_checks import local_opa_bin
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
+from service.policy.signed_bundle import SIGNING_ALGS, build_signed_bundle
 from service.settings import Settings, setting_errors, unknown_variables
 from service.store_backend import StoreUpgradeRefused, open_lanes
 from service.store_backend import upgrade as upgrade_store
@@ -71,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reload.add_argument(
         "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
     )
+    _add_policy_build(policy_commands)
 
     token = commands.add_parser("token", help="mint a bearer token with the local HS256 secret")
     token.add_argument("--sub", required=True, help="the actor id")
@@ -190,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in secret_lines(settings):
                 print(line)
             return 0
+        if args.command == "policy" and args.policy == "build":
+            return _policy_build(settings, args)
         if args.command == "policy":
             status = request_reload(settings.data_dir, args.timeout)
             print(status.model_dump_json())
@@ -245,6 +250,41 @@ def _settings() -> Settings:
         return Settings()
     except ValidationError as error:
         raise ConfigurationError(f"invalid setting: {setting_errors(error)}") from None
+
+
+def _add_policy_build(policy_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`policy build`: a signed bundle of the policy directory, for SESSIONSTATE_POLICY_BUNDLE."""
+    build = policy_commands.add_parser(
+        "build",
+        help="check the policy directory (SESSIONSTATE_POLICY_DIR) as a reload would, then build "
+        "a bundle of what the sidecar would serve, signed by OPA (`opa build --signing-key`); "
+        "print its revision as JSON",
+    )
+    build.add_argument(
+        "--signing-key",
+        type=Path,
+        required=True,
+        help="a PEM private key file (RS256, ES256), or a file holding the HS256 secret",
+    )
+    build.add_argument("--signing-alg", choices=SIGNING_ALGS, default="RS256", help="(RS256)")
+    build.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bundle.tar.gz"),
+        help="the bundle to write (bundle.tar.gz)",
+    )
+
+
+def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
+    built = build_signed_bundle(
+        local_opa_bin(settings), settings.policy_dir, args.signing_key, args.signing_alg, args.out
+    )
+    print(
+        json.dumps(
+            {"out": str(built.out), "revision": built.revision, "signing_alg": built.signing_alg}
+        )
+    )
+    return 0
 
 
 def _positive(text: str) -> int:

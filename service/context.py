@@ -22,7 +22,7 @@ from service.metrics import ServiceMetrics
 from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
 from service.policy.shadow import ShadowPolicy
-from service.policy.source import PolicySource
+from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.settings import Settings
@@ -70,7 +70,9 @@ class ServiceContext:
     rate_limit_log: RateLimitLog
     retention: RetentionTask | None = None
     approval_pruner: ExpiredApprovalPruner | None = None
-    policy_source: PolicySource | None = None  # the sidecar's policy snapshot; None: external OPA
+    policy_source: PolicySnapshots | None = (
+        None  # the sidecar's policy snapshot; None: external OPA
+    )
     worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
 
     @classmethod
@@ -81,7 +83,7 @@ class ServiceContext:
         opa_url: str,
         opa_token: str | None,
         clock: Callable[[], datetime] = utc_now,
-        policy_source: PolicySource | None = None,
+        policy_source: PolicySnapshots | None = None,
         shadow_url: str | None = None,
         shadow_token: str | None = None,
     ) -> ServiceContext:

@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from service.policy.source import RELOAD_OUTCOMES, PolicySource
+from service.policy.signed_bundle import SignedBundleSource
+from service.policy.source import RELOAD_OUTCOMES, PolicySnapshots
 from store.backends.contract import Lanes
 
 
@@ -74,7 +75,7 @@ class ServiceMetrics:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))
 
-    def watch_policy_source(self, source: PolicySource) -> None:
+    def watch_policy_source(self, source: PolicySnapshots) -> None:
         """Export whether the served policy source compiled, and the reloads by outcome."""
         self.registry.register(_PolicySourceHealth(source))
 
@@ -109,7 +110,7 @@ class _StoreHealth(Collector):
 class _PolicySourceHealth(Collector):
     """The local sidecar's policy snapshot: was the directory good at the last reload."""
 
-    def __init__(self, source: PolicySource) -> None:
+    def __init__(self, source: PolicySnapshots) -> None:
         self._source = source
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -127,3 +128,10 @@ class _PolicySourceHealth(Collector):
         for outcome in RELOAD_OUTCOMES:
             reloads.add_metric([outcome], self._source.reloads(outcome))
         yield reloads
+        if isinstance(self._source, SignedBundleSource):
+            # While the latest offer stands refused, sessionstate_policy_source_valid is 0.
+            yield CounterMetricFamily(
+                "sessionstate_policy_bundle_rejected",
+                "Signed policy bundles OPA refused (at start or at a reload).",
+                value=self._source.rejections,
+            )

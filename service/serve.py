@@ -42,6 +42,7 @@ from service.policy.engine_checks import (
     local_opa_bin,
     local_policy_dir,
     local_shadow_dir,
+    local_signed_bundle,
 )
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
@@ -78,6 +79,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         else:
             opa_bin, policy_dir = local_opa_bin(settings), local_policy_dir(settings)
         shadow_dir = local_shadow_dir(settings)
+        signed = local_signed_bundle(settings)
         _check_decision_log(configured_store(settings))
         listener = _listen(settings.host, settings.port)
         if settings.workers > 1:
@@ -90,6 +92,9 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 policy_dir,
                 settings.data_dir / "opa",
                 watch_policies=settings.watch_policies,
+                bundle_file=None if signed is None else signed[0],
+                verification_key=None if signed is None else signed[1],
+                verification_alg=settings.policy_verification_alg,
             )
             sidecar.start()
             opa_url, opa_token = sidecar.url, sidecar.token

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     shadow_opa_url: str | None = None
     shadow_opa_token: str | None = Field(default=None, repr=False)
     shadow_timeout_ms: int = Field(default=50, ge=1, le=1_000)
+    # Local sidecar: serve this signed bundle (`sessionstate policy build`) instead of
+    # policy_dir; OPA activates it only if it verifies with the key (a PEM public key file,
+    # or for HS256 a file holding the shared secret). Both or neither.
+    policy_bundle: Path | None = None
+    policy_verification_key: Path | None = None
+    policy_verification_alg: Literal["RS256", "ES256", "HS256"] = "RS256"
     # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)

@@ -135,7 +135,8 @@ class Readiness(_Envelope):
     policy_source_valid: bool | None = Field(
         default=None,
         description="false when the last policy reload found a policy directory that does not "
-        "compile (the last good policies still decide); null with an external OPA",
+        "compile, or a signed bundle OPA refused (the last good policies still decide); null "
+        "with an external OPA",
     )
     store_open: bool
     store_writable: bool = Field(
@@ -148,5 +149,7 @@ class Readiness(_Envelope):
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid",
+        description="what is wrong without stopping it from serving: policy_source_invalid, "
+        "policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle "
+        "offered at the last reload)",
     )

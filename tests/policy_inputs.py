@@ -13,6 +13,7 @@ RECORD = {
     "state_id": "state-1",
     "state_digest": "sha256:" + "ab" * 32,
     "digest_valid": True,
+    "task_profile": "coding",
     "counts": {
         "memory_anchors": 1,
         "gene_anchors": 1,

@@ -384,7 +384,9 @@ def test_opa_command_has_the_lockdown_of_the_local_sidecar() -> None:
 
 
 def test_opa_logs_decisions_to_its_console_like_the_local_sidecar(tmp_path: Path) -> None:
-    stub = SimpleNamespace(work_dir=tmp_path, poll_seconds=1, _bundles=SimpleNamespace(url="x"))
+    stub = SimpleNamespace(
+        work_dir=tmp_path, poll_seconds=1, _bundles=SimpleNamespace(url="x"), verification_key=None
+    )
     OpaSidecar._write_config(stub)  # type: ignore[arg-type]
     local = json.loads((tmp_path / "opa-config.json").read_text())
     assert local["decision_logs"] == {"console": True}
@@ -670,7 +672,8 @@ def test_compose_bundle_arguments_load_exactly_the_hashed_files(
     finally:
         process.terminate()
         process.wait(10)
-    assert loaded == [name for name, _ in policy_files(POLICY_DIR)]
+    # The data documents (tenant settings) are data, not policies: OPA lists only the Rego.
+    assert loaded == [name for name, _ in policy_files(POLICY_DIR) if name.endswith(".rego")]
 
 
 def test_compose_opa_healthcheck_checks_the_server(opa_bin: str, compose_opa: ComposeOpa) -> None:

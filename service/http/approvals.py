@@ -31,10 +31,11 @@ def grant_approval(tenant_id: str, workspace_id: str) -> Response:
     target = PolicyTarget(
         tenant_id=tenant_id, workspace_id=workspace_id, session_id=grant.session_id
     )
-    trace = authorize("approval.grant", actor, target)
+    # The policy judges the approval that would be stored (a tenant may bound its lifetime).
     approval = ApprovalStore.new_approval(
         tenant_id, workspace_id, grant, operator=actor.sub, now=context().clock()
     )
+    trace = authorize("approval.grant", actor, target, approval=approval)
     # The approval and the entry that allowed it commit together.
     journal_effect(201, approval_writes(approval), approval_id=approval.approval_id)
     response = json_response(ApprovalResponse(approval=approval, decision=trace), 201)

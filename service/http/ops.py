@@ -8,6 +8,7 @@ from flask import Blueprint, Response
 
 from service.http.common import context, json_response
 from service.openapi import openapi_document
+from service.policy.signed_bundle import SignedBundleSource
 from service.wire import Health, Readiness, StoreReadiness
 
 bp = Blueprint("ops", __name__)
@@ -22,8 +23,8 @@ def healthz() -> Response:
 def readyz() -> Response:
     """Ready when OPA answers with a loaded policy revision and the store is open and answers.
 
-    A policy directory that did not compile at the last reload is a warning, not
-    a failure: the service still decides, with the last good snapshot, and taking
+    A policy directory that did not compile at the last reload, or a signed
+    bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
     every instance out of rotation over an edit nobody activated would turn a
     refused change into an outage.
     """
@@ -44,11 +45,14 @@ def readyz() -> Response:
     }
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
+    warnings = ["policy_source_invalid"] if source_valid is False else []
+    if source_valid is False and isinstance(ctx.policy_source, SignedBundleSource):
+        warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
     ready = not reasons
     body = Readiness(
         ready=ready,
         reasons=reasons,
-        warnings=["policy_source_invalid"] if source_valid is False else [],
+        warnings=warnings,
         opa_reachable=decided or probe.engine_refused,
         policy_revision=revision,
         policy_source_valid=source_valid,

@@ -1,7 +1,8 @@
 """The policy set as an OPA bundle whose revision is a content hash of its files.
 
-The revision names exactly the Rego OPA evaluates: the same in every decision
-trace until a policy file changes, and different as soon as one does.
+The revision names exactly the Rego and data OPA evaluates: the same in every
+decision trace until a policy file or a data document (the tenant settings,
+`service.policy.tenant_settings`) changes, and different as soon as one does.
 """
 
 from __future__ import annotations
@@ -12,10 +13,23 @@ import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from store.canonical import canonical_digest
 
 BUNDLE_ROOTS = ("sessionstate", "system")
+
+
+class ServedBundle(Protocol):
+    """What the bundle server hands OPA: a revision, an ETag and the tarball."""
+
+    @property
+    def revision(self) -> str: ...
+
+    @property
+    def etag(self) -> str: ...
+
+    def tarball(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -24,6 +38,10 @@ class PolicyBundle:
 
     revision: str
     files: tuple[tuple[str, bytes], ...]
+
+    @property
+    def etag(self) -> str:
+        return self.revision
 
     def tarball(self) -> bytes:
         manifest = {"revision": self.revision, "roots": list(BUNDLE_ROOTS)}
@@ -38,12 +56,20 @@ class PolicyBundle:
 
 
 def policy_files(policy_dir: Path) -> tuple[tuple[str, bytes], ...]:
-    """The Rego files OPA serves decisions from: every `.rego` but the tests, sorted."""
-    found = sorted(
+    """The files OPA serves decisions from, sorted: every `.rego` but the tests, and every
+    `data.json` under the bundle's roots (what OPA itself loads from a bundle directory)."""
+    rego = (
         path
         for path in policy_dir.rglob("*.rego")
         if path.is_file() and not path.name.endswith("_test.rego")
     )
+    data = (
+        path
+        for root in BUNDLE_ROOTS
+        for path in (policy_dir / root).rglob("data.json")
+        if path.is_file()
+    )
+    found = sorted((*rego, *data))
     return tuple(
         ("/" + path.relative_to(policy_dir).as_posix(), path.read_bytes()) for path in found
     )

@@ -80,3 +80,33 @@ def external_opa_accepts_token(settings: Settings) -> None:
             "SESSIONSTATE_OPA_TOKEN to the token its system.authz admits (the "
             "SESSIONSTATE_OPA_TOKEN in the OPA process's environment)"
         )
+
+
+def local_signed_bundle(settings: Settings) -> tuple[Path, Path] | None:
+    """The signed bundle and its verification key, both readable files; None when unset."""
+    bundle, key = settings.policy_bundle, settings.policy_verification_key
+    if bundle is None and key is None:
+        return None
+    if settings.opa_url is not None:
+        raise ConfigurationError(
+            "SESSIONSTATE_POLICY_BUNDLE and SESSIONSTATE_POLICY_VERIFICATION_KEY are for the "
+            "local sidecar; the OPA at SESSIONSTATE_OPA_URL verifies its own bundle "
+            "(docs/deployment.md: its --verification-key)"
+        )
+    if bundle is None:
+        raise ConfigurationError(
+            "SESSIONSTATE_POLICY_VERIFICATION_KEY is set but SESSIONSTATE_POLICY_BUNDLE is not: "
+            "name the signed bundle (`sessionstate policy build`) the key verifies"
+        )
+    if key is None:
+        raise ConfigurationError(
+            "SESSIONSTATE_POLICY_BUNDLE is set but SESSIONSTATE_POLICY_VERIFICATION_KEY is not: "
+            "a bundle is served only with the key that verifies its signature"
+        )
+    for name, path in (
+        ("SESSIONSTATE_POLICY_BUNDLE", bundle),
+        ("SESSIONSTATE_POLICY_VERIFICATION_KEY", key),
+    ):
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigurationError(f"{name} names no readable file: {path}")
+    return bundle, key

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.inputs import TaskProfile
 from store.reasons import Blocker
 from store.record import SessionStateRecord
 from store.scope import ScopeId
@@ -101,6 +102,9 @@ class PolicyRecordSummary(_Strict):
     state_id: str = Field(max_length=128)
     state_digest: str = Field(max_length=160)
     digest_valid: bool
+    task_profile: TaskProfile = Field(
+        description="the record's runtime profile's task profile (tenant settings may limit it)"
+    )
     counts: RecordCounts
     flags: RecordFlags
     blockers: list[str] = Field(max_length=32)
@@ -170,6 +174,7 @@ def record_summary(record: SessionStateRecord) -> PolicyRecordSummary:
             "state_id": record.state_id,
             "state_digest": record.state_digest,
             "digest_valid": Blocker.DIGEST_MISMATCH not in blockers,
+            "task_profile": record.runtime_profile.task_profile,
             "counts": {
                 "memory_anchors": len(record.memory_anchors),
                 "gene_anchors": len(record.gene_anchors),

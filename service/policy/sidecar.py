@@ -9,6 +9,10 @@
   `sessionstate policy reload`), or by the watcher with `watch_policies`
   (`service.policy.source`); each reload's outcome goes to
   `policy-status.json` in the work dir.
+- With a signed bundle file (`bundle_file` and `verification_key`), that file
+  is what OPA gets, and OPA is configured to activate only a bundle whose
+  signature verifies with the key (`service.policy.signed_bundle`); a bundle
+  OPA refuses at start stops the start, one refused at a reload is withdrawn.
 - Decision logging is on (console, into `opa.log` in the work dir), so every
   decision carries OPA's `decision_id`.
 - If OPA dies, it is restarted with exponential backoff; `stop()` ends it.
@@ -29,13 +33,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.reload import PolicyStatus, write_status
-from service.policy.source import PolicySource, ReloadResult
+from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
+from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,12 @@ class OpaSidecar:
         max_backoff_seconds: float = 5.0,
         watch_policies: bool = False,
         activation_timeout: float = 10.0,
+        bundle_file: Path | None = None,
+        verification_key: Path | None = None,
+        verification_alg: SigningAlg = "RS256",
     ) -> None:
+        if (bundle_file is None) != (verification_key is None):
+            raise ValueError("a signed bundle needs both the bundle file and the verification key")
         self.opa_bin = opa_bin
         self.policy_dir = policy_dir
         self.work_dir = work_dir
@@ -92,8 +103,22 @@ class OpaSidecar:
         self.watch_policies = watch_policies
         self.activation_timeout = activation_timeout
         self.restarts = 0
-        self.policies = PolicySource(policy_dir, opa_bin)
-        self._bundles = BundleServer(lambda: self.policies.served)
+        self.bundle_file = bundle_file
+        self.verification_key = verification_key
+        self.verification_alg = verification_alg
+        self.signed: SignedBundleSource | None = None
+        self._status_token = secrets.token_urlsafe(32)
+        self.policies: PolicySnapshots
+        if bundle_file is not None:
+            board = OpaStatusBoard(BUNDLE_NAME)
+            self.signed = SignedBundleSource(bundle_file, board, verdict_timeout=activation_timeout)
+            self.policies = self.signed
+            self._bundles = BundleServer(
+                lambda: self.policies.served, board=board, token=self._status_token
+            )
+        else:
+            self.policies = PolicySource(policy_dir, opa_bin)
+            self._bundles = BundleServer(lambda: self.policies.served)
         self._probe = PolicyClient(self.url, self.token, timeout=1.0)
         self._reload_requested = threading.Event()
         self._reload_lock = threading.Lock()
@@ -135,11 +160,23 @@ class OpaSidecar:
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._bundles.start()
         self._write_config()
+        mark = 0 if self.signed is None else self.signed.board.mark()
         self._spawn()
         self._supervisor = threading.Thread(
             target=self._supervise, name="opa-supervisor", daemon=True
         )
         self._supervisor.start()
+        if self.signed is not None:
+            refused = self.signed.confirm_start(mark, timeout)
+            if refused is not None:
+                self.stop()
+                raise SidecarError(
+                    f"OPA did not activate the policy bundle {self.bundle_file} "
+                    f"(SESSIONSTATE_POLICY_BUNDLE): {refused}. It activates only a bundle "
+                    "signed (`sessionstate policy build`) with the key whose "
+                    f"{self.verification_alg} verification key is "
+                    "SESSIONSTATE_POLICY_VERIFICATION_KEY"
+                )
         if not self.wait_ready(timeout):
             self.stop()
             raise SidecarError(
@@ -164,7 +201,9 @@ class OpaSidecar:
             result = self.policies.reload()
             if result.outcome == "invalid":
                 log.error(
-                    "policy_reload_rejected",
+                    "policy_bundle_rejected"
+                    if self.signed is not None
+                    else "policy_reload_rejected",
                     extra={"policy_revision": result.revision, "errors": list(result.errors)},
                 )
             return self._report(result, checked_at)
@@ -211,7 +250,7 @@ class OpaSidecar:
 
     def _reload_when_asked(self) -> None:
         """Reload on request; with `watch_policies`, also whenever the directory changes."""
-        watched = self.policies.served.revision
+        watched = self.policies.served.etag  # what source_revision() reports of it
         while not self._stopping.is_set():
             asked = self._reload_requested.wait(self.poll_seconds if self.watch_policies else None)
             if self._stopping.is_set():
@@ -266,7 +305,7 @@ class OpaSidecar:
         self._bundles.stop()
 
     def _write_config(self) -> None:
-        config = {
+        config: dict[str, Any] = {
             "services": {"policies": {"url": self._bundles.url}},
             "bundles": {
                 BUNDLE_NAME: {
@@ -281,7 +320,23 @@ class OpaSidecar:
             },
             "decision_logs": {"console": True},
         }
-        (self.work_dir / "opa-config.json").write_text(json.dumps(config, indent=2))
+        if self.verification_key is not None:
+            # OPA's --verification-key: activate only bundles whose signature verifies, and
+            # report each download's outcome back to the bundle server.
+            config["keys"] = {
+                BUNDLE_NAME: {
+                    "key": self.verification_key.read_text(),
+                    "algorithm": self.verification_alg,
+                }
+            }
+            config["bundles"][BUNDLE_NAME]["signing"] = {"keyid": BUNDLE_NAME}
+            config["services"]["policies"]["credentials"] = {
+                "bearer": {"token": self._status_token}
+            }
+            config["status"] = {"service": "policies"}
+        path = self.work_dir / "opa-config.json"
+        path.touch(mode=0o600)  # it may hold an HS256 secret
+        path.write_text(json.dumps(config, indent=2))
 
     def _command(self) -> list[str]:
         return [

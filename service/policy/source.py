@@ -17,9 +17,10 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from service.policy.bundle import BUNDLE_ROOTS, PolicyBundle, load_bundle
+from service.policy.bundle import BUNDLE_ROOTS, PolicyBundle, ServedBundle, load_bundle
+from service.policy.tenant_settings import settings_errors
 
 ReloadOutcome = Literal["loaded", "unchanged", "invalid"]
 RELOAD_OUTCOMES: tuple[ReloadOutcome, ...] = ("loaded", "unchanged", "invalid")
@@ -37,6 +38,25 @@ class ReloadResult:
     outcome: ReloadOutcome
     revision: str
     errors: tuple[str, ...] = field(default=())
+
+
+class PolicySnapshots(Protocol):
+    """What the sidecar serves OPA and reloads: a policy directory's snapshot
+    (`PolicySource`) or a signed bundle file (`service.policy.signed_bundle`)."""
+
+    @property
+    def served(self) -> ServedBundle: ...
+
+    @property
+    def valid(self) -> bool: ...
+
+    def reloads(self, outcome: ReloadOutcome) -> int: ...
+
+    def load(self) -> ServedBundle: ...
+
+    def reload(self) -> ReloadResult: ...
+
+    def source_revision(self) -> str | None: ...
 
 
 class PolicySource:
@@ -110,9 +130,9 @@ class PolicySource:
         except OSError as error:
             empty = PolicyBundle(revision="", files=())
             return empty, [f"the policy directory cannot be read ({error.strerror or 'I/O error'})"]
-        if not bundle.files:
+        if not any(name.endswith(".rego") for name, _ in bundle.files):
             return bundle, ["no .rego policy files"]
-        return bundle, compile_errors(self.opa_bin, bundle)
+        return bundle, settings_errors(self.policy_dir) or compile_errors(self.opa_bin, bundle)
 
 
 def compile_errors(opa_bin: str, bundle: PolicyBundle) -> list[str]:

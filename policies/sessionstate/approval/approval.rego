@@ -30,3 +30,14 @@ reasons contains "action_not_supported" if {
 reasons contains "role_not_permitted" if not lib.has_role(input.actor, "operator")
 
 reasons contains "cross_tenant_scope_rejected" if not lib.same_tenant(input.actor, input.target)
+
+# A tenant may bound how long its operators' approvals live. Only a grant is
+# judged: the service sends the approval it would store, and one that is
+# missing or outlives the bound is refused.
+reasons contains "approval_lifetime_over_tenant_limit" if {
+	input.action == "approval.grant"
+	limit := lib.tenant_settings(input.target.tenant_id).max_approval_seconds
+	not _lives_at_most(input.approval, limit)
+}
+
+_lives_at_most(approval, limit) if approval.expires_at - approval.issued_at <= limit

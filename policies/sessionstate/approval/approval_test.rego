@@ -62,3 +62,52 @@ test_decision_defined_for_minimal_input if {
 	decision := approval.decision with input as minimal
 	decision == denied(["cross_tenant_scope_rejected"])
 }
+
+# --- Tenant settings: the longest approval a tenant's operators may grant ---
+
+# The approval the service would store: one hour from now.
+grant_input := object.union(valid_input, {"approval": {
+	"approval_id": "approval-1",
+	"tenant_id": "tenant-a",
+	"workspace_id": "ws-a",
+	"session_id": null,
+	"operator": "operator-a",
+	"issued_at": 1700000000,
+	"expires_at": 1700003600,
+	"revoked": false,
+}})
+
+limited(seconds) := {"settings": [
+	{"tenant_id": "tenant-a", "max_approval_seconds": seconds},
+	{"tenant_id": "tenant-b", "max_approval_seconds": 1},
+]}
+
+test_grant_within_the_tenant_limit_allowed if {
+	decision := approval.decision with input as grant_input with data.sessionstate.tenants as limited(3600)
+	decision == {"allow": true, "reasons": []}
+}
+
+test_grant_over_the_tenant_limit_rejected if {
+	decision := approval.decision with input as grant_input with data.sessionstate.tenants as limited(3599)
+	decision == denied(["approval_lifetime_over_tenant_limit"])
+}
+
+# Fail closed: with a limit, a grant must say how long the approval would live.
+test_grant_without_the_approval_rejected_under_a_limit if {
+	decision := approval.decision with input as valid_input with data.sessionstate.tenants as limited(3600)
+	decision == denied(["approval_lifetime_over_tenant_limit"])
+}
+
+test_tenant_limit_judges_grants_only if {
+	every action in ["approval.revoke", "approval.list"] {
+		changes := {"action": action, "approval": null}
+		decision := approval.decision with input as object.union(grant_input, changes)
+			with data.sessionstate.tenants as limited(1)
+		decision == {"allow": true, "reasons": []}
+	}
+}
+
+test_grant_without_a_tenant_limit_allowed if {
+	decision := approval.decision with input as grant_input with data.sessionstate.tenants as {"settings": []}
+	decision == {"allow": true, "reasons": []}
+}

@@ -32,3 +32,17 @@ same_session(actor, target) if {
 		object.get(actor, key, null) == object.get(target, key, null)
 	}
 }
+
+# METADATA
+# title: tenant_settings
+# description: >-
+#   The tenant's entry in the tenant settings document
+#   (`data.sessionstate.tenants`, policies/sessionstate/tenants/data.json);
+#   undefined when it has none, so every rule reading a setting stays silent
+#   and the default behaviour holds. A setting only ever restricts.
+# schemas:
+#   - data.sessionstate.tenants: schema.tenants.settings
+tenant_settings(tenant_id) := settings if {
+	some settings in data.sessionstate.tenants.settings
+	settings.tenant_id == tenant_id
+}

@@ -61,6 +61,21 @@ _store_reasons contains "session_state_durable_writes_disabled" if not input.dep
 
 _store_reasons contains "session_state_operator_approval_missing" if not _approval_covers_target
 
+# --- Tenant settings (data.sessionstate.tenants): each one only ever restricts ---
+
+# A tenant whose settings turn durable writes off stores nothing, whatever the
+# deployment allows. Anything but `true` there counts as off: fail closed.
+_store_reasons contains "session_state_tenant_durable_writes_disabled" if {
+	_tenant_settings.durable_writes != true
+}
+
+# A tenant may limit the task profiles its model services write; a record of
+# another profile (or a limit that is no list) is refused.
+_store_reasons contains "session_state_task_profile_not_permitted" if {
+	profiles := _tenant_settings.write_task_profiles
+	not input.record.task_profile in profiles
+}
+
 # The record gates below read input.record; with no record they stay silent,
 # and this gate alone reports it.
 _store_reasons contains "session_state_record_missing" if object.get(input, "record", null) == null
@@ -90,6 +105,9 @@ _store_reasons contains "session_state_digest_mismatch" if input.record.digest_v
 
 # The service's own validation blockers pass through, so they always block a write.
 _store_reasons contains blocker if some blocker in input.record.blockers
+
+# The target tenant's settings; undefined when it has none.
+_tenant_settings := lib.tenant_settings(input.target.tenant_id)
 
 # The record schemas a write may carry.
 _record_schemas := {"sessionstate.record.v1", "sessionstate.record.v2"}

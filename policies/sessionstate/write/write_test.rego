@@ -35,6 +35,7 @@ valid_input := {
 		"state_id": "state-1",
 		"state_digest": "sha256:0000000000000000000000000000000000000000000000000000000000000000",
 		"digest_valid": true,
+		"task_profile": "coding",
 		"counts": {
 			"memory_anchors": 1,
 			"gene_anchors": 1,
@@ -326,4 +327,54 @@ test_decision_defined_for_minimal_input if {
 		"session_state_operator_approval_missing",
 		"session_state_record_missing",
 	])
+}
+
+# --- Tenant settings (data.sessionstate.tenants) ---
+
+# Tenant-a's settings, beside another tenant's that must not affect it.
+tenants(settings) := {"settings": [
+	object.union({"tenant_id": "tenant-a"}, settings),
+	{"tenant_id": "tenant-b", "durable_writes": false, "write_task_profiles": []},
+]}
+
+test_tenant_without_settings_keeps_the_defaults if {
+	write.decision == allowed with input as valid_input with data.sessionstate.tenants as tenants({})
+	write.decision == allowed with input as valid_input with data.sessionstate.tenants as {"settings": []}
+}
+
+test_tenant_durable_writes_off_refuses_its_writes if {
+	decision := write.decision with input as valid_input
+		with data.sessionstate.tenants as tenants({"durable_writes": false})
+	decision == denied(["session_state_tenant_durable_writes_disabled"])
+}
+
+test_tenant_durable_writes_on_does_not_override_the_deployment if {
+	decision := write.decision with input as object.union(valid_input, {"deployment": {"durable_writes_enabled": false}})
+		with data.sessionstate.tenants as tenants({"durable_writes": true})
+	decision == denied(["session_state_durable_writes_disabled"])
+}
+
+# A preview still answers, and lists what would block the tenant's real write.
+test_tenant_durable_writes_off_is_listed_on_a_preview if {
+	decision := write.decision with input as object.union(valid_input, {"action": "preview"})
+		with data.sessionstate.tenants as tenants({"durable_writes": false})
+	decision == {"allow": true, "reasons": ["session_state_tenant_durable_writes_disabled"]}
+}
+
+test_tenant_task_profiles_admit_the_listed_ones if {
+	decision := write.decision with input as valid_input
+		with data.sessionstate.tenants as tenants({"write_task_profiles": ["general", "coding"]})
+	decision == allowed
+}
+
+test_tenant_task_profiles_refuse_any_other if {
+	decision := write.decision with input as valid_input
+		with data.sessionstate.tenants as tenants({"write_task_profiles": ["writing"]})
+	decision == denied(["session_state_task_profile_not_permitted"])
+}
+
+test_tenant_with_no_task_profiles_writes_nothing if {
+	decision := write.decision with input as valid_input
+		with data.sessionstate.tenants as tenants({"write_task_profiles": []})
+	decision == denied(["session_state_task_profile_not_permitted"])
 }

@@ -1,0 +1,298 @@
+"""Signed policy bundles: built by `sessionstate policy build`, verified by OPA alone.
+
+Building: the files the sidecar would serve from the policy directory (its
+non-test `.rego` files and the tenant settings, `service.policy.bundle`), with
+the same content-hash revision, are signed by OPA's own `opa build
+--signing-key`, which writes `.signatures.json` into the bundle.
+
+Serving (`SESSIONSTATE_POLICY_BUNDLE` with `SESSIONSTATE_POLICY_VERIFICATION_KEY`):
+the bundle server offers the file's bytes as they are, and OPA, configured with
+the verification key, activates it only if its signature verifies. The service
+never judges a signature itself: it learns OPA's verdict from OPA's status
+reports (OPA's status plugin posts them to the bundle server), and
+
+- at start, a bundle OPA refuses stops the start (`SidecarError`, with OPA's
+  reason);
+- at a reload, a refused bundle is withdrawn and the last good one offered
+  again (OPA never stopped deciding with it, and a restarted OPA gets it
+  back); `valid` is false and `rejections` counts it until a good one loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from service.policy.bundle import BUNDLE_ROOTS
+from service.policy.source import PolicySource, ReloadOutcome, ReloadResult
+
+SigningAlg = Literal["RS256", "ES256", "HS256"]
+SIGNING_ALGS: tuple[SigningAlg, ...] = ("RS256", "ES256", "HS256")
+KEY_ID = "sessionstate"
+MAX_MESSAGE = 300  # OPA's reason, cut: enough to tell a bad signature from a tampered file
+
+
+class BundleBuildError(ValueError):
+    """The bundle could not be built: the policies or the key are unfit."""
+
+
+@dataclass(frozen=True)
+class BuiltBundle:
+    out: Path
+    revision: str
+    signing_alg: SigningAlg
+
+
+def build_signed_bundle(
+    opa_bin: str, policy_dir: Path, signing_key: Path, signing_alg: SigningAlg, out: Path
+) -> BuiltBundle:
+    """Check the policy directory as a reload would, then sign what the sidecar would serve."""
+    if not signing_key.is_file():
+        raise BundleBuildError(f"--signing-key names no readable file: {signing_key}")
+    bundle = PolicySource(policy_dir, opa_bin).load()  # PolicySourceError when unfit
+    with tempfile.TemporaryDirectory(prefix="sessionstate-policy-build-") as tmp:
+        stage = Path(tmp)
+        manifest = {"revision": bundle.revision, "roots": list(BUNDLE_ROOTS)}
+        (stage / ".manifest").write_text(json.dumps(manifest))
+        for name, content in bundle.files:
+            path = stage / name.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        try:
+            built = subprocess.run(  # noqa: S603 - fixed argv, no shell
+                [
+                    opa_bin,
+                    "build",
+                    "--bundle",
+                    ".",
+                    "--signing-key",
+                    str(signing_key.resolve()),
+                    "--signing-alg",
+                    signing_alg,
+                    "--output",
+                    str(out.resolve()),
+                ],
+                cwd=stage,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            raise BundleBuildError("`opa build` could not run (SESSIONSTATE_OPA_BIN)") from None
+    if built.returncode != 0:
+        reason = (built.stderr or built.stdout).strip().splitlines()
+        raise BundleBuildError(
+            f"`opa build` refused to sign with that key as {signing_alg}: "
+            + (reason[0][:MAX_MESSAGE] if reason else "no reason given")
+        )
+    return BuiltBundle(out=out, revision=bundle.revision, signing_alg=signing_alg)
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    """A bundle file's bytes as offered to OPA; the ETag is their hash."""
+
+    revision: str  # from its .manifest; "" when it has none that reads
+    content: bytes
+
+    @property
+    def etag(self) -> str:
+        return "sha256:" + hashlib.sha256(self.content).hexdigest()
+
+    def tarball(self) -> bytes:
+        return self.content
+
+
+def read_bundle_file(path: Path) -> BundleFile:
+    content = path.read_bytes()
+    return BundleFile(revision=_manifest_revision(content), content=content)
+
+
+def _manifest_revision(content: bytes) -> str:
+    try:
+        with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as archive:
+            for member in archive.getmembers():
+                if member.name.lstrip("/") == ".manifest" and member.isfile():
+                    handle = archive.extractfile(member)
+                    if handle is not None:
+                        revision = json.loads(handle.read(65_536)).get("revision", "")
+                        return revision if isinstance(revision, str) else ""
+    except (tarfile.TarError, OSError, EOFError, ValueError, AttributeError):
+        pass
+    return ""
+
+
+@dataclass(frozen=True)
+class OpaBundleReport:
+    """One status report of OPA on the bundle, as OPA's status plugin posts it."""
+
+    served: int  # how many times the bundle server had handed out a bundle when it arrived
+    active_revision: str | None
+    error: str | None  # OPA's message when the last download or activation failed
+
+
+@dataclass
+class OpaStatusBoard:
+    """The status reports OPA posts to the bundle server, for those who wait on a verdict."""
+
+    bundle_name: str
+    served: int = 0
+    reports: list[OpaBundleReport] = field(default_factory=list)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def note_served(self) -> None:
+        with self._changed:
+            self.served += 1
+
+    def note_status(self, document: object) -> None:
+        """Keep OPA's report on our bundle; anything else in it is ignored."""
+        try:
+            status = document["bundles"][self.bundle_name]  # type: ignore[index]
+            code, message = status.get("code"), status.get("message")
+            active = status.get("active_revision")
+        except (KeyError, TypeError, AttributeError):
+            return
+        error = None
+        if code:
+            error = (message if isinstance(message, str) and message else str(code))[:MAX_MESSAGE]
+        with self._changed:
+            self.reports.append(
+                OpaBundleReport(
+                    served=self.served,
+                    active_revision=active if isinstance(active, str) else None,
+                    error=error,
+                )
+            )
+            del self.reports[:-64]
+            self._changed.notify_all()
+
+    def mark(self) -> int:
+        """How many bundles were handed out so far: a verdict must come after the next."""
+        with self._changed:
+            return self.served
+
+    def verdict(self, mark: int, timeout: float) -> OpaBundleReport | None:
+        """OPA's first report after it fetched a bundle handed out after `mark`; None if none."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for report in self.reports:
+                    if report.served > mark:
+                        return report
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+
+
+class SignedBundleSource:
+    """The signed bundle file the sidecar offers OPA, and what OPA made of it."""
+
+    def __init__(
+        self, bundle_file: Path, board: OpaStatusBoard, *, verdict_timeout: float = 10.0
+    ) -> None:
+        self.bundle_file = bundle_file
+        self.board = board
+        self.verdict_timeout = verdict_timeout
+        self._offered: BundleFile | None = None
+        self._good: BundleFile | None = None
+        self._valid = True
+        self.rejections = 0
+        self.rejection: str | None = None  # OPA's reason for the latest refusal, while refused
+        self._reloads: Counter[ReloadOutcome] = Counter()
+        self._lock = threading.Lock()
+
+    @property
+    def served(self) -> BundleFile:
+        offered = self._offered
+        if offered is None:
+            raise RuntimeError("no bundle read yet")
+        return offered
+
+    @property
+    def valid(self) -> bool:
+        """False while the latest bundle offered was refused by OPA."""
+        return self._valid
+
+    def reloads(self, outcome: ReloadOutcome) -> int:
+        return self._reloads[outcome]
+
+    def load(self) -> BundleFile:
+        """The start: offer the file; `confirm_start` then waits for OPA's verdict."""
+        self._offered = self._read()
+        return self._offered
+
+    def confirm_start(self, mark: int, timeout: float) -> str | None:
+        """None once OPA activated the offered bundle; else why it did not (or no answer)."""
+        report = self.board.verdict(mark, timeout)
+        if report is None:
+            return f"OPA reported nothing on the bundle within {timeout:.0f}s"
+        if report.error is not None:
+            self._refused(report.error)
+            return report.error
+        self._good = self.served
+        return None
+
+    def source_revision(self) -> str | None:
+        """The file's content hash now (what the watcher compares), or None if unreadable."""
+        try:
+            return read_bundle_file(self.bundle_file).etag
+        except OSError:
+            return None
+
+    def reload(self) -> ReloadResult:
+        """Offer the file as it is now; keep it if OPA activates it, else withdraw it."""
+        with self._lock:
+            good = self._good if self._good is not None else self.served
+            try:
+                candidate = self._read()
+            except OSError as error:
+                return self._count(
+                    ReloadResult("invalid", good.revision, (self._unreadable(error),))
+                )
+            if candidate.etag == good.etag:
+                self._valid, self.rejection = True, None
+                return self._count(ReloadResult("unchanged", good.revision))
+            mark = self.board.mark()
+            self._offered = candidate
+            report = self.board.verdict(mark, self.verdict_timeout)
+            if report is None or report.error is not None:
+                self._offered = good  # OPA keeps deciding with it; a restarted OPA gets it back
+                reason = (
+                    report.error
+                    if report is not None and report.error is not None
+                    else f"OPA reported nothing on the bundle within {self.verdict_timeout:.0f}s"
+                )
+                self._refused(reason)
+                return self._count(ReloadResult("invalid", good.revision, (reason,)))
+            self._good, self._valid, self.rejection = candidate, True, None
+            return self._count(ReloadResult("loaded", candidate.revision))
+
+    def _refused(self, reason: str) -> None:
+        self._valid = False
+        self.rejections += 1
+        self.rejection = reason
+
+    def _count(self, result: ReloadResult) -> ReloadResult:
+        self._reloads[result.outcome] += 1
+        return result
+
+    def _read(self) -> BundleFile:
+        return read_bundle_file(self.bundle_file)
+
+    def _unreadable(self, error: OSError) -> str:
+        return (
+            f"the policy bundle {self.bundle_file} (SESSIONSTATE_POLICY_BUNDLE) cannot be read "
+            f"({error.strerror or 'I/O error'})"
+        )
