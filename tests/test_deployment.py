@@ -44,7 +44,8 @@ POLICY_DIR = ROOT / "policies"
 SERVICE = "sessionstate"
 OPA = "opa"
 OPA_ADDR = "127.0.0.1:8181"
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|KEY|PASSWORD)")
+# Names of secret values (a key *file* path, such as the policy verification key, is none).
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|(?<!VERIFICATION_)KEY|PASSWORD)")
 REQUIRED_REF = re.compile(r"^\$\{(?P<name>[A-Z0-9_]+):\?[^}]+\}$")
 UPDATE_MANIFEST = ".venv/bin/python deploy/policy_manifest.py"
 
@@ -129,9 +130,16 @@ def opa_version() -> str:
 
 
 def opa_command() -> list[str]:
+    """OPA's argv in docker-compose.yml, as Compose resolves it with none of the optional
+    variables set (the policy directory, no signature verification)."""
     command = SERVICES[OPA]["command"]
     assert isinstance(command, list), "OPA's command must be a list: no shell in the image"
-    return [str(arg) for arg in command]
+    return [_unset_variables(str(arg)) for arg in command]
+
+
+def _unset_variables(text: str) -> str:
+    """`${X:-default}` as the default, `${X:+alternative}` as nothing: X unset."""
+    return re.sub(r"\$\{[A-Z0-9_]+:([-+])([^}]*)\}", lambda m: m[2] if m[1] == "-" else "", text)
 
 
 def flag_value(command: list[str], flag: str) -> list[str]:
@@ -152,12 +160,14 @@ def compose_volumes(service: str) -> list[dict[str, Any]]:
         if isinstance(volume, dict):
             found.append(volume)
             continue
-        parts = str(volume).split(":")
+        # SOURCE:TARGET[:MODE], where SOURCE may be `${VARIABLE:-default}`.
+        parts = re.fullmatch(r"(\$\{[^}]*\}|[^:]+):([^:]+)(?::(.*))?", str(volume))
+        assert parts is not None, volume
         found.append(
             {
-                "source": parts[0],
-                "target": parts[1],
-                "read_only": len(parts) > 2 and "ro" in parts[2].split(","),
+                "source": parts[1],
+                "target": parts[2],
+                "read_only": "ro" in (parts[3] or "").split(","),
             }
         )
     return found
@@ -359,8 +369,10 @@ def test_opa_listens_on_loopback_where_the_service_looks() -> None:
 
 
 def test_opa_mounts_the_policies_read_only_and_loads_them_as_a_bundle() -> None:
-    mounts = [v for v in compose_volumes(OPA) if v["source"] in {"./policies", "policies"}]
-    assert len(mounts) == 1 and mounts[0]["read_only"] is True
+    mounts = [v for v in compose_volumes(OPA) if v["target"] == "/policies"]
+    # The directory by default; a signed bundle file when SESSIONSTATE_POLICY_BUNDLE names one.
+    assert [v["source"] for v in mounts] == ["${SESSIONSTATE_POLICY_BUNDLE:-./policies}"]
+    assert mounts[0]["read_only"] is True
     command = opa_command()
     assert flag_value(command, "--bundle") == [mounts[0]["target"]]
     assert "*_test.rego" in flag_value(command, "--ignore")
@@ -436,7 +448,7 @@ def test_both_containers_have_health_checks() -> None:
 
 def test_compose_interpolates_nothing_but_its_variables() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
-    assert not re.search(r"\$(?!\{[A-Z0-9_]+(:[?-][^}]*)?\})", text), "a stray $ is interpolated"
+    assert not re.search(r"\$(?!\{[A-Z0-9_]+(:[?+-][^}]*)?\})", text), "a stray $ is interpolated"
 
 
 @pytest.fixture(scope="module")
@@ -497,7 +509,7 @@ def test_docker_compose_config_accepts_the_file_and_refuses_missing_secrets(
     resolved = json.loads(accepted.stdout)["services"]
     assert resolved[OPA]["network_mode"] == f"service:{SERVICE}"
     assert resolved[OPA]["depends_on"][SERVICE]["restart"] is True
-    (policies,) = resolved[OPA]["volumes"]
+    (policies,) = [v for v in resolved[OPA]["volumes"] if v["target"] == "/policies"]
     assert policies["read_only"] is True and Path(policies["source"]) == POLICY_DIR
 
 
@@ -535,7 +547,7 @@ def test_deployment_doc_lists_every_setting_compose_reads() -> None:
     table = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", configure, re.MULTILINE))
     assert table == compose
     secrets = {name for name in compose if SECRET_NAME.search(name)}
-    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
     assert (
         f"Compose reads {words[len(compose)]} settings, {words[len(secrets)]} of them secrets"
         in configure
@@ -794,8 +806,97 @@ def test_ha_compose_is_postgresql_and_two_replicas_each_with_its_sidecar(
         assert opa["network_mode"] == f"service:sessionstate-{replica}"
         assert opa["depends_on"][f"sessionstate-{replica}"]["restart"] is True
         assert "ports" not in opa
-        assert opa["command"] == COMPOSE["services"][OPA]["command"]
+        assert opa["command"] == opa_command()  # the policy directory, unsigned, by default
         assert {p["host_ip"] for p in service["ports"]} == {"127.0.0.1"}
     text = (ROOT / "docker-compose.ha.yml").read_text()
     for name in (*HA_SECRETS, "SESSIONSTATE_POSTGRES_PASSWORD"):
         assert re.search(r"\$\{" + name + r":\?", text), name  # required, never a literal
+
+
+def _compose_opa_argv(compose_bin: str, tmp: Path, extra: dict[str, str]) -> list[str]:
+    """docker-compose.yml's OPA argv as Compose resolves it with `extra` in the environment,
+    each container path of a mount replaced by its host path."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
+    clean["DOCKER_HOST"] = f"unix://{tmp}/no-docker.sock"
+    env_file = tmp / "compose.env"
+    env_file.write_text(
+        f"{TOKEN_ENV}={'t' * 43}\n"
+        f"SESSIONSTATE_JWT_SECRET={'j' * 40}\nSESSIONSTATE_DIGEST_KEY={'d' * 40}\n"
+    )
+    resolved = subprocess.run(
+        [compose_bin, "--env-file", str(env_file), "config", "--format", "json"],
+        cwd=ROOT,
+        env=clean | extra,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    opa = json.loads(resolved.stdout)["services"][OPA]
+    mounts = {volume["target"]: volume["source"] for volume in opa["volumes"]}
+    argv = []
+    for arg in opa["command"]:
+        for target, source in mounts.items():
+            if arg == target or arg.endswith("=" + target):
+                arg = arg[: len(arg) - len(target)] + source
+        argv.append(arg)
+    return argv
+
+
+def _compose_opa_activates(opa_bin: str, argv: list[str], tmp: Path) -> bool:
+    """Whether OPA, run with argv on a free port, activates its bundle (health?bundles)."""
+    addr = f"127.0.0.1:{free_port()}"
+    argv = [opa_bin] + [arg.replace(OPA_ADDR, addr) for arg in argv]
+    with open(tmp / f"opa-{addr.split(':')[1]}.log", "wb") as out:
+        process = subprocess.Popen(
+            argv,
+            env={"PATH": os.environ.get("PATH", ""), TOKEN_ENV: "t" * 40},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                answer = requests.get(f"http://{addr}/health?bundles", timeout=0.5)
+                if answer.status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        return False
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_compose_opa_activates_only_a_signed_bundle_that_verifies(
+    compose_bin: str, opa_bin: str, tmp_path: Path
+) -> None:
+    """SESSIONSTATE_POLICY_BUNDLE and _VERIFICATION_KEY in the compose environment: OPA's own
+    signature check (--verification-key) admits the signed bundle, and nothing else."""
+    from tests.test_signed_bundles import Keys, build, policies_copy, tampered, unsigned
+
+    keys = Keys(tmp_path / "keys")
+    private, public = keys.pair("security-team")
+    _, other_public = keys.pair("someone-else")
+    signed = build(opa_bin, policies_copy(tmp_path), private, tmp_path / "signed.tar.gz")
+    bad_copy = tampered(signed, tmp_path / "tampered.tar.gz")
+    bare = unsigned(opa_bin, POLICY_DIR, tmp_path / "unsigned.tar.gz", tmp_path)
+
+    def activates(bundle: Path | None, key: Path | None) -> bool:
+        extra = {}
+        if bundle is not None:
+            extra["SESSIONSTATE_POLICY_BUNDLE"] = str(bundle)
+        if key is not None:
+            extra["SESSIONSTATE_POLICY_VERIFICATION_KEY"] = str(key)
+        return _compose_opa_activates(
+            opa_bin, _compose_opa_argv(compose_bin, tmp_path, extra), tmp_path
+        )
+
+    assert activates(None, None), "the policy directory, unsigned, as before"
+    assert activates(signed, public)
+    assert not activates(bad_copy, public), "a bundle changed after signing"
+    assert not activates(bare, public), "an unsigned bundle"
+    assert not activates(signed, other_public), "signed with another key"
+    assert not activates(signed, None), "a bundle without a key to verify it with"
