@@ -22,6 +22,10 @@ from service.context import ConfigurationError, configured_store, jwt_secret, se
 from service.decisions import review as decision_review
 from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
 from service.decisions.review import ReviewError
+from service.impact.candidate import CandidateUnavailable
+from service.impact.report import render
+from service.impact.run import analyse
+from service.policy.engine_checks import local_opa_bin
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
 from service.settings import Settings, setting_errors, unknown_variables
@@ -70,6 +74,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     reload.add_argument(
         "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
+    )
+    impact = policy_commands.add_parser(
+        "impact",
+        help="what a candidate policy directory would have decided on the logged decisions "
+        "(the configured store, read-only, or an export); exit 3 when --fail-on holds",
+    )
+    impact.add_argument("candidate", type=Path, help="the candidate policy directory")
+    impact.add_argument(
+        "--decisions",
+        type=Path,
+        help="an NDJSON export (`decisions export`, GET /v1/decisions/export) instead of the store",
+    )
+    impact.add_argument("--since", help="evaluated at or after this RFC 3339 time (with a zone)")
+    impact.add_argument("--until", help="evaluated before this RFC 3339 time (with a zone)")
+    impact.add_argument("--tenant", help="only this tenant's decisions")
+    impact.add_argument("--action", help="only decisions of this action (e.g. write)")
+    impact.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    impact.add_argument(
+        "--fail-on",
+        choices=("none", "any", "allow-gained", "allow-lost"),
+        default="none",
+        help="exit 3 when any decision changed, or gained or lost allow (default none)",
+    )
+    impact.add_argument(
+        "--examples", type=_not_negative, default=10, help="changed decisions shown (default 10)"
     )
 
     token = commands.add_parser("token", help="mint a bearer token with the local HS256 secret")
@@ -190,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in secret_lines(settings):
                 print(line)
             return 0
+        if args.command == "policy" and args.policy == "impact":
+            return _impact(settings, args)
         if args.command == "policy":
             status = request_reload(settings.data_dir, args.timeout)
             print(status.model_dump_json())
@@ -215,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         StoreOffline,
         SchemaMismatch,
         StoreUpgradeRefused,
+        CandidateUnavailable,
         ValueError,
         OSError,
     ) as error:
@@ -252,6 +284,32 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be 1 or more")
     return value
+
+
+def _not_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _impact(settings: Settings, args: argparse.Namespace) -> int:
+    """`policy impact`: the report on stdout; 3 when the --fail-on condition holds."""
+    selection = decision_review.selection_of(
+        tenant_id=args.tenant, action=args.action, since=args.since, until=args.until
+    )
+    if args.decisions is not None and not args.decisions.is_file():
+        raise ReviewError(f"the export {args.decisions} is not a file")
+    report = analyse(
+        local_opa_bin(settings),
+        args.candidate,
+        settings.policy_dir,
+        configured_store(settings) if args.decisions is None else args.decisions,
+        selection,
+        args.examples,
+    )
+    print(render(report, args.format))
+    return 3 if report.fails(args.fail_on) else 0
 
 
 def _upgrade(settings: Settings) -> int:
