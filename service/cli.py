@@ -20,6 +20,7 @@ from service.approvals import ApprovalStore
 from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
+from service.decisions import revisions
 from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
 from service.decisions.review import ReviewError
 from service.impact.candidate import CandidateUnavailable
@@ -34,7 +35,7 @@ from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
 from store.backends.contract import Lanes, StoreOffline
 from store.backends.postgres_schema import SchemaMismatch
-from store.evidence_chain import ChainCorrupt
+from store.evidence_chain import ChainCorrupt, chain_name, chain_names
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
 from store.signed_head import ChainUnverified
@@ -131,6 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     review.add_parser("public-key", help="print the checkpoint key's PEM, to pin and keep apart")
     export = review.add_parser("export", help="NDJSON in OPA's decision log field names")
     export.add_argument("--tenant", help="only this tenant's entries")
+    revisions_parser = review.add_parser(
+        "revisions",
+        help="which policy revisions decided, by tenant: first and last decision, counts by "
+        "action, as JSON",
+    )
+    revisions_parser.add_argument("--tenant", help="only this tenant's")
     tail = review.add_parser("tail", help="the newest entries, one JSON a line")
     tail.add_argument("-n", type=_positive, default=10, help="how many (default 10)")
     signing = review.add_parser(
@@ -319,17 +326,18 @@ def _upgrade(settings: Settings) -> int:
     done = upgrade_store(store)
     migration: ChainMigration | None = None
     indexed: int | None = None
+    summarised: int | None = None
     database = store.leveldb_path
     if database is not None and database.is_dir():
         with (
             _holding_data_dir(settings.data_dir, database),
             decision_review.open_lanes(settings.data_dir) as leveldb,
         ):
-            migration, indexed = _upgrade_lanes(leveldb)
+            migration, indexed, summarised = _upgrade_lanes(leveldb)
     elif store.shared:  # PostgreSQL: written by a preview before chains were per tenant?
         lanes = open_lanes(store)
         try:
-            migration, indexed = _upgrade_lanes(lanes)
+            migration, indexed, summarised = _upgrade_lanes(lanes)
         finally:
             lanes.close()
     print(
@@ -339,23 +347,30 @@ def _upgrade(settings: Settings) -> int:
                 "target": done.target,
                 "found": done.found,
                 "now": done.now,
-                "changed": done.changed or migration is not None or indexed is not None,
+                "changed": done.changed
+                or migration is not None
+                or indexed is not None
+                or summarised is not None,
                 "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
                 "approvals_indexed": indexed,
+                "revisions_summarised": summarised,
             }
         )
     )
     return 0
 
 
-def _upgrade_lanes(lanes: Lanes) -> tuple[ChainMigration | None, int | None]:
-    """Move an old global chain onto per-tenant chains, and index approvals stored before
-    the approval index existed (None for each when there was nothing to do)."""
+def _upgrade_lanes(lanes: Lanes) -> tuple[ChainMigration | None, int | None, int | None]:
+    """Move an old global chain onto per-tenant chains, index approvals stored before the
+    approval index existed, and summarise the policy revisions of decisions logged before
+    the summaries existed (None for each when there was nothing to do)."""
     now = datetime.now(UTC)
     migration = migrate(lanes, now)
-    if mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete():
-        return migration, None
-    return migration, index_approvals(lanes, now)
+    indexed = None
+    if not (mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete()):
+        indexed = index_approvals(lanes, now)
+    summarised = None if revisions.complete(lanes) else revisions.rebuild(lanes)
+    return migration, indexed, summarised
 
 
 def _repair(data_dir: Path) -> int:
@@ -379,8 +394,34 @@ def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
         yield
 
 
+def _revisions(settings: Settings, tenant: str | None) -> int:
+    """`decisions revisions`: the summaries the journal keeps, by chain (tenant)."""
+    store = configured_store(settings)
+    if store.shared:  # PostgreSQL: read while the service runs, by its own client
+        lanes = open_lanes(store)
+        try:
+            print(_revision_listing(lanes, tenant))
+        finally:
+            lanes.close()
+    else:
+        with decision_review.open_lanes(settings.data_dir) as leveldb:
+            print(_revision_listing(leveldb, tenant))
+    return 0
+
+
+def _revision_listing(lanes: Lanes, tenant: str | None) -> str:
+    chains = chain_names(lanes) if tenant is None else [chain_name(tenant)]
+    listing = {
+        name: [summary.model_dump() for summary in revisions.revisions(lanes, name)]
+        for name in chains
+    }
+    return json.dumps({"complete": revisions.complete(lanes), "tenants": listing})
+
+
 def _review(settings: Settings, args: argparse.Namespace) -> int:
     data_dir = settings.data_dir
+    if args.review == "revisions":
+        return _revisions(settings, args.tenant)
     if args.review == "verify":
         if args.all_tenants:
             store = configured_store(settings)
