@@ -11,15 +11,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from service.cli import main
 from service.decisions.reader import DecisionLogReader
+from service.impact.logged import read_only_conninfo
 from service.policy.sidecar import OpaSidecar
 from store.lanes import LaneStore
 from tests.conftest import POLICY_DIR
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
+from tests.served import Served
 
 APPROVAL_GATE = (
     '_store_reasons contains "session_state_operator_approval_missing" '
@@ -268,3 +271,52 @@ def test_inputs_of_an_older_schema_are_skipped_and_counted(
     _, report = _impact(capsys, str(POLICY_DIR), "--decisions", str(older))
     assert report["skipped"] == {"total": 1, "why": {"input_schema_outdated": 1}}
     assert report["evaluated"] == len(lines) - 1
+
+
+def _rows(conninfo: str) -> str:
+    with psycopg.connect(conninfo) as connection:
+        rows = connection.execute(
+            "SELECT tenant_id, key, value FROM sessionstate_lanes ORDER BY tenant_id, key"
+        ).fetchall()
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
+
+
+def test_on_postgresql_the_store_is_read_over_read_only_transactions(
+    sidecar: OpaSidecar,
+    postgres_conninfo: str,
+    ungated: Path,
+    tmp_path: Path,
+    opa_bin: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = service_settings(tmp_path / "var", store=postgres_conninfo)
+    with live_service(sidecar, settings) as service:
+        assert _put(service) == 403
+        assert service.call("GET", service.session_path() + "/state", service.token()).ok is False
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("SESSIONSTATE_STORE", postgres_conninfo)
+    monkeypatch.setenv("SESSIONSTATE_OPA_BIN", opa_bin)
+    before = _rows(postgres_conninfo)
+    code, report = _impact(capsys, str(ungated), "--fail-on", "allow-gained")
+    assert (code, report["evaluated"], report["allow_gained"]) == (3, 2, 1)
+    assert _rows(postgres_conninfo) == before
+    with (
+        psycopg.connect(read_only_conninfo(postgres_conninfo)) as connection,
+        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+    ):
+        connection.execute("DELETE FROM sessionstate_lanes")
+
+
+def test_a_leveldb_a_running_service_holds_is_not_read(
+    served: Served,
+    opa_bin: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(served.data_dir))
+    monkeypatch.setenv("SESSIONSTATE_OPA_BIN", opa_bin)
+    monkeypatch.delenv("SESSIONSTATE_STORE", raising=False)
+    assert main(["policy", "impact", str(POLICY_DIR)]) == 2
+    err = capsys.readouterr().err
+    assert "holds it" in err and "--decisions" in err
