@@ -138,7 +138,15 @@ class SummaryCache:
         hold (as read), so a summary is never overwritten with a count that missed some."""
         by_chain: dict[str, list[dict[str, Any]]] = {}
         for body in bodies:
-            by_chain.setdefault(body.chain, []).append(body.decision.model_dump(mode="json"))
+            trace = body.decision  # the fields a summary reads, without a whole dump
+            by_chain.setdefault(body.chain, []).append(
+                {
+                    "action": trace.action,
+                    "evaluated_at": trace.evaluated_at,
+                    "policy_revision": trace.policy_revision,
+                    "engine": {"name": trace.engine.name},
+                }
+            )
         puts: list[tuple[LaneKey, bytes]] = []
         expected: list[tuple[LaneKey, bytes | None]] = []
         for chain, decisions in by_chain.items():
