@@ -20,8 +20,12 @@ from service.approvals import ApprovalStore
 from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
+from service.decisions import revisions
 from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
 from service.decisions.review import ReviewError
+from service.impact.candidate import CandidateUnavailable
+from service.impact.report import render
+from service.impact.run import analyse
 from service.policy.engine_checks import local_opa_bin
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
@@ -32,7 +36,7 @@ from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
 from store.backends.contract import Lanes, StoreOffline
 from store.backends.postgres_schema import SchemaMismatch
-from store.evidence_chain import ChainCorrupt
+from store.evidence_chain import ChainCorrupt, chain_name, chain_names
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
 from store.signed_head import ChainUnverified
@@ -74,6 +78,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
     )
     _add_policy_build(policy_commands)
+    impact = policy_commands.add_parser(
+        "impact",
+        help="what a candidate policy directory would have decided on the logged decisions "
+        "(the configured store, read-only, or an export); exit 3 when --fail-on holds",
+    )
+    impact.add_argument("candidate", type=Path, help="the candidate policy directory")
+    impact.add_argument(
+        "--decisions",
+        type=Path,
+        help="an NDJSON export (`decisions export`, GET /v1/decisions/export) instead of the store",
+    )
+    impact.add_argument("--since", help="evaluated at or after this RFC 3339 time (with a zone)")
+    impact.add_argument("--until", help="evaluated before this RFC 3339 time (with a zone)")
+    impact.add_argument("--tenant", help="only this tenant's decisions")
+    impact.add_argument("--action", help="only decisions of this action (e.g. write)")
+    impact.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    impact.add_argument(
+        "--fail-on",
+        choices=("none", "any", "allow-gained", "allow-lost"),
+        default="none",
+        help="exit 3 when any decision changed, or gained or lost allow (default none)",
+    )
+    impact.add_argument(
+        "--examples", type=_not_negative, default=10, help="changed decisions shown (default 10)"
+    )
 
     token = commands.add_parser("token", help="mint a bearer token with the local HS256 secret")
     token.add_argument("--sub", required=True, help="the actor id")
@@ -105,6 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     review.add_parser("public-key", help="print the checkpoint key's PEM, to pin and keep apart")
     export = review.add_parser("export", help="NDJSON in OPA's decision log field names")
     export.add_argument("--tenant", help="only this tenant's entries")
+    revisions_parser = review.add_parser(
+        "revisions",
+        help="which policy revisions decided, by tenant: first and last decision, counts by "
+        "action, as JSON",
+    )
+    revisions_parser.add_argument("--tenant", help="only this tenant's")
     tail = review.add_parser("tail", help="the newest entries, one JSON a line")
     tail.add_argument("-n", type=_positive, default=10, help="how many (default 10)")
     signing = review.add_parser(
@@ -195,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "policy" and args.policy == "build":
             return _policy_build(settings, args)
+        if args.command == "policy" and args.policy == "impact":
+            return _impact(settings, args)
         if args.command == "policy":
             status = request_reload(settings.data_dir, args.timeout)
             print(status.model_dump_json())
@@ -220,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         StoreOffline,
         SchemaMismatch,
         StoreUpgradeRefused,
+        CandidateUnavailable,
         ValueError,
         OSError,
     ) as error:
@@ -294,6 +332,32 @@ def _positive(text: str) -> int:
     return value
 
 
+def _not_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _impact(settings: Settings, args: argparse.Namespace) -> int:
+    """`policy impact`: the report on stdout; 3 when the --fail-on condition holds."""
+    selection = decision_review.selection_of(
+        tenant_id=args.tenant, action=args.action, since=args.since, until=args.until
+    )
+    if args.decisions is not None and not args.decisions.is_file():
+        raise ReviewError(f"the export {args.decisions} is not a file")
+    report = analyse(
+        local_opa_bin(settings),
+        args.candidate,
+        settings.policy_dir,
+        configured_store(settings) if args.decisions is None else args.decisions,
+        selection,
+        args.examples,
+    )
+    print(render(report, args.format))
+    return 3 if report.fails(args.fail_on) else 0
+
+
 def _upgrade(settings: Settings) -> int:
     """`db upgrade`: the configured store brought to this release's schema, and a decision
     log still kept as one global chain moved onto per-tenant chains."""
@@ -301,17 +365,18 @@ def _upgrade(settings: Settings) -> int:
     done = upgrade_store(store)
     migration: ChainMigration | None = None
     indexed: int | None = None
+    summarised: int | None = None
     database = store.leveldb_path
     if database is not None and database.is_dir():
         with (
             _holding_data_dir(settings.data_dir, database),
             decision_review.open_lanes(settings.data_dir) as leveldb,
         ):
-            migration, indexed = _upgrade_lanes(leveldb)
+            migration, indexed, summarised = _upgrade_lanes(leveldb)
     elif store.shared:  # PostgreSQL: written by a preview before chains were per tenant?
         lanes = open_lanes(store)
         try:
-            migration, indexed = _upgrade_lanes(lanes)
+            migration, indexed, summarised = _upgrade_lanes(lanes)
         finally:
             lanes.close()
     print(
@@ -321,23 +386,30 @@ def _upgrade(settings: Settings) -> int:
                 "target": done.target,
                 "found": done.found,
                 "now": done.now,
-                "changed": done.changed or migration is not None or indexed is not None,
+                "changed": done.changed
+                or migration is not None
+                or indexed is not None
+                or summarised is not None,
                 "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
                 "approvals_indexed": indexed,
+                "revisions_summarised": summarised,
             }
         )
     )
     return 0
 
 
-def _upgrade_lanes(lanes: Lanes) -> tuple[ChainMigration | None, int | None]:
-    """Move an old global chain onto per-tenant chains, and index approvals stored before
-    the approval index existed (None for each when there was nothing to do)."""
+def _upgrade_lanes(lanes: Lanes) -> tuple[ChainMigration | None, int | None, int | None]:
+    """Move an old global chain onto per-tenant chains, index approvals stored before the
+    approval index existed, and summarise the policy revisions of decisions logged before
+    the summaries existed (None for each when there was nothing to do)."""
     now = datetime.now(UTC)
     migration = migrate(lanes, now)
-    if mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete():
-        return migration, None
-    return migration, index_approvals(lanes, now)
+    indexed = None
+    if not (mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete()):
+        indexed = index_approvals(lanes, now)
+    summarised = None if revisions.complete(lanes) else revisions.rebuild(lanes)
+    return migration, indexed, summarised
 
 
 def _repair(data_dir: Path) -> int:
@@ -361,8 +433,34 @@ def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
         yield
 
 
+def _revisions(settings: Settings, tenant: str | None) -> int:
+    """`decisions revisions`: the summaries the journal keeps, by chain (tenant)."""
+    store = configured_store(settings)
+    if store.shared:  # PostgreSQL: read while the service runs, by its own client
+        lanes = open_lanes(store)
+        try:
+            print(_revision_listing(lanes, tenant))
+        finally:
+            lanes.close()
+    else:
+        with decision_review.open_lanes(settings.data_dir) as leveldb:
+            print(_revision_listing(leveldb, tenant))
+    return 0
+
+
+def _revision_listing(lanes: Lanes, tenant: str | None) -> str:
+    chains = chain_names(lanes) if tenant is None else [chain_name(tenant)]
+    listing = {
+        name: [summary.model_dump() for summary in revisions.revisions(lanes, name)]
+        for name in chains
+    }
+    return json.dumps({"complete": revisions.complete(lanes), "tenants": listing})
+
+
 def _review(settings: Settings, args: argparse.Namespace) -> int:
     data_dir = settings.data_dir
+    if args.review == "revisions":
+        return _revisions(settings, args.tenant)
     if args.review == "verify":
         if args.all_tenants:
             store = configured_store(settings)

@@ -15,6 +15,7 @@ from pathlib import Path
 from service.approval_index import ExpiredApprovalPruner, mark_index_complete_if_empty
 from service.approvals import ApprovalStore
 from service.auth import TokenVerifier
+from service.decisions import revisions
 from service.decisions.journal import DecisionJournal, RetentionTask
 from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
@@ -109,6 +110,9 @@ class ServiceContext:
         if not mark_index_complete_if_empty(lanes):
             # Still correct, by reading every approval of a workspace per lookup.
             log.warning("approvals_not_indexed")
+        if not revisions.mark_complete_if_empty(lanes):
+            # New decisions are summarised; those before them once `db upgrade` ran.
+            log.warning("policy_revisions_not_summarised")
         return cls(
             settings=settings,
             lanes=lanes,

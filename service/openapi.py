@@ -22,6 +22,7 @@ from service.contract import (
     DECISION_ID_HEADER,
     DECISIONS,
     DECISIONS_EXPORT,
+    DECISIONS_REVISIONS,
     DECISIONS_VERIFY,
     HEALTHZ,
     METRICS,
@@ -34,7 +35,7 @@ from service.contract import (
     STATE_PREVIEW,
     parameters,
 )
-from service.decisions.query import DecisionQuery, VerifyQuery
+from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.reasons import Reason
 from service.replay import ReplayPreviewRequest
 from service.wire import (
@@ -44,6 +45,7 @@ from service.wire import (
     DecisionListResponse,
     DecisionVerifyResponse,
     Health,
+    PolicyRevisionsResponse,
     ProblemDocument,
     Readiness,
     ReplayPreviewResponse,
@@ -92,6 +94,7 @@ OPERATIONS = [
     Operation("get", DECISIONS, "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
     Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
+    Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions decided for the tenant: first and last decision, counts by action", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
     Operation("get", HEALTHZ, "ops", "Liveness", None, 200, Health),
     Operation("get", READYZ, "ops", "Readiness: OPA answers with a loaded policy, store open", None, 200, Readiness, (503,)),

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.approvals import Approval
 from service.decisions.log import DecisionLogEntry
+from service.decisions.revisions import RevisionSummary
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
 from store.checkpoints import Checkpoint
@@ -56,6 +57,19 @@ class DecisionListResponse(_Envelope):
 
     decisions: list[DecisionLogEntry]
     next_cursor: str | None
+    decision: DecisionTrace
+
+
+class PolicyRevisionsResponse(_Envelope):
+    """`GET /v1/decisions/policy-revisions`: which policy revisions decided for the tenant,
+    and when."""
+
+    tenant_id: str
+    complete: bool = Field(
+        description="false on a store whose older decisions are not summarised yet "
+        "(`sessionstate db upgrade` summarises them)"
+    )
+    revisions: list[RevisionSummary] = Field(description="by first decision, oldest first")
     decision: DecisionTrace
 
 

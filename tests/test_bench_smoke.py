@@ -28,6 +28,7 @@ SMALL_RUNS = {
     "slow_clients_bench.py": ["--seconds", "1", "--headers", "2", "--bodies", "2", "--pause", "0.5"],
     "scale_bench.py": ["--sizes", "300", "600", "--approvals", "5", "50", "--repeat", "1"],
     "service_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
+    "impact_bench.py": ["--entries", "50"],
 }  # fmt: skip
 
 

@@ -47,7 +47,7 @@ def test_every_v1_route_is_an_openapi_operation_and_back() -> None:
     served = {(method, path) for method, path in app_routes() if path.startswith("/v1")}
     described = {(method, path) for method, path in document_operations() if path.startswith("/v1")}
     assert served == described
-    assert len(served) == 11
+    assert len(served) == 12
 
 
 def test_every_described_operation_is_served() -> None:

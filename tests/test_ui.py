@@ -464,12 +464,13 @@ def test_a_reviewer_signs_in_and_drills_down_in_chromium(
             page.get_by_role("button", name="Sign in").click()
             page.wait_for_url(f"**{UI}")
 
-            rows = page.locator("tbody tr")
+            rows = page.locator("section[aria-label='Decisions'] tbody tr")
             expect(rows).to_have_count(len(entries) + 1)
             expect(rows.first).to_contain_text(entries[0]["decision"]["action"])
             expect(page.locator("svg.chart")).to_be_visible()
             expect(page.locator("svg.chart rect[fill='#c53030']").first).to_be_visible()
             expect(page.get_by_text("Chain verified")).to_be_visible()
+            expect(page.get_by_text("Which policy decided when")).to_be_visible()
             page.screenshot(path=str(SCREENSHOTS / "ui-decisions.png"), full_page=True)
 
             rows.first.get_by_role("link").click()

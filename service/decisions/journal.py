@@ -40,6 +40,7 @@ from service.decisions.log import (
     index_puts,
     prune_log,
 )
+from service.decisions.revisions import SummaryCache
 from service.periodic import PeriodicPrune
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
@@ -80,6 +81,7 @@ _Prepared = tuple[
     list[tuple[SessionStateRecord, bytes]],
     dict[str, ChainHead],
     dict[str, ChainHead],
+    list[tuple[LaneKey, bytes]],  # the revision summaries it writes (service.decisions.revisions)
 ]
 
 
@@ -166,6 +168,7 @@ class DecisionJournal:
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
         self._heads: dict[str, ChainHead] = {}
         self._heads_guard = threading.Lock()
+        self._summaries = SummaryCache(lanes)  # the committer thread's alone
         self.conflicts = 0  # commits that lost a race to another writer and were retried
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decision-journal", daemon=True)
@@ -286,6 +289,7 @@ class DecisionJournal:
             self._lanes.reopen()
             with self._heads_guard:
                 self._heads.clear()  # read again: a write of unknown outcome may have landed
+                self._summaries.clear()
         except Exception as error:  # still no room, or worse: stay latched, try again later
             log.error("store_reopen_failed", extra={"error_type": type(error).__name__})
             return False
@@ -322,6 +326,7 @@ class DecisionJournal:
                         self._write(batch, prepared)
                     except ExpectationFailed:  # another writer came first: nothing was written
                         self.conflicts += 1
+                        self._summaries.clear()  # another writer may have added to them too
                         for name in {pending.body.chain for pending in batch}:
                             self._read_head(name)
                         # A random pause, so two writers that keep colliding (a hold that
@@ -340,7 +345,7 @@ class DecisionJournal:
         self._fail(batch, CommitContended("other writers kept appending to these chains"))
 
     def _write(self, batch: list[_Pending], prepared: _Prepared) -> None:
-        sealed_entries, record_puts, expected, _, starts, _ = prepared
+        sealed_entries, record_puts, expected, _, starts, _, summaries = prepared
         with self._lanes.batch(sync=True) as writes:
             for key, value in expected:
                 writes.expect(key, value)
@@ -353,15 +358,18 @@ class DecisionJournal:
                     writes.delete(key)
                 else:
                     writes.put(key, change)
+            for key, summary in summaries:
+                writes.put(key, summary)
             for pending, sealed in zip(batch, sealed_entries, strict=True):
                 writes.put(sealed.key, sealed.value)
                 for index_key, index_value in index_puts(pending.body, sealed.seq):
                     writes.put(index_key, index_value)
 
     def _acknowledge(self, batch: list[_Pending], prepared: _Prepared) -> None:
-        sealed_entries, _, _, written, _, heads = prepared
+        sealed_entries, _, _, written, _, heads, summaries = prepared
         with self._heads_guard:
             self._heads.update(heads)
+            self._summaries.written(summaries)
         self.batches += 1
         for record, encoded in written:  # what the next read of each session will find
             PARSED_RECORDS.remember(record, encoded)
@@ -406,7 +414,9 @@ class DecisionJournal:
             head = heads.get(name, starts[name])
             sealed, heads[name] = seal([pending.body.sealable(outcome, recorded_at)], head, name)
             sealed_entries.extend(sealed)
-        return sealed_entries, record_puts, list(expected.values()), written, starts, heads
+        summaries, summaries_read = self._summaries.updates(pending.body for pending in batch)
+        expectations = [*expected.values(), *summaries_read]
+        return sealed_entries, record_puts, expectations, written, starts, heads, summaries
 
     def _version(
         self,

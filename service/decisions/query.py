@@ -83,6 +83,14 @@ class DecisionQuery(BaseModel):
         return self.until is None or evaluated < self.until
 
 
+class RevisionsQuery(BaseModel):
+    """The query string of `GET /v1/decisions/policy-revisions`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    tenant_id: ScopeId | None = None
+
+
 class VerifyQuery(BaseModel):
     """The query string of `GET /v1/decisions/verify`."""
 

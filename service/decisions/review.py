@@ -187,7 +187,7 @@ def bundle(
     Refused, with `ChainUnverified`, for a chain that does not verify, as `checkpoint` is;
     with `ValueError` without a tenant when the data dir holds more than one chain.
     """
-    selection = _selection(tenant_id=tenant_id, since=since, until=until)
+    selection = selection_of(tenant_id=tenant_id, since=since, until=until)
     with open_lanes(data_dir) as lanes:
         handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         try:
@@ -206,13 +206,15 @@ def bundle(
 
 _OPTION_HINTS = {  # what each option takes, as a reviewer would type it
     "tenant_id": "--tenant: a tenant id",
+    "action": "--action: a policy action, e.g. write",
     "since": "--since: an RFC 3339 time with a time zone, e.g. 2026-01-01T00:00:00Z",
     "until": "--until: an RFC 3339 time with a time zone, e.g. 2026-02-01T00:00:00Z",
 }
 
 
-def _selection(**values: str | None) -> BundleSelection:
-    """The bundle's selection from the command line; a bad value is named, never repeated."""
+def selection_of(**values: str | None) -> BundleSelection:
+    """A selection of entries from the command line (a bundle's, an impact run's); a bad value
+    is named, never repeated."""
     try:
         return BundleSelection.model_validate(values)
     except ValidationError as error:

@@ -1,4 +1,5 @@
-"""Decision log routes, for compliance reviewers: list, one entry, verify, export.
+"""Decision log routes, for compliance reviewers: list, one entry, verify, export, and
+which policy revisions decided.
 
 The `audit` policy decides who sees what: an auditor sees its own tenant's
 chain, and nothing of another's: its list, verify, export, counts and heads are
@@ -20,18 +21,25 @@ from service.contract import (
     DECISION_ID_HEADER,
     DECISIONS,
     DECISIONS_EXPORT,
+    DECISIONS_REVISIONS,
     DECISIONS_VERIFY,
     NEXT_CURSOR_HEADER,
     flask_rule,
 )
+from service.decisions import revisions
 from service.decisions.log import DecisionLogEntry
-from service.decisions.query import DecisionQuery, VerifyQuery
+from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.http.common import authenticate, authorize, context, json_response
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.reasons import Reason
-from service.wire import DecisionEntryResponse, DecisionListResponse, DecisionVerifyResponse
+from service.wire import (
+    DecisionEntryResponse,
+    DecisionListResponse,
+    DecisionVerifyResponse,
+    PolicyRevisionsResponse,
+)
 from store.checkpoints import CheckpointSigner
 from store.signed_head import Verified, resumed_checkpoint
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
@@ -130,6 +138,22 @@ def export_decisions() -> Response:
     else:
         lines = list(context().decision_log.export(tenant, query))
     return Response("".join(lines), mimetype="application/x-ndjson", headers=headers)
+
+
+@bp.get(DECISIONS_REVISIONS)
+def policy_revisions() -> Response:
+    """Which policy revisions decided for the tenant, first and last decision, counts by
+    action: a few summary keys, kept by the journal, never a walk of the log."""
+    actor = authenticate()
+    trace, tenant = audit_decision(actor, _query(RevisionsQuery).tenant_id)
+    lanes = context().lanes
+    body = PolicyRevisionsResponse(
+        tenant_id=tenant,
+        complete=revisions.complete(lanes),
+        revisions=revisions.revisions(lanes, tenant),
+        decision=trace,
+    )
+    return json_response(body)
 
 
 @bp.get(flask_rule(DECISION))

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from service.auth import Actor, AuthenticationFailed
 from service.contract import DECISION_ID
+from service.decisions import revisions
 from service.decisions.journal import JournalClosed
 from service.decisions.log import DecisionLogEntry
 from service.decisions.query import MAX_LIMIT, DecisionQuery
@@ -154,6 +155,7 @@ def decisions() -> Response:
         chart = decision_chart((e.decision.evaluated_at, e.decision.allow) for e in everything)
     # From the head the last verify signed: a view does not walk the whole log again.
     verified = chain_status(tenant)
+    lanes = context().lanes
     body = render_template(
         "ui/decisions.html",
         actor=actor,
@@ -168,6 +170,8 @@ def decisions() -> Response:
         next_url=next_url,
         bundle_url=bundle_url,
         chart=chart,
+        policy_revisions=revisions.revisions(lanes, tenant),
+        revisions_complete=revisions.complete(lanes),
     )
     return Response(body, status=200 if query is not None else 422)
 

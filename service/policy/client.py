@@ -122,12 +122,12 @@ def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
         result["allow"],
         sorted(set(result["reasons"])),
         decision_id,
-        _revision(provenance),
+        bundle_revision(provenance),
         str(provenance.get("version") or UNKNOWN)[:64],
     )
 
 
-def _revision(provenance: dict[str, Any]) -> str:
+def bundle_revision(provenance: dict[str, Any]) -> str:
     bundles = provenance.get("bundles")
     if not isinstance(bundles, dict) or not bundles:
         return UNKNOWN

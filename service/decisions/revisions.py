@@ -1,0 +1,249 @@
+"""Which policy decided when: a small summary per tenant and policy revision.
+
+For each chain (tenant) and each policy revision OPA decided with, one key in
+the `trace_meta` lane holds the first and last decision time (`evaluated_at`)
+and the count of decisions by action. The journal updates it in the same batch
+as the entries it counts (`SummaryUpdate`), so a reader gets the list from a
+few keys instead of a walk of the log. The summary keeps what was decided:
+entries pruned by retention later still count. Decisions OPA did not make (the
+engine was unavailable, or the service decided itself: a rate limit summary)
+name no revision and are not counted.
+
+A store written before the summaries existed is summarised by `sessionstate db
+upgrade` (`rebuild`), chain by chain, from the entries it still holds; until
+then `complete` is false. A new store is complete from its start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.decisions.log import DecisionEntryBody
+from service.policy.client import UNKNOWN
+from store.backends.contract import ExpectationFailed, Lanes
+from store.canonical import canonical_json
+from store.evidence_chain import (
+    LEGACY_CHAIN,
+    EvidenceChain,
+    chain_names,
+    entry_key,
+    marker_key,
+    parse_entry,
+)
+from store.keys import LaneKey, TenantResourceLane
+
+_PREFIX = b"revision:"
+SUMMARIES_COMPLETE = LaneKey(
+    TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"revisions_complete"
+)
+REBUILD_ATTEMPTS = 5
+
+
+class RevisionSummary(BaseModel):
+    """One policy revision's decisions on one tenant's chain."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy_revision: str = Field(description="content hash of the policy set that decided")
+    first_decided_at: str = Field(description="RFC 3339: its earliest decision (evaluated_at)")
+    last_decided_at: str = Field(description="RFC 3339: its latest decision")
+    decisions: int = Field(ge=0, description="decisions it made (pruned entries included)")
+    by_action: dict[str, int] = Field(description="decisions by action")
+
+    def add(self, action: str, evaluated_at: str) -> None:
+        self.decisions += 1
+        self.by_action[action] = self.by_action.get(action, 0) + 1
+        moment = datetime.fromisoformat(evaluated_at)
+        if moment < datetime.fromisoformat(self.first_decided_at):
+            self.first_decided_at = evaluated_at
+        if moment > datetime.fromisoformat(self.last_decided_at):
+            self.last_decided_at = evaluated_at
+
+    @classmethod
+    def first(cls, revision: str, action: str, evaluated_at: str) -> RevisionSummary:
+        return cls(
+            policy_revision=revision,
+            first_decided_at=evaluated_at,
+            last_decided_at=evaluated_at,
+            decisions=1,
+            by_action={action: 1},
+        )
+
+
+def summary_key(chain: str, revision: str) -> LaneKey:
+    return LaneKey(TenantResourceLane.TRACE_META, chain, name=_PREFIX + revision.encode())
+
+
+def _counted(decision: Mapping[str, Any]) -> str | None:
+    """The revision a decision counts for, or None when OPA did not make it."""
+    engine = decision.get("engine") or {}
+    revision = decision.get("policy_revision")
+    if engine.get("name", "opa") != "opa" or not isinstance(revision, str) or revision == UNKNOWN:
+        return None
+    if not revision or len(_PREFIX) + len(revision.encode()) > 255:
+        return None
+    return revision
+
+
+def _parsed(value: bytes | None) -> RevisionSummary | None:
+    if value is None:
+        return None
+    try:
+        return RevisionSummary.model_validate_json(value)
+    except ValidationError:
+        return None  # a damaged summary starts again from what follows; `db upgrade` rebuilds
+
+
+def _summarised(
+    decisions: Iterable[Mapping[str, Any]], known: Mapping[str, RevisionSummary | None]
+) -> dict[str, RevisionSummary]:
+    """The summaries of `known` (by revision) with decisions added."""
+    summaries: dict[str, RevisionSummary] = {}
+    for decision in decisions:
+        revision = _counted(decision)
+        if revision is None:
+            continue
+        action, at = str(decision["action"]), str(decision["evaluated_at"])
+        if revision not in summaries:
+            base = known.get(revision)
+            if base is None:
+                summaries[revision] = RevisionSummary.first(revision, action, at)
+                continue
+            summaries[revision] = base.model_copy(deep=True)
+        summaries[revision].add(action, at)
+    return summaries
+
+
+class SummaryCache:
+    """The journal's summaries as it last read or wrote them (its committer thread's alone);
+    cleared when a commit lost a race or the store was reopened: another writer may have
+    added to them. A stale one could not be written anyway: the commit expects each summary
+    as read."""
+
+    def __init__(self, lanes: Lanes) -> None:
+        self._lanes = lanes
+        self._known: dict[bytes, bytes | None] = {}
+
+    def clear(self) -> None:
+        self._known.clear()
+
+    def updates(
+        self, bodies: Iterable[DecisionEntryBody]
+    ) -> tuple[list[tuple[LaneKey, bytes]], list[tuple[LaneKey, bytes | None]]]:
+        """The summary puts for a batch's entries, and what the commit expects each key to
+        hold (as read), so a summary is never overwritten with a count that missed some."""
+        by_chain: dict[str, list[dict[str, Any]]] = {}
+        for body in bodies:
+            trace = body.decision  # the fields a summary reads, without a whole dump
+            by_chain.setdefault(body.chain, []).append(
+                {
+                    "action": trace.action,
+                    "evaluated_at": trace.evaluated_at,
+                    "policy_revision": trace.policy_revision,
+                    "engine": {"name": trace.engine.name},
+                }
+            )
+        puts: list[tuple[LaneKey, bytes]] = []
+        expected: list[tuple[LaneKey, bytes | None]] = []
+        for chain, decisions in by_chain.items():
+            known: dict[str, RevisionSummary | None] = {}
+            for decision in decisions:
+                revision = _counted(decision)
+                if revision is not None and revision not in known:
+                    key = summary_key(chain, revision)
+                    stored = self._read(key)
+                    expected.append((key, stored))
+                    known[revision] = _parsed(stored)
+            for revision, summary in _summarised(decisions, known).items():
+                puts.append((summary_key(chain, revision), canonical_json(summary.model_dump())))
+        return puts, expected
+
+    def written(self, puts: Iterable[tuple[LaneKey, bytes]]) -> None:
+        for key, value in puts:
+            self._known[key.encode()] = value
+
+    def _read(self, key: LaneKey) -> bytes | None:
+        encoded = key.encode()
+        if encoded in self._known:
+            return self._known[encoded]
+        stored = self._lanes.get(key)
+        self._known[encoded] = stored
+        return stored
+
+
+def revisions(lanes: Lanes, chain: str) -> list[RevisionSummary]:
+    """The chain's revision summaries, oldest first decision first."""
+    found = [
+        summary
+        for key, value in lanes.scan(TenantResourceLane.TRACE_META, chain)
+        if key.name.startswith(_PREFIX) and (summary := _parsed(value)) is not None
+    ]
+    return sorted(
+        found, key=lambda s: (datetime.fromisoformat(s.first_decided_at), s.policy_revision)
+    )
+
+
+def complete(lanes: Lanes) -> bool:
+    """Whether every chain's summaries cover its whole log (False until `db upgrade` on a
+    store written before them)."""
+    return lanes.get(SUMMARIES_COMPLETE) is not None
+
+
+def mark_complete_if_empty(lanes: Lanes) -> bool:
+    """A store with no decision yet has nothing to summarise: mark it complete. True when
+    complete (already, or now)."""
+    if complete(lanes):
+        return True
+    if chain_names(lanes):
+        return False
+    lanes.put(SUMMARIES_COMPLETE, b"", sync=True)
+    return True
+
+
+def rebuild(lanes: Lanes) -> int:
+    """Summarise every chain from the entries it holds, then mark the summaries complete
+    (`sessionstate db upgrade`; safe to run again, and beside a running service: each
+    chain's summaries are replaced only if no entry was appended meanwhile, else read again).
+    How many summaries were written."""
+    written = 0
+    for chain in chain_names(lanes):
+        written += _rebuild_chain(lanes, chain)
+    lanes.put(SUMMARIES_COMPLETE, b"", sync=True)
+    return written
+
+
+def _rebuild_chain(lanes: Lanes, chain: str) -> int:
+    for _ in range(REBUILD_ATTEMPTS):
+        with lanes.exclusive(marker_key(chain)):
+            head = EvidenceChain(lanes, chain).head()
+            summaries = _summarised(_decisions(lanes, chain, head.seq), {})
+            stale = [
+                key
+                for key, _ in lanes.scan(TenantResourceLane.TRACE_META, chain)
+                if key.name.startswith(_PREFIX)
+            ]
+            try:
+                with lanes.batch(sync=True) as batch:
+                    batch.expect(entry_key(head.seq + 1, chain), None)
+                    for key in stale:
+                        batch.delete(key)
+                    for revision, summary in summaries.items():
+                        batch.put(
+                            summary_key(chain, revision), canonical_json(summary.model_dump())
+                        )
+            except ExpectationFailed:
+                continue
+            return len(summaries)
+    raise RuntimeError(f"the chain {chain} kept growing while its summaries were rebuilt")
+
+
+def _decisions(lanes: Lanes, chain: str, until: int) -> Iterator[Mapping[str, Any]]:
+    for _, stored in EvidenceChain(lanes, chain).stored_entries(until_seq=until):
+        entry = parse_entry(stored)
+        decision = None if entry is None else entry.get("decision")
+        if isinstance(decision, dict) and "action" in decision and "evaluated_at" in decision:
+            yield decision

@@ -1,0 +1,218 @@
+"""The candidate policy set: checked as `make test` checks policies, then served for the run.
+
+The check is `opa check --strict` against the input schema (the candidate's own
+`schemas/` when it has one, else the live policy directory's), so a candidate
+that would not pass `make test` is refused before anything is evaluated. The
+candidate is then served by an `OpaSidecar` of its own, on a scratch work dir,
+with the service's lock-down (token authentication, `system.authz`, a bundle
+from a loopback bundle server). Beside the candidate's files (a copy: the
+candidate itself is never changed) it serves one more query, which decides a
+batch of inputs, each by the package of its action exactly as the service's
+query would: one HTTP round trip per decision costs some twenty times what
+OPA's evaluation does (bench/impact_bench.py). The report names the
+candidate's own revision: the one the service would log once it serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from service.contract import DECISION_PACKAGES
+from service.impact.compare import LoggedDecision
+from service.impact.report import Verdict
+from service.policy.bundle import load_bundle
+from service.policy.client import bundle_revision
+from service.policy.sidecar import OpaSidecar
+from service.policy.source import PolicySourceError
+from service.policy.transport import KeepAliveTransport
+from service.reasons import Reason
+
+QUERY_TIMEOUT_SECONDS = 30.0
+MAX_ERRORS = 5
+
+
+class CandidateBroken(ValueError):
+    """The candidate does not compile or cannot be served: no report."""
+
+
+class CandidateUnavailable(RuntimeError):
+    """The candidate's OPA stopped answering during the run: no report."""
+
+
+def check(opa_bin: str, candidate: Path, live_policy_dir: Path) -> None:
+    """`opa check --strict --schema SCHEMAS CANDIDATE`, as `make lint-rego` runs it."""
+    if not candidate.is_dir():
+        raise CandidateBroken(f"the candidate {candidate} is not a directory")
+    schemas = candidate / "schemas"
+    if not schemas.is_dir():
+        schemas = live_policy_dir / "schemas"
+    try:
+        checked = subprocess.run(  # noqa: S603 - fixed argv, no shell
+            [
+                opa_bin,
+                "check",
+                "--strict",
+                "--format",
+                "json",
+                "--schema",
+                str(schemas),
+                str(candidate),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        raise CandidateBroken("`opa check` could not run (SESSIONSTATE_OPA_BIN)") from None
+    if checked.returncode != 0:
+        errors = _check_errors(checked.stdout + checked.stderr, f"{candidate}/")
+        raise CandidateBroken(
+            f"the candidate {candidate} does not pass `opa check --strict`: " + "; ".join(errors)
+        )
+
+
+def _check_errors(output: str, prefix: str) -> list[str]:
+    try:
+        found = [
+            f"{error['location']['file'].removeprefix(prefix)}:{error['location']['row']}: "
+            f"{error['code']}: {error['message']}"
+            if isinstance(error.get("location"), dict)
+            else f"{error['code']}: {error['message']}"
+            for error in json.loads(output[output.find("{") :])["errors"]
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        found = ["run `opa check --strict` on it to see why"]
+    unique = list(dict.fromkeys(found))
+    if len(unique) > MAX_ERRORS:
+        unique = [*unique[:MAX_ERRORS], f"and {len(unique) - MAX_ERRORS} more"]
+    return unique
+
+
+# Served beside the candidate, never part of it: one query decides a batch of inputs, each by
+# the package of its action, as the service would ask them one by one; and the sidecar's
+# `system.authz` admits that one query too, for the run's token only.
+BATCH_PACKAGE = "impact_batch"
+_BATCH_MODULE = """# METADATA
+# title: Impact analysis batch
+# description: Decides every input of a batch, each by the package of its action.
+package sessionstate.impact_batch
+
+# METADATA
+# title: Batch decision
+# description: By batch index, the decision of each input; an undefined one is absent.
+# entrypoint: true
+decision := {sprintf("%d", [i]): d |
+	some i, item in input.batch
+	d := _decide(item.package, item.input)
+}
+"""
+_DECIDE = """
+_decide(name, document) := answer if {{
+	name == "{package}"
+	answer := data.sessionstate.{package}.decision with input as document
+}}
+"""
+_BATCH_AUTHZ = """package system.authz
+
+allow if {
+	count(opa.runtime().env.SESSIONSTATE_OPA_TOKEN) >= 32
+	input.identity == opa.runtime().env.SESSIONSTATE_OPA_TOKEN
+	input.method == "POST"
+	object.keys(object.get(input, "params", {})) <= {"provenance"}
+	input.path == ["v1", "data", "sessionstate", "impact_batch", "decision"]
+}
+"""
+BATCH_SIZE = 500  # inputs per query
+CONNECTIONS = 2  # queries in flight: OPA evaluates one while the next is sent or read
+
+
+def served_copy(candidate: Path, into: Path) -> Path:
+    """The candidate's files with the batch query beside them, in a scratch directory."""
+    shutil.copytree(candidate, into)
+    helper = into / "sessionstate" / BATCH_PACKAGE
+    helper.mkdir(parents=True, exist_ok=True)
+    decide = "".join(
+        _DECIDE.format(package=package) for package in sorted(set(DECISION_PACKAGES.values()))
+    )
+    (helper / "batch.rego").write_text(_BATCH_MODULE + decide)
+    (into / "system" / "authz").mkdir(parents=True, exist_ok=True)
+    (into / "system" / "authz" / "impact_batch.rego").write_text(_BATCH_AUTHZ)
+    return into
+
+
+class CandidateEngine:
+    """The candidate served by a locked-down OPA, asked a batch of decisions per query."""
+
+    def __init__(
+        self, sidecar: OpaSidecar, candidate_revision: str, connections: int = CONNECTIONS
+    ) -> None:
+        self.revision = candidate_revision
+        self._served_revision = sidecar.policies.served.revision
+        self._transport = KeepAliveTransport(sidecar.url, sidecar.token, QUERY_TIMEOUT_SECONDS)
+        self._pool = ThreadPoolExecutor(connections, thread_name_prefix="impact-query")
+
+    def decide(self, decisions: Sequence[LoggedDecision]) -> list[Verdict]:
+        """The candidate's answers to the decisions' inputs, in order."""
+        batches = [
+            decisions[start : start + BATCH_SIZE] for start in range(0, len(decisions), BATCH_SIZE)
+        ]
+        return [verdict for answers in self._pool.map(self._ask, batches) for verdict in answers]
+
+    def _ask(self, batch: Sequence[LoggedDecision]) -> list[Verdict]:
+        document = {
+            "batch": [{"package": logged.package, "input": logged.input} for logged in batch]
+        }
+        encoded = json.dumps(document, separators=(",", ":")).encode()
+        answer = self._transport.query(BATCH_PACKAGE, document, encoded)
+        if not isinstance(answer, dict):
+            raise CandidateUnavailable("the candidate's OPA stopped answering; no report")
+        if bundle_revision(answer.get("provenance") or {}) != self._served_revision:
+            raise CandidateUnavailable("the candidate's OPA decided with another revision")
+        result = answer.get("result")
+        decided = result if isinstance(result, dict) else {}
+        return [_verdict(decided.get(str(index))) for index in range(len(batch))]
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+        self._transport.close()
+
+
+def _verdict(result: Any) -> Verdict:
+    """The answer as the service would take it: anything but a decision denies."""
+    if (
+        isinstance(result, dict)
+        and isinstance(result.get("allow"), bool)
+        and isinstance(result.get("reasons"), list)
+        and all(isinstance(reason, str) for reason in result["reasons"])
+    ):
+        return Verdict(allow=result["allow"], reasons=sorted(set(result["reasons"])))
+    return Verdict(allow=False, reasons=[Reason.POLICY_ENGINE_UNAVAILABLE.value])
+
+
+@contextmanager
+def served(opa_bin: str, candidate: Path) -> Iterator[CandidateEngine]:
+    """The candidate on a sidecar of its own, for the run; stopped and its work dir gone after."""
+    revision = load_bundle(candidate).revision
+    with tempfile.TemporaryDirectory(prefix="sessionstate-impact-opa-") as work_dir:
+        scratch = Path(work_dir)
+        sidecar = OpaSidecar(opa_bin, served_copy(candidate, scratch / "policies"), scratch / "opa")
+        try:
+            sidecar.start()
+        except PolicySourceError as error:
+            why = str(error).partition("cannot be served: ")[2] or "it does not compile"
+            raise CandidateBroken(f"the candidate {candidate} cannot be served: {why}") from None
+        engine = CandidateEngine(sidecar, revision)
+        try:
+            yield engine
+        finally:
+            engine.close()
+            sidecar.stop()
