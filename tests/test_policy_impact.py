@@ -320,3 +320,29 @@ def test_a_leveldb_a_running_service_holds_is_not_read(
     assert main(["policy", "impact", str(POLICY_DIR)]) == 2
     err = capsys.readouterr().err
     assert "holds it" in err and "--decisions" in err
+
+
+def test_a_data_only_candidate_is_analysed_like_a_rego_change(
+    env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the tenant settings document changes: tenant-a's model services may no longer
+    write durably. Exactly tenant-a's allowed writes lose allow; tenant-b is untouched."""
+    candidate = tmp_path / "policies"
+    shutil.copytree(POLICY_DIR, candidate)
+    settings = candidate / "sessionstate" / "tenants" / "data.json"
+    settings.write_text(
+        json.dumps({"settings": [{"tenant_id": "tenant-a", "durable_writes": False}]})
+    )
+    code, report = _impact(capsys, str(candidate), "--fail-on", "allow-lost")
+    assert code == 3
+    with _reader(env) as reader:
+        allowed_writes = {
+            entry.decision.decision_id
+            for name in reader.chains()
+            for entry in reader.entries(name)
+            if entry.decision.action == "write" and entry.decision.allow
+        }
+    assert allowed_writes and report["allow_lost"] == len(allowed_writes)
+    assert report["allow_gained"] == 0
+    assert {example["decision_id"] for example in report["examples"]} >= allowed_writes
+    assert report["by_tenant"].get("tenant-b", {}).get("changed", 0) == 0
