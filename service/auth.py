@@ -2,7 +2,12 @@
 
 The key is chosen by the token's `alg` from a fixed table (HS256 -> the shared
 secret, RS256 -> the configured public key) and PyJWT is told to accept that
-one algorithm only. Letting the token pick both the algorithm and how a key is
+one algorithm only. With an identity provider's JWKS URL, an RS256 or ES256
+token naming a `kid` is verified with that key of the provider's set
+(PyJWT's `PyJWKClient`: the set cached, fetched again when it expires or when
+a token names a key it lacks, at most once per cooldown), and only if the
+key's own algorithm is the token's; such tokens (and those verified with the
+key file) must carry the configured `iss` and `aud`, when set. Letting the token pick both the algorithm and how a key is
 read is the classic algorithm-confusion hole: an HS256 token "signed" with the
 public key as its secret would then verify.
 
@@ -28,6 +33,7 @@ from typing import Annotated, Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from jwt import PyJWKClient
 from jwt import exceptions as jwt_errors
 from jwt.algorithms import HMACAlgorithm
 from jwt.types import Options
@@ -104,6 +110,24 @@ _DECODE_OPTIONS: Options = {
 }
 
 
+# Algorithms an identity provider's keys (JWKS) may verify; never a shared-secret one.
+PROVIDER_ALGORITHMS = frozenset({"RS256", "ES256"})
+
+
+class ProviderSettings(BaseModel):
+    """The identity provider: where its keys are, and the issuer and audience its tokens
+    must name (each unset: not checked)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    jwks_url: str | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    jwks_cache_seconds: int = 300
+    jwks_refresh_cooldown_seconds: int = 30
+    jwks_timeout_seconds: float = 2.0
+
+
 VERIFIED_TOKENS_KEPT = 4096  # verified tokens remembered, the least recently used dropped
 
 
@@ -118,8 +142,20 @@ class TokenVerifier:
         max_token_bytes: int = 8192,
         max_lifetime_seconds: int = DEFAULT_MAX_LIFETIME_SECONDS,
         clock: Callable[[], float] = time.time,
+        provider: ProviderSettings | None = None,
     ) -> None:
         self._keys: dict[str, bytes | RSAPublicKey] = {"HS256": _hs256_secret(hs256_secret)}
+        self._provider = provider or ProviderSettings()
+        self._jwks = (
+            None
+            if self._provider.jwks_url is None
+            else PyJWKClient(
+                self._provider.jwks_url,
+                lifespan=self._provider.jwks_cache_seconds,
+                cooldown_duration=self._provider.jwks_refresh_cooldown_seconds,
+                timeout=self._provider.jwks_timeout_seconds,
+            )
+        )
         if rs256_public_key_pem is not None:
             self._keys["RS256"] = _rs256_public_key(rs256_public_key_pem)
         self._max_token_bytes = max_token_bytes
@@ -158,15 +194,53 @@ class TokenVerifier:
 
     def _verified_claims(self, token: str) -> dict[str, Any]:
         try:
-            algorithm = jwt.get_unverified_header(token).get("alg")
-            if not isinstance(algorithm, str) or algorithm not in self._keys:
+            header = jwt.get_unverified_header(token)
+            algorithm, kid = header.get("alg"), header.get("kid")
+            if not isinstance(algorithm, str):
                 raise AuthenticationFailed(Reason.TOKEN_INVALID)
-            key = self._keys[algorithm]
-            return jwt.decode(token, key, algorithms=[algorithm], options=_DECODE_OPTIONS)
+            key: Any
+            if self._jwks is not None and isinstance(kid, str) and algorithm in PROVIDER_ALGORITHMS:
+                key = self._provider_key(kid, algorithm)
+            elif algorithm in self._keys:
+                key = self._keys[algorithm]
+            else:
+                raise AuthenticationFailed(Reason.TOKEN_INVALID)
+            if algorithm == "HS256":  # the service's own tokens: no issuer or audience
+                return jwt.decode(token, key, algorithms=[algorithm], options=_DECODE_OPTIONS)
+            provider = self._provider
+            options: Options = {
+                **_DECODE_OPTIONS,
+                "require": [
+                    "exp",
+                    *(["iss"] if provider.issuer is not None else []),
+                    *(["aud"] if provider.audience is not None else []),
+                ],
+            }
+            return jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                options=options,
+                issuer=provider.issuer,
+                audience=provider.audience,
+            )
         except _CLAIM_ERRORS:
             raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID) from None
         except jwt_errors.PyJWTError:  # bad encoding, bad signature
             raise AuthenticationFailed(Reason.TOKEN_INVALID) from None
+
+    def _provider_key(self, kid: str, algorithm: str) -> Any:
+        """The provider's key `kid`, if its algorithm is the token's; fetched when unknown."""
+        assert self._jwks is not None
+        try:
+            signing_key = self._jwks.get_signing_key(kid)
+        except jwt_errors.PyJWKClientConnectionError:
+            raise AuthenticationFailed(Reason.TOKEN_KEYS_UNAVAILABLE) from None
+        except jwt_errors.PyJWKClientError:  # no such key, or a set that does not parse
+            raise AuthenticationFailed(Reason.TOKEN_INVALID) from None
+        if signing_key.algorithm_name != algorithm:
+            raise AuthenticationFailed(Reason.TOKEN_INVALID)
+        return signing_key.key
 
 
 def _numeric_date(claims: Mapping[str, Any], name: str) -> int | float | None:

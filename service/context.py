@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from service.approval_index import ExpiredApprovalPruner, mark_index_complete_if_empty
 from service.approvals import ApprovalStore
-from service.auth import TokenVerifier
+from service.auth import ProviderSettings, TokenVerifier
 from service.decisions import revisions
 from service.decisions.journal import DecisionJournal, RetentionTask
 from service.decisions.rate_limit_log import RateLimitLog
@@ -137,6 +138,7 @@ class ServiceContext:
                 jwt_secret(settings),
                 _public_key(settings.jwt_public_key_file),
                 max_lifetime_seconds=settings.jwt_max_lifetime_seconds,
+                provider=identity_provider(settings),
             ),
             digest_key=digest_key(settings),
             metrics=metrics,
@@ -192,6 +194,7 @@ def check_settings(settings: Settings) -> None:
     jwt_secret(settings)
     digest_key(settings)
     _public_key(settings.jwt_public_key_file)
+    identity_provider(settings)
     rate_limits(settings)
     store = configured_store(settings)
     if settings.workers > 1 and not store.shared:
@@ -211,6 +214,20 @@ def check_settings(settings: Settings) -> None:
             raise ConfigurationError(
                 "SESSIONSTATE_SHADOW_OPA_URL must be http(s)://host:port"
             ) from None
+
+
+def identity_provider(settings: Settings) -> ProviderSettings:
+    """The identity provider's JWKS URL, issuer and audience (SESSIONSTATE_JWT_*)."""
+    url = settings.jwt_jwks_url
+    if url is not None and urlsplit(url).scheme not in ("https", "http"):
+        raise ConfigurationError("SESSIONSTATE_JWT_JWKS_URL must be an https:// (or http://) URL")
+    return ProviderSettings(
+        jwks_url=url,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        jwks_cache_seconds=settings.jwt_jwks_cache_seconds,
+        jwks_refresh_cooldown_seconds=settings.jwt_jwks_refresh_cooldown_seconds,
+    )
 
 
 def configured_store(settings: Settings) -> StoreTarget:

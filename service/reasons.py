@@ -108,6 +108,13 @@ class Reason(StrEnum):
         "The bearer token lives longer than this service accepts; "
         "ask for one with a shorter lifetime.",
     )
+    TOKEN_KEYS_UNAVAILABLE = (
+        "token_keys_unavailable",
+        503,
+        "The identity provider's keys (SESSIONSTATE_JWT_JWKS_URL) could not be fetched, "
+        "so the bearer token could not be verified; retry later.",
+        5,
+    )
 
     # --- refusals (403, 429) --------------------------------------------------------------
     POLICY_DENIED = (

@@ -54,6 +54,13 @@ class Settings(BaseSettings):
     jwt_public_key_file: Path | None = None
     # Tokens that would live longer (by `exp` from now, or `exp - iat`) are refused.
     jwt_max_lifetime_seconds: int = Field(default=86_400, ge=60, le=31_536_000)
+    # An identity provider: its JWKS (keys chosen by `kid`), and the `iss` and `aud` its
+    # tokens (and RS256 tokens of the key file) must carry; each unset: not checked.
+    jwt_jwks_url: str | None = None
+    jwt_jwks_cache_seconds: int = Field(default=300, ge=1, le=86_400)
+    jwt_jwks_refresh_cooldown_seconds: int = Field(default=30, ge=0, le=3_600)
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)

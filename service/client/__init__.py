@@ -21,6 +21,7 @@ from service.client.errors import (
     ServiceUnavailable,
     SessionStateError,
     StoreUnavailable,
+    TokenKeysUnavailable,
     UnexpectedResponse,
 )
 from service.client.retries import RetryPolicy
@@ -47,6 +48,7 @@ __all__ = [
     "SessionStateError",
     "StateBody",
     "StoreUnavailable",
+    "TokenKeysUnavailable",
     "TokenSource",
     "UnexpectedResponse",
 ]

@@ -164,6 +164,11 @@ class StoreUnavailable(SessionStateError):
     """503 `store_unavailable`: the store cannot write or be reached now; nothing was stored."""
 
 
+class TokenKeysUnavailable(SessionStateError):
+    """503 `token_keys_unavailable`: the identity provider's keys could not be fetched to
+    verify the token; nothing was done."""
+
+
 class ServiceUnavailable(SessionStateError):
     """No usable answer: connection failures or timeouts (after any retries), or another 503.
 
@@ -197,6 +202,7 @@ _BY_503_REASON: dict[str, type[SessionStateError]] = {
     Reason.POLICY_ENGINE_REFUSED: PolicyEngineRefused,
     Reason.DECISION_LOG_UNAVAILABLE: DecisionLogUnavailable,
     Reason.STORE_UNAVAILABLE: StoreUnavailable,
+    Reason.TOKEN_KEYS_UNAVAILABLE: TokenKeysUnavailable,
 }
 
 

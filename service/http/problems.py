@@ -131,7 +131,9 @@ def problem_of(error: Exception) -> Problem:
         retry_after = str(error.refusal.retry_after)
         return Problem(Reason.RATE_LIMITED, headers={"Retry-After": retry_after})
     if isinstance(error, AuthenticationFailed):
-        return Problem(error.reason, headers=CHALLENGE)
+        if error.reason.status == 401:
+            return Problem(error.reason, headers=CHALLENGE)
+        return Problem(error.reason)  # the provider's keys could not be had: 503, Retry-After
     if isinstance(error, StoreOffline):  # before JournalClosed: the journal's may be both
         return Problem(Reason.STORE_UNAVAILABLE)
     if isinstance(error, JournalClosed):

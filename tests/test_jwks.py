@@ -1,0 +1,223 @@
+"""Tokens from an identity provider (issue 16): keys from a JWKS URL, chosen by `kid`,
+refreshed on rotation, with `iss` and `aud` checked. Real HTTP, real OPA; the provider is a
+local JWKS endpoint whose keys the tests rotate."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+
+from service.policy.sidecar import OpaSidecar
+from tests.factories import state_input
+from tests.live import LiveService, live_service, service_settings
+
+ISSUER = "https://idp.example.test"
+AUDIENCE = "sessionstate"
+PREVIEW = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1/state/preview"
+
+
+@dataclass
+class Provider:
+    """A JWKS endpoint serving whichever public keys `keys` holds now; counts its fetches."""
+
+    keys: dict[str, Any] = field(default_factory=dict)  # kid -> private key
+    fetches: int = 0
+    down: bool = False
+    url: str = ""
+
+    def add(self, kid: str, alg: str = "RS256") -> Any:
+        key = (
+            rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            if alg == "RS256"
+            else ec.generate_private_key(ec.SECP256R1())
+        )
+        self.keys[kid] = key
+        return key
+
+    def jwks(self) -> bytes:
+        found = []
+        for kid, key in self.keys.items():
+            if isinstance(key, rsa.RSAPrivateKey):
+                jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+                jwk["alg"] = "RS256"
+            else:
+                jwk = json.loads(ECAlgorithm.to_jwk(key.public_key()))
+                jwk["alg"] = "ES256"
+            found.append({**jwk, "kid": kid, "use": "sig"})
+        return json.dumps({"keys": found}).encode()
+
+    def token(
+        self, kid: str, *, alg: str | None = None, omit: tuple[str, ...] = (), **claims: Any
+    ) -> str:
+        key = self.keys[kid]
+        algorithm = alg or ("RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256")
+        now = int(time.time())
+        body: dict[str, Any] = {
+            "sub": "support-bot",
+            "roles": ["model-service"],
+            "tenant": "tenant-a",
+            "workspace": "ws-1",
+            "session": "chat-1",
+            "iss": ISSUER,
+            "aud": AUDIENCE,
+            "iat": now,
+            "exp": now + 300,
+            # a different text each time, so no token is already known to the verifier
+            "jti": f"{kid}-{time.monotonic_ns()}",
+            **claims,
+        }
+        for name in omit:
+            body.pop(name)
+        return jwt.encode(body, key, algorithm=algorithm, headers={"kid": kid})
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    state = Provider()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state.fetches += 1
+            if state.down:
+                self.send_response(503)
+                self.end_headers()
+                return
+            body = state.jwks()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_port}/.well-known/jwks.json"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+
+
+def _service(sidecar: OpaSidecar, tmp_path: Path, provider: Provider, **overrides: Any) -> Any:
+    settings = service_settings(
+        tmp_path / "var",
+        jwt_jwks_url=provider.url,
+        jwt_issuer=ISSUER,
+        jwt_audience=AUDIENCE,
+        **({"jwt_jwks_refresh_cooldown_seconds": 0} | overrides),
+    )
+    return live_service(sidecar, settings)
+
+
+def _preview(service: LiveService, token: str) -> tuple[int, str | None]:
+    answer = service.call("POST", PREVIEW, token, json=state_input())
+    reason = None if answer.ok else answer.json().get("reason")
+    return answer.status_code, reason
+
+
+def test_provider_tokens_verify_by_kid_and_follow_key_rotation(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    provider.add("ec-1", "ES256")
+    with _service(sidecar, tmp_path, provider) as service:
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        assert _preview(service, provider.token("ec-1")) == (200, None)
+        # Rotation: the provider publishes key-2 and withdraws key-1.
+        provider.add("key-2")
+        del provider.keys["key-1"]
+        assert _preview(service, provider.token("key-2")) == (200, None)
+        old = jwt.encode(
+            {"sub": "x", "roles": ["model-service"], "exp": int(time.time()) + 60},
+            rsa.generate_private_key(public_exponent=65537, key_size=2048),
+            algorithm="RS256",
+            headers={"kid": "key-1"},
+        )
+        assert _preview(service, old) == (401, "token_invalid")
+        # The service's own HS256 tokens still verify beside the provider's.
+        assert _preview(service, service.token()) == (200, None)
+
+
+def test_issuer_and_audience_are_required_and_checked(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    with _service(sidecar, tmp_path, provider) as service:
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        for bad in (
+            provider.token("key-1", aud="another-service"),
+            provider.token("key-1", iss="https://evil.example"),
+            provider.token("key-1", omit=("aud",)),
+            provider.token("key-1", omit=("iss",)),
+        ):
+            assert _preview(service, bad) == (401, "token_claims_invalid")
+
+
+def test_a_key_is_used_only_for_its_own_algorithm(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("rsa-1")
+    provider.add("ec-1", "ES256")
+    with _service(sidecar, tmp_path, provider) as service:
+        assert _preview(service, provider.token("rsa-1"))[0] == 200
+        # An ES256 token naming the RSA key: refused, whatever its signature.
+        swapped = jwt.encode(
+            {"sub": "x", "roles": ["model-service"], "exp": int(time.time()) + 60},
+            provider.keys["ec-1"],
+            algorithm="ES256",
+            headers={"kid": "rsa-1"},
+        )
+        assert _preview(service, swapped) == (401, "token_invalid")
+        # HS256 with a provider's kid is the service's own secret's business: a wrong one fails.
+        hs = jwt.encode(
+            {"sub": "x", "roles": ["model-service"], "exp": int(time.time()) + 60},
+            b"a-secret-that-is-not-the-service-s-own-0123",
+            algorithm="HS256",
+            headers={"kid": "rsa-1"},
+        )
+        assert _preview(service, hs) == (401, "token_invalid")
+
+
+def test_unknown_kids_fetch_the_keys_at_most_once_per_cooldown(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    with _service(sidecar, tmp_path, provider, jwt_jwks_refresh_cooldown_seconds=3600) as service:
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        fetched = provider.fetches
+        for index in range(20):
+            provider.keys[f"junk-{index}"] = provider.keys["key-1"]
+            token = provider.token(f"junk-{index}")
+            del provider.keys[f"junk-{index}"]
+            assert _preview(service, token) == (401, "token_invalid")
+        assert provider.fetches - fetched <= 1
+
+
+def test_a_provider_that_cannot_be_reached_fails_closed_with_503(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    provider.down = True
+    with _service(sidecar, tmp_path, provider) as service:
+        service.approve()
+        state = PREVIEW.removesuffix("/preview")
+        answer = service.call("PUT", state, provider.token("key-1"), json=state_input())
+        assert answer.status_code == 503
+        assert answer.json()["reason"] == "token_keys_unavailable"
+        assert answer.headers["Retry-After"] == "5"
+        assert service.call("GET", state, service.token()).status_code == 404  # nothing written
+        provider.down = False
+        assert _preview(service, provider.token("key-1")) == (200, None)
