@@ -4,15 +4,20 @@
 # docs/deployment.md explains how to build and run it; docker-compose.yml runs it
 # with the official OPA image as a sidecar in its network namespace.
 
-# Wheels of the project and its dependencies, built apart so that no source tree,
-# compiler cache or pip cache reaches the image.
+# Wheels of the project and its dependencies, fetched and built apart so that no source
+# tree, compiler cache or pip cache reaches the image. The dependencies are exactly the
+# lock's (requirements/runtime.txt, exported from uv.lock): pinned, hash-checked, binary
+# wheels only; the project's wheel carries the default policies (setup.py).
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY requirements/runtime.txt requirements/
+RUN pip download --require-hashes --only-binary=:all: --dest /wheels -r requirements/runtime.txt
+COPY pyproject.toml setup.py MANIFEST.in LICENSE README.md ./
 COPY store/ store/
 COPY service/ service/
-RUN pip wheel --wheel-dir /wheels .
+COPY policies/ policies/
+RUN pip wheel --no-deps --wheel-dir /wheels/project .
 
 # The pinned OPA (scripts/tools.sh's OPA_VERSION), statically linked. Only used when
 # the image runs alone (no SESSIONSTATE_OPA_URL): the service then starts and locks
@@ -33,14 +38,17 @@ RUN groupadd --system --gid 10001 sessionstate \
       --home-dir /nonexistent --shell /usr/sbin/nologin sessionstate \
  && install -d -m 0700 -o sessionstate -g sessionstate /var/lib/sessionstate
 
-# A regular, non-editable install of exactly the wheels the build stage resolved,
-# from no index.
+# A regular, non-editable install from no index: the locked dependencies (their hashes
+# checked again), then the project's wheel alone.
 RUN --mount=type=bind,from=build,source=/wheels,target=/tmp/wheels \
-    pip install --no-index --find-links /tmp/wheels /tmp/wheels/*.whl
+    --mount=type=bind,from=build,source=/src/requirements,target=/tmp/requirements \
+    pip install --no-index --find-links /tmp/wheels --require-hashes -r /tmp/requirements/runtime.txt \
+ && pip install --no-index --no-deps /tmp/wheels/project/*.whl
 
 COPY --from=opa /opa /usr/local/bin/opa
 # The policies, for the in-container sidecar only; with SESSIONSTATE_OPA_URL set
-# (as in docker-compose.yml) the service does not read them.
+# (as in docker-compose.yml) the service does not read them. The wheel carries the same
+# set (service/default_policies); SESSIONSTATE_POLICY_DIR names this copy.
 COPY policies/ /opt/sessionstate/policies/
 
 ENV SESSIONSTATE_HOST=0.0.0.0 \

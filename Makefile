@@ -11,20 +11,32 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser wrk postgres schema lint-py types lint-rego test-rego test-py bench clean policy-manifest
+.PHONY: help run test install tools browser wrk postgres schema lint-py types lint-rego test-rego test-py bench clean policy-manifest lock lock-check api-doc
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
 	@echo "make test   the whole suite: Rego fmt/check/lint/tests, Python lint/types/tests"
 	@echo "make bench  benchmarks (bench/), figures against same-run baselines"
 
-$(STAMP): pyproject.toml
+# The locked versions (requirements/dev.txt, exported from uv.lock, every file's hash
+# checked), then the project itself, editable, with no dependency of its own resolved.
+$(STAMP): pyproject.toml setup.py requirements/dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
 install: $(STAMP)
+
+# The lock must match pyproject.toml: `uv lock --check --offline` and the exports
+# compared (scripts/lock.sh; no index is asked). After a dependency change, `make lock`
+# re-resolves (that asks the index); docs/operators.md, "Locked dependencies".
+lock-check: install
+	scripts/lock.sh check
+
+lock: install
+	scripts/lock.sh update
 
 # Pinned OPA, Regal and Docker Compose, built with `go install` into .tools/bin on first
 # use (Compose, for tests/test_deployment.py's `docker-compose config`: about 2 minutes).
@@ -54,6 +66,11 @@ postgres:
 schema: install
 	$(PY) -m service.policy.input > $(SCHEMAS)/policy_input.json
 	$(PY) -m service.policy.tenant_settings > $(SCHEMAS)/tenants/settings.json
+
+# docs/api.md's tables (endpoints, reason codes, shapes, settings) are written from the
+# code; tests/test_api_doc.py fails while one is stale.
+api-doc: install
+	$(PY) scripts/api_doc.py
 
 # After a policy edit: the bundle manifest's revision is the policies' content hash.
 policy-manifest: install
@@ -87,7 +104,7 @@ PYTEST_WORKERS ?= 2
 test-py: install tools browser wrk postgres
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 
-test: lint-rego test-rego lint-py types test-py
+test: lock-check lint-rego test-rego lint-py types test-py
 
 bench: install tools wrk
 	@for script in bench/*_bench.py; do \

@@ -1,6 +1,6 @@
 """`SessionReplayPlanner`: what a replay of a session would feed the model, from digests only.
 
-The design note's Replay Preview: retrieval inputs come from memory-chain and
+The replay preview (docs/api.md): retrieval inputs come from memory-chain and
 retrieval anchors, routing inputs from the runtime profile and routing anchors,
 gene inputs from gene-chain anchors. Beside them it reports the history the
 record holds: the kept turns and the summary of the compacted ones (counts
@@ -87,7 +87,7 @@ class ReplayHistory(_Shape):
 
 
 class SessionReplayPreview(_Shape):
-    """The replay preview of API.md: inputs and their combined digest, or why there are none."""
+    """The replay preview of docs/api.md: inputs and their combined digest, or why there are none."""
 
     allowed: bool
     retrieval_inputs: list[ReplayInput]

@@ -1,4 +1,4 @@
-"""Configuration: one typed object, read once from the environment (API.md's table).
+"""Configuration: one typed object, read once from the environment (docs/api.md's table).
 
 A value that does not parse is named by its variable with the values it
 accepts (`setting_errors`), and a `SESSIONSTATE_*` variable that is no setting
@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import shutil
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -21,6 +22,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from store.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The policy set the wheel carries (setup.py maps the checkout's policies/ onto it).
+PACKAGED_POLICIES = "default_policies"
 ENV_PREFIX = "SESSIONSTATE_"
 # Read by other tools of the project, not by the service: never warned about.
 OTHER_TOOLS_VARIABLES = frozenset(
@@ -33,6 +36,22 @@ OTHER_TOOLS_VARIABLES = frozenset(
         "SESSIONSTATE_POSTGRES_PASSWORD",  # docker-compose.ha.yml
     }
 )
+
+
+def running_from_checkout() -> bool:
+    """True when the code runs from the repository (`make run`, the tests, an editable
+    install), false when it was installed from a wheel into site-packages."""
+    return (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "policies").is_dir()
+
+
+def default_policy_dir() -> Path:
+    """`SESSIONSTATE_POLICY_DIR` unset: the checkout's policies/, or the wheel's copy of
+    them (`service/default_policies`, package data: see setup.py)."""
+    if running_from_checkout():
+        return PROJECT_ROOT / "policies"
+    packaged = files("service") / PACKAGED_POLICIES
+    # A directory OPA's bundle can be made from, not a zip member: wheels install unpacked.
+    return Path(str(packaged))
 
 
 class Settings(BaseSettings):
@@ -68,7 +87,7 @@ class Settings(BaseSettings):
     # opa-python-client (which probes, reload checks and engine checks always use).
     opa_transport: Literal["keep-alive", "opa-python-client"] = "keep-alive"
     opa_bin: str | None = None
-    policy_dir: Path = PROJECT_ROOT / "policies"
+    policy_dir: Path = default_policy_dir()
     # Local sidecar: serve every edit of policy_dir that compiles, without a reload.
     watch_policies: bool = False
     # A shadow policy set decides beside the live one and decides nothing (service.policy.shadow):
@@ -99,11 +118,14 @@ class Settings(BaseSettings):
         if self.opa_bin:
             return self.opa_bin
         built = PROJECT_ROOT / ".tools" / "bin" / "opa"
-        if built.exists():
+        if running_from_checkout() and built.exists():
             return str(built)
         found = shutil.which("opa")
         if found is None:
-            raise FileNotFoundError("no opa binary: run `make run`, or set SESSIONSTATE_OPA_BIN")
+            raise FileNotFoundError(
+                "no opa binary: put `opa` on PATH or set SESSIONSTATE_OPA_BIN "
+                "(in a checkout, `make run` builds one)"
+            )
         return found
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import shlex
+import shutil
+import sys
 from pathlib import Path
 
-from service.settings import Settings
+from service.settings import Settings, running_from_checkout
 
 EXAMPLE_STATE = (
     '{"runtime_profile": {"task_profile": "coding", "model_id": "qwen2.5-coder:7b", '
@@ -23,13 +25,14 @@ def walkthrough(settings: Settings) -> str:
     writes = (
         "on" if settings.durable_writes else "off (SESSIONSTATE_DURABLE_WRITES=true turns them on)"
     )
+    cli = _cli()
     return f"""
 sessionstate is up on {base}  (OPA decides every request; durable writes: {writes})
 Paste these into another shell, from this directory:
 
 {_environment(settings)}  # 1. Tokens for a model service scoped to one session, and for an operator of its tenant
-  SVC=$(.venv/bin/sessionstate token --sub demo-model --role model-service --tenant acme --workspace support --session chat-1)
-  OP=$(.venv/bin/sessionstate token --sub demo-operator --role operator --tenant acme)
+  SVC=$({cli} token --sub demo-model --role model-service --tenant acme --workspace support --session chat-1)
+  OP=$({cli} token --sub demo-operator --role operator --tenant acme)
   STATE='{EXAMPLE_STATE}'
 
   # 2. Preview the sanitized record: raw text comes back only as hmac-sha256 digests
@@ -48,6 +51,17 @@ Paste these into another shell, from this directory:
   # Every answer carries the policy `decision`. API: {base}/docs  Metrics: {base}/metrics
   # Stop with Ctrl-C (SIGINT) or SIGTERM: the OPA sidecar stops with the service.
 """
+
+
+def _cli() -> str:
+    """How the reader's shell runs `sessionstate`: the checkout's venv (`make run`), or for
+    an installed wheel the script beside this interpreter (by name when PATH finds it)."""
+    if running_from_checkout():
+        return ".venv/bin/sessionstate"
+    script = Path(sys.executable).parent / "sessionstate"
+    if not script.exists() or shutil.which("sessionstate") == str(script):
+        return "sessionstate"
+    return shlex.quote(str(script))
 
 
 def _environment(settings: Settings) -> str:

@@ -33,7 +33,7 @@ def record_blockers(record: SessionStateRecord) -> list[Blocker]:
 
 
 def preview_flags_hold(record: SessionStateRecord) -> bool:
-    """The design note's default flags: a record is a read-only, preview-only report."""
+    """The record's fixed flags (docs/api.md): a record is a read-only, preview-only report."""
     return (
         record.read_only and record.report_only and record.preview_only and not record.write_allowed
     )

@@ -1,4 +1,4 @@
-"""The design note's record: sanitized, digested, flagged, and validated."""
+"""The record (docs/api.md): sanitized, digested, flagged, and validated."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay preview: the design note's inputs, from digests and anchors only."""
+"""Replay preview: the inputs docs/api.md describes, from digests and anchors only."""
 
 from __future__ import annotations
 

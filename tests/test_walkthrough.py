@@ -44,7 +44,7 @@ def pasted_commands(text: str) -> list[str]:
     ]
 
 
-def run_pasted(commands: list[str], tmp_path: Path) -> list[str]:
+def run_pasted(commands: list[str], tmp_path: Path, cwd: Path = ROOT) -> list[str]:
     """Run the commands in one bash, as pasted, in a shell without SESSIONSTATE_ settings.
 
     Returns each command's output. `cd` to the directory the service was started in,
@@ -56,7 +56,7 @@ def run_pasted(commands: list[str], tmp_path: Path) -> list[str]:
         f"printf '\\n::output {index}\\n'\n{command}\n" for index, command in enumerate(commands)
     )
     done = subprocess.run(
-        ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        ["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     outputs = re.split(r"^::output \d+\n", done.stdout, flags=re.MULTILINE)[1:]

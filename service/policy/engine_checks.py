@@ -29,7 +29,8 @@ def local_opa_bin(settings: Settings) -> str:
         opa = settings.resolved_opa_bin()
     except FileNotFoundError:
         raise ConfigurationError(
-            "no OPA binary: set SESSIONSTATE_OPA_BIN, or run `make run` to build the pinned one"
+            "no OPA binary: put `opa` on PATH or set SESSIONSTATE_OPA_BIN "
+            "(in a checkout, `make run` builds the pinned one)"
         ) from None
     if not os.access(opa, os.X_OK):
         raise ConfigurationError(

@@ -1,4 +1,4 @@
-"""`DecisionTrace`: the policy decision that governed a response, as API.md fixes it."""
+"""`DecisionTrace`: the policy decision that governed a response, as docs/api.md fixes it."""
 
 from __future__ import annotations
 
