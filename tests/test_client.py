@@ -13,11 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-
-from service.auth import mint_token
-from service.client import (
+from sessionstate_client import (
     AuthenticationFailed,
     CorruptState,
+    DigestKey,
     InvalidRequest,
     ModelServiceSession,
     NotFound,
@@ -28,12 +27,13 @@ from service.client import (
     ServiceUnavailable,
     SessionStateClient,
     SessionStateError,
+    SessionStateInput,
 )
-from service.client.retries import RetryPolicy, parse_retry_after
+from sessionstate_client.models import SessionStateResponse
+from sessionstate_client.retries import RetryPolicy, parse_retry_after
+
+from service.auth import mint_token
 from service.policy.sidecar import OpaSidecar, send_signal
-from service.wire import SessionStateResponse
-from store.digests import DigestKey
-from store.inputs import SessionStateInput
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import scope, state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings
