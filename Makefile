@@ -18,10 +18,11 @@ help:
 	@echo "make test   the whole suite: Rego fmt/check/lint/tests, Python lint/types/tests"
 	@echo "make bench  benchmarks (bench/), figures against same-run baselines"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e clients/python  # the client distribution (sessionstate_client)
 	@touch $@
 
 install: $(STAMP)
