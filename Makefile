@@ -19,12 +19,14 @@ help:
 	@echo "make bench  benchmarks (bench/), figures against same-run baselines"
 
 # The locked versions (requirements/dev.txt, exported from uv.lock, every file's hash
-# checked), then the project itself, editable, with no dependency of its own resolved.
-$(STAMP): pyproject.toml setup.py requirements/dev.txt
+# checked), then the project itself, editable, with no dependency of its own resolved,
+# and the client distribution (sessionstate_client, clients/python), editable too.
+$(STAMP): pyproject.toml setup.py requirements/dev.txt clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e clients/python
 	@touch $@
 
 install: $(STAMP)

@@ -1,8 +1,9 @@
 """The v1 contract's constants, written once: paths, id patterns, header names, decisions.
 
-The routes (`service.http`), the OpenAPI document (`service.openapi`) and the
-client (`service.client`) read them from here. Paths are OpenAPI templates
-(`{tenant_id}`); `flask_rule` spells one for Flask and `fill` for a request.
+The routes (`service.http`) and the OpenAPI document (`service.openapi`)
+read them from here; the client (`clients/python`, which may not import the
+service) keeps copies that tests/test_client_contract.py holds to these.
+Paths are OpenAPI templates (`{tenant_id}`); `flask_rule` spells one for Flask and `fill` for a request.
 Tests hold the rest to them: every `/v1` route is an OpenAPI operation and back,
 `policies/system/authz/authz.rego` serves exactly `DECISION_PACKAGES`' packages,
 and the client asks for no path that is not here.

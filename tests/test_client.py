@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -13,11 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-
-from service.auth import mint_token
-from service.client import (
+from sessionstate_client import (
+    AsyncModelServiceSession,
+    AsyncSessionStateClient,
     AuthenticationFailed,
     CorruptState,
+    DigestKey,
     InvalidRequest,
     ModelServiceSession,
     NotFound,
@@ -28,12 +30,13 @@ from service.client import (
     ServiceUnavailable,
     SessionStateClient,
     SessionStateError,
+    SessionStateInput,
 )
-from service.client.retries import RetryPolicy, parse_retry_after
+from sessionstate_client.models import SessionStateResponse
+from sessionstate_client.retries import RetryPolicy, parse_retry_after
+
+from service.auth import mint_token
 from service.policy.sidecar import OpaSidecar, send_signal
-from service.wire import SessionStateResponse
-from store.digests import DigestKey
-from store.inputs import SessionStateInput
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import scope, state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings
@@ -703,3 +706,139 @@ def test_a_turn_text_is_sent_once_then_only_its_digest(default_service: LiveServ
     assert all(CANARY.encode() not in body for body in spy.sent)
     held = json.loads(spy.sent[0])["turns"][0]
     assert held["payload_digest"].startswith("hmac-sha256:") and "payload" not in held
+
+
+# --- the asyncio flavour: AsyncSessionStateClient and AsyncModelServiceSession ---------------
+
+
+def async_client(service: LiveService, **options: Any) -> AsyncSessionStateClient:
+    return AsyncSessionStateClient(service.url, service.token(), **options)
+
+
+def test_the_async_client_answers_and_refuses_as_the_sync_one(
+    default_service: LiveService,
+) -> None:
+    body = state_input(turns=[{"turn_id": "t1", "role": "user", "payload": CANARY}])
+
+    async def calls() -> tuple[Any, PolicyDenied, list[Any]]:
+        async with async_client(default_service) as client:
+            previewed = await client.preview_state(SCOPE, body)
+            with pytest.raises(PolicyDenied) as denied:
+                await client.put_state(SCOPE, body)
+        async with AsyncSessionStateClient(default_service.url, None) as anonymous:
+            ready = await anonymous.readyz()
+        token = default_service.token("auditor", sub="au", workspace=None, session=None)
+
+        async def fresh_token() -> str:  # an async token source is awaited on every attempt
+            return token
+
+        async with AsyncSessionStateClient(default_service.url, fresh_token) as auditor:
+            entries = [entry async for entry in auditor.iter_decisions(page_size=1)]
+            exported = [event async for event in auditor.export_decisions(action="write")]
+            assert (await auditor.verify_decisions(full=True)).ok is True
+            revisions = await auditor.policy_revisions()
+            assert revisions.revisions and revisions.tenant_id == "tenant-a"
+        assert ready.ready is True and len(exported) == 1
+        return previewed, denied.value, entries
+
+    previewed, denied, entries = asyncio.run(calls())
+    assert isinstance(previewed, SessionStateResponse)
+    assert previewed.decision.action == "preview"
+    assert denied.reason == "session_state_durable_writes_disabled"
+    assert denied.decision.allow is False and denied.decision.action == "write"
+    assert_clean(denied, default_service.token())
+    assert [entry.decision.action for entry in entries] == ["preview", "write"]
+
+
+def test_the_async_session_writes_re_reads_on_412_and_merges(service: LiveService) -> None:
+    service.approve()
+
+    async def conversation() -> tuple[Any, Any, Any]:
+        async with async_client(service) as one, async_client(service) as two:
+            first = AsyncModelServiceSession(one, SCOPE, template())
+            second = AsyncModelServiceSession(two, SCOPE, template())
+            await first.load()
+            await second.load()
+            preview = await first.replay(max_inputs=8)
+            request = first.runtime_request(CANARY, preview)
+            assert request.routing_inputs[0].kind == "runtime_profile"
+            assert CANARY not in repr(request)
+            mine = await first.commit_turns([first.turn("user", "from one")])
+            theirs = await second.commit_turns([second.turn("user", "from two")])
+            return mine, theirs, (await one.get_state(SCOPE)).read_report.record
+
+    mine, theirs, stored = asyncio.run(conversation())
+    assert (mine.applied, theirs.applied) == (True, True)
+    assert (mine.attempts, theirs.attempts) == (1, 2)
+    assert stored is not None and stored.state_digest == theirs.state_digest
+    assert [t.turn_id for t in stored.turns] == [
+        mine.record.turns[0].turn_id,
+        theirs.record.turns[1].turn_id,
+    ]
+
+
+def test_the_async_session_falls_back_to_preview_only_then_writes_once_allowed(
+    service: LiveService,
+) -> None:
+    async def conversation() -> tuple[Any, Any]:
+        async with async_client(service) as client:
+            session = AsyncModelServiceSession(client, SCOPE, template())
+            await session.load()
+            assert (await session.replay()).allowed is True  # planned here: nothing stored
+            first = await session.commit_turns([session.turn("user", CANARY)])
+            service.approve()
+            second = await session.commit_turns([session.turn("assistant", "ok")])
+            return first, second
+
+    first, second = asyncio.run(conversation())
+    assert first.applied is False
+    assert first.blocked_reasons == ["session_state_operator_approval_missing"]
+    assert second.applied is True and len(second.record.turns) == 2
+    assert second.record.turns[0].turn_id == first.record.turns[0].turn_id
+
+
+def test_the_async_client_retries_a_429_after_its_retry_after() -> None:
+    asked: list[httpx.Request] = []
+
+    async def limited_once(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        if len(asked) == 1:
+            return httpx.Response(
+                429, json=_problem(429, "rate_limited"), headers={"Retry-After": "2"}
+            )
+        return _not_found(request)
+
+    waits: list[float] = []
+
+    async def wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def call() -> NotFound:
+        transport = httpx.MockTransport(limited_once)
+        async with AsyncSessionStateClient(
+            "http://sessionstate.test", "t", backoff=0, transport=transport
+        ) as client:
+            client._sleep = wait
+            with pytest.raises(NotFound) as raised:
+                await client.grant_approval("t", "w", {"ttl_seconds": 1, "reason": "r"})
+            return raised.value
+
+    error = asyncio.run(call())
+    assert error.attempts == len(asked) == 2 and waits == [2.0]
+    assert len({request.headers["X-Request-Id"] for request in asked}) == 1
+
+
+def test_with_token_shares_the_connections_and_changes_only_the_token(
+    service: LiveService,
+) -> None:
+    with model_client(service) as client:
+        operator_client = client.with_token(service.operator())
+        granted = operator_client.grant_approval(
+            "tenant-a", "ws-1", {"ttl_seconds": 60, "reason": "x"}
+        )
+        operator_client.close()  # closes nothing: the connections are client's
+        assert granted.decision.allow is True
+        with pytest.raises(NotFound):
+            client.get_state(SCOPE)  # still the model service's token, still open
+        with pytest.raises(PolicyDenied):
+            operator_client.get_state(SCOPE)  # an operator may not read state

@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import httpx
 import pytest
+from sessionstate_client import SessionStateClient, SessionStateError
 
 from service import contract
 from service.app import create_app
-from service.client import SessionStateClient, SessionStateError
 from service.context import ServiceContext
 from service.openapi import OPERATIONS, openapi_document
 from store.scope import TenantScope
@@ -89,7 +89,8 @@ CALLS: dict[str, Callable[[SessionStateClient], Any]] = {
     "list_decisions": lambda c: c.list_decisions(limit=2, allow=True),
     "iter_decisions": lambda c: list(c.iter_decisions(since=datetime(2026, 1, 1, tzinfo=UTC))),
     "get_decision": lambda c: c.get_decision("local-0123abcd"),
-    "verify_decisions": lambda c: c.verify_decisions(),
+    "verify_decisions": lambda c: c.verify_decisions(full=True),
+    "policy_revisions": lambda c: c.policy_revisions("tenant-a"),
     "export_decisions": lambda c: list(c.export_decisions(action="write")),
     "healthz": lambda c: c.healthz(),
     "readyz": lambda c: c.readyz(),
@@ -104,7 +105,7 @@ def test_every_call_of_the_client_is_checked_below() -> None:
         for name in vars(SessionStateClient)
         if not name.startswith("_") and callable(getattr(SessionStateClient, name))
     }
-    assert public - {"close"} == set(CALLS)
+    assert public - {"close", "with_token"} == set(CALLS)
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))

@@ -1,7 +1,12 @@
-"""examples/model_service.py against the real `sessionstate serve`: state advances, no prompt stays."""
+"""examples/model_service.py against the real `sessionstate serve`: state advances, no prompt stays.
+
+Both flavours: the sync client (`EchoModelService`, `chat`) and the asyncio one
+(`AsyncEchoModelService`, `chat_async`, the command line's `--asyncio`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -10,16 +15,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sessionstate_client import AsyncSessionStateClient, NotFound, SessionStateClient
+from sessionstate_client.models import SessionStateRecord, TenantScope
 
-from examples.model_service import EchoModelService, chat
+from examples.model_service import AsyncEchoModelService, EchoModelService, chat, chat_async
 from service.auth import mint_token
-from service.client import NotFound, SessionStateClient
-from store.record import SessionStateRecord
-from tests.factories import scope
 from tests.live import JWT_SECRET
 from tests.served import ROOT, Served, start
 
-SCOPE = scope()
+SCOPE = TenantScope(tenant_id="tenant-a", workspace_id="ws-1", session_id="chat-1")
+FLAVOURS = ["sync", "asyncio"]
 
 
 def token(role: str) -> str:
@@ -51,16 +56,32 @@ def stop(served: Served) -> bytes:
     return b"".join(path.read_bytes() for path in files) + served.log.read_bytes()
 
 
-def test_a_chat_stores_two_turn_digests_a_turn_and_no_prompt(served: Served) -> None:
+def replies_of(flavour: str, url: str, prompts: list[str]) -> list[str]:
+    """The example model service's replies in one conversation, in-process, by flavour."""
+    if flavour == "sync":
+        with SessionStateClient(url, token("model-service")) as client:
+            service = EchoModelService(client, SCOPE)
+            return [service.reply(prompt) for prompt in prompts]
+
+    async def conversation() -> list[str]:
+        async with AsyncSessionStateClient(url, token("model-service")) as client:
+            service = AsyncEchoModelService(client, SCOPE)
+            return [await service.reply(prompt) for prompt in prompts]
+
+    return asyncio.run(conversation())
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_chat_stores_two_turn_digests_a_turn_and_no_prompt(served: Served, flavour: str) -> None:
     canaries = [f"PROMPT-CANARY-{uuid.uuid4().hex}" for _ in range(4)]
     with SessionStateClient(served.url, token("operator")) as operator:
         operator.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 600, "reason": "example"})
     with SessionStateClient(served.url, token("model-service")) as client:
-        model_service = EchoModelService(client, SCOPE)
         digests: list[str] = []
         for turn, canary in enumerate(canaries[:3], start=1):
-            reply = model_service.reply(f"tell me about {canary}")
+            (reply,) = replies_of(flavour, served.url, [f"tell me about {canary}"])
             assert canary in reply  # the model saw the prompt
+            assert f"{2 * (turn - 1)} turns before" in reply  # a new process resumes the state
             record = stored(client)
             assert record is not None
             assert len(record.turns) == 2 * turn
@@ -73,8 +94,9 @@ def test_a_chat_stores_two_turn_digests_a_turn_and_no_prompt(served: Served) -> 
             "SESSIONSTATE_URL": served.url,
             "SESSIONSTATE_TOKEN": token("model-service"),
         }
+        flags = ["--asyncio"] if flavour == "asyncio" else []
         cli = subprocess.run(
-            [sys.executable, "examples/model_service.py", f"and {canaries[3]}?"],
+            [sys.executable, "examples/model_service.py", *flags, f"and {canaries[3]}?"],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -93,14 +115,15 @@ def test_a_chat_stores_two_turn_digests_a_turn_and_no_prompt(served: Served) -> 
         assert canary.encode() not in left_behind
 
 
-def test_without_an_approval_the_chat_goes_on_preview_only(served: Served) -> None:
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_without_an_approval_the_chat_goes_on_preview_only(served: Served, flavour: str) -> None:
     canary = f"PROMPT-CANARY-{uuid.uuid4().hex}"
-    replies = chat(
-        [f"first {canary}", "second"],
-        base_url=served.url,
-        token=token("model-service"),
-        scope=SCOPE,
-    )
+    prompts = [f"first {canary}", "second"]
+    url, svc = served.url, token("model-service")
+    if flavour == "sync":
+        replies = chat(prompts, base_url=url, token=svc, scope=SCOPE)
+    else:
+        replies = asyncio.run(chat_async(prompts, base_url=url, token=svc, scope=SCOPE))
     assert replies[0].startswith(f"echo: first {canary}")
     assert "2 turns before" in replies[1]  # the turns were held, as digests
     with SessionStateClient(served.url, token("model-service")) as client:

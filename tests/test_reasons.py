@@ -7,9 +7,9 @@ from http import HTTPStatus
 from pathlib import Path
 
 import pytest
+from sessionstate_client.errors import BY_503_REASON
 
 from service.auth import AuthenticationFailed
-from service.client.errors import _BY_503_REASON
 from service.decisions.journal import JournalClosed, JournalStoreUnavailable
 from service.http.problems import Problem, problem_of
 from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngineUnavailable
@@ -93,7 +93,7 @@ def test_each_reason_has_a_status_http_knows_and_a_fixed_detail() -> None:
 
 
 def test_the_client_maps_every_503_reason_to_its_own_error() -> None:
-    assert set(_BY_503_REASON) == {reason for reason in Reason if reason.status == 503}
+    assert set(BY_503_REASON) == {reason for reason in Reason if reason.status == 503}
 
 
 @pytest.mark.parametrize(

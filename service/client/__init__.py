@@ -1,33 +1,42 @@
-"""The Python client of sessionstate, for model services, operators and auditors.
+"""The Python client, re-exported: it lives in its own distribution, `sessionstate-client`.
 
-`SessionStateClient` calls every endpoint of the v1 contract and returns the
-wire models; `ModelServiceSession` is the design note's five steps of a local
-model service on top of it. Errors are the exceptions below, one per status
-and reason. See docs/model-service.md, "The Python client".
+`clients/python/` builds it (import name `sessionstate_client`, httpx and
+pydantic only, nothing of the service); this name stays so that code written
+against `service.client` keeps working. New code imports `sessionstate_client`.
+See docs/model-service.md, "The Python client".
 """
 
-from service.client.api import DecisionFilters, SessionStateClient, StateBody, TokenSource
-from service.client.errors import (
+from sessionstate_client import (
+    AsyncModelServiceSession,
+    AsyncSessionStateClient,
     AuthenticationFailed,
+    CommitResult,
     CorruptState,
+    DecisionFilters,
     DecisionLogUnavailable,
     InvalidRequest,
+    ModelServiceSession,
     NotFound,
     PolicyDenied,
     PolicyEngineRefused,
     PolicyEngineUnavailable,
     PreconditionFailed,
     RateLimited,
+    RetryPolicy,
+    RuntimeRequest,
     ServiceUnavailable,
+    SessionStateClient,
     SessionStateError,
+    StateBody,
     StoreUnavailable,
     TokenKeysUnavailable,
+    TokenSource,
     UnexpectedResponse,
 )
-from service.client.retries import RetryPolicy
-from service.client.session import CommitResult, ModelServiceSession, RuntimeRequest
 
 __all__ = [
+    "AsyncModelServiceSession",
+    "AsyncSessionStateClient",
     "AuthenticationFailed",
     "CommitResult",
     "CorruptState",

@@ -1,8 +1,10 @@
 """Typed exceptions of the client: one per status and reason the contract fixes.
 
-A message names the status, the reason and, for a denial, the reason codes;
-never a token, a body, a payload or a stored value (a problem document holds
-none of those either, so keeping it whole is safe).
+Every one carries `status`, `reason` (the problem document's), `problem` (the
+whole problem+json document) and `decision` (the decision trace, once the
+policy was asked). A message names the status, the reason and, for a denial,
+the reason codes; never a token, a body, a payload or a stored value (a
+problem document holds none of those either, so keeping it whole is safe).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import json
 
 import httpx
 
-from service.client.retries import parse_retry_after
-from service.contract import REQUEST_ID, RETRY_AFTER
-from service.policy.trace import DecisionTrace
-from service.reasons import Reason
-from service.wire import FieldError, ProblemDocument
-from store.reports import SessionStateReadReport, SessionStateWriteReport
+from sessionstate_client.contract import REQUEST_ID, RETRY_AFTER
+from sessionstate_client.models import (
+    DecisionTrace,
+    FieldError,
+    ProblemDocument,
+    SessionStateReadReport,
+    SessionStateWriteReport,
+)
+from sessionstate_client.retries import parse_retry_after
 
 
 class SessionStateError(Exception):
@@ -197,13 +202,14 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
     431: InvalidRequest,
     429: RateLimited,
 }
-_BY_503_REASON: dict[str, type[SessionStateError]] = {
-    Reason.POLICY_ENGINE_UNAVAILABLE: PolicyEngineUnavailable,
-    Reason.POLICY_ENGINE_REFUSED: PolicyEngineRefused,
-    Reason.DECISION_LOG_UNAVAILABLE: DecisionLogUnavailable,
-    Reason.STORE_UNAVAILABLE: StoreUnavailable,
-    Reason.TOKEN_KEYS_UNAVAILABLE: TokenKeysUnavailable,
+BY_503_REASON: dict[str, type[SessionStateError]] = {
+    "policy_engine_unavailable": PolicyEngineUnavailable,
+    "policy_engine_refused": PolicyEngineRefused,
+    "decision_log_unavailable": DecisionLogUnavailable,
+    "store_unavailable": StoreUnavailable,
+    "token_keys_unavailable": TokenKeysUnavailable,
 }
+"""The reasons of a 503, each with its own exception (the service's `Reason`s of status 503)."""
 
 
 def error_from_response(response: httpx.Response, *, attempts: int = 1) -> SessionStateError:
@@ -213,7 +219,7 @@ def error_from_response(response: httpx.Response, *, attempts: int = 1) -> Sessi
     reason = problem.reason if problem is not None else f"http_{status}"
     request_id = response.headers.get(REQUEST_ID)
     if status == 503:
-        kind = _BY_503_REASON.get(reason, ServiceUnavailable)
+        kind = BY_503_REASON.get(reason, ServiceUnavailable)
     elif status == 403 and (problem is None or problem.decision is None):
         kind = UnexpectedResponse  # a denial without its decision is not this service's
     else:

@@ -1,0 +1,81 @@
+"""The Python client of sessionstate, for model services, operators and auditors.
+
+`SessionStateClient` (sync, httpx) and `AsyncSessionStateClient` (asyncio)
+call every endpoint of the v1 contract and return its wire models
+(`sessionstate_client.models`); `ModelServiceSession` and
+`AsyncModelServiceSession` are the design note's five steps of a model
+service on top of them. Errors are the exceptions below, one per status and
+reason, each with `status`, `reason` and, once the policy was asked, the
+`decision`. Depends on httpx and pydantic only.
+"""
+
+from sessionstate_client._calls import DecisionFilters, GrantBody, StateBody
+from sessionstate_client.aio import AsyncSessionStateClient, AsyncTokenSource
+from sessionstate_client.client import SessionStateClient, TokenSource
+from sessionstate_client.digests import DigestKey, estimate_tokens
+from sessionstate_client.errors import (
+    AuthenticationFailed,
+    CorruptState,
+    DecisionLogUnavailable,
+    InvalidRequest,
+    NotFound,
+    PolicyDenied,
+    PolicyEngineRefused,
+    PolicyEngineUnavailable,
+    PreconditionFailed,
+    RateLimited,
+    ServiceUnavailable,
+    SessionStateError,
+    StoreUnavailable,
+    TokenKeysUnavailable,
+    UnexpectedResponse,
+)
+from sessionstate_client.models import (
+    ApprovalGrantInput,
+    SessionStateInput,
+    SessionTurnInput,
+    TenantScope,
+)
+from sessionstate_client.retries import RetryPolicy
+from sessionstate_client.session import (
+    AsyncModelServiceSession,
+    CommitResult,
+    ModelServiceSession,
+    RuntimeRequest,
+)
+
+__all__ = [
+    "ApprovalGrantInput",
+    "AsyncModelServiceSession",
+    "AsyncSessionStateClient",
+    "AsyncTokenSource",
+    "AuthenticationFailed",
+    "CommitResult",
+    "CorruptState",
+    "DecisionFilters",
+    "DecisionLogUnavailable",
+    "DigestKey",
+    "GrantBody",
+    "InvalidRequest",
+    "ModelServiceSession",
+    "NotFound",
+    "PolicyDenied",
+    "PolicyEngineRefused",
+    "PolicyEngineUnavailable",
+    "PreconditionFailed",
+    "RateLimited",
+    "RetryPolicy",
+    "RuntimeRequest",
+    "ServiceUnavailable",
+    "SessionStateClient",
+    "SessionStateError",
+    "SessionStateInput",
+    "SessionTurnInput",
+    "StateBody",
+    "StoreUnavailable",
+    "TenantScope",
+    "TokenKeysUnavailable",
+    "TokenSource",
+    "UnexpectedResponse",
+    "estimate_tokens",
+]
