@@ -28,12 +28,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from service import tracing
 from service.auth import mint_token
 from service.policy.trace import DecisionEngine, DecisionTrace
+from service.policy.transport import KeepAliveTransport, OpaClientTransport
 from tests.live import JWT_SECRET
 from tests.served import Served, start
 
@@ -400,3 +401,42 @@ def test_spans_leave_with_kept_attributes_only() -> None:
     assert scrubbed.status.status_code is StatusCode.ERROR
     assert scrubbed.status.description is None
     assert scrubbed.events == ()
+
+
+@pytest.mark.parametrize("transport", [KeepAliveTransport, OpaClientTransport])
+def test_both_transports_send_the_decision_spans_traceparent(
+    monkeypatch: pytest.MonkeyPatch, transport: type[KeepAliveTransport | OpaClientTransport]
+) -> None:
+    seen: list[str | None] = []
+
+    class Opa(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.headers.get("traceparent"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Opa)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = transport(f"http://127.0.0.1:{server.server_address[1]}", None, 5.0)
+    try:
+        assert client.query("read", {}, b"{}") == {}  # tracing off: no traceparent
+        monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
+        with tracing.decision_span("read") as span:
+            assert client.query("read", {}, b"{}") == {}
+            assert span is not None
+            context = span.get_span_context()
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+    assert seen == [
+        None,
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}",
+    ]
