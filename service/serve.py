@@ -27,6 +27,7 @@ from typing import TextIO
 
 from hypercorn.asyncio.run import worker_serve
 
+from service import tracing
 from service.app import create_app
 from service.context import (
     ConfigurationError,
@@ -74,6 +75,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
     context: ServiceContext | None = None
     try:
         check_settings(settings)
+        opa_tracing = tracing.opa_tracing()  # checks the OTEL_* variables the service reads
         if settings.opa_url:
             external_opa_accepts_token(settings)
         else:
@@ -95,6 +97,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 bundle_file=None if signed is None else signed[0],
                 verification_key=None if signed is None else signed[1],
                 verification_alg=settings.policy_verification_alg,
+                tracing=opa_tracing,
             )
             sidecar.start()
             opa_url, opa_token = sidecar.url, sidecar.token
@@ -123,6 +126,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 reload()
             supervise(settings, listener, sidecar, on_ready, reload, shadow)
             return
+        tracing.start()  # each worker of several starts its own
         context = ServiceContext.open(
             settings,
             opa_url=opa_url,
@@ -139,6 +143,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         forget_pid(settings.data_dir)
         if context is not None:
             context.close()
+        tracing.shutdown()  # after the journal's last commit: its spans are exported too
         if sidecar is not None:
             sidecar.stop()
         if shadow is not None:
@@ -169,8 +174,10 @@ async def serve_http(
             reload()
         # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
         write_pid(settings.data_dir)
+    flask_app = create_app(context)
+    tracing.instrument(flask_app)  # the request span, with OTel export configured
     app = BoundedWSGIWrapper(
-        create_app(context),
+        flask_app,
         body_timeout=settings.body_timeout_seconds,
         refused=context.metrics.refused_before_app,
     )

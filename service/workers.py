@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from service import tracing
 from service.context import ServiceContext
 from service.logs import configure_logging
 from service.policy.sidecar import OpaSidecar, _die_with_parent
@@ -139,6 +140,7 @@ def worker_main(fd: int, slot: int) -> None:
     settings = Settings()
     listener = socket.socket(fileno=fd)
     assert settings.opa_url is not None  # the parent set it
+    tracing.start()  # the parent checked the OTEL_* variables
     context = ServiceContext.open(
         settings,
         opa_url=settings.opa_url,
@@ -152,6 +154,7 @@ def worker_main(fd: int, slot: int) -> None:
         asyncio.run(serve_http(settings, context, listener, None, None, None, owns_pid_file=False))
     finally:
         context.close()
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

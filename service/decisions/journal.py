@@ -33,6 +33,9 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from opentelemetry.trace import SpanContext
+
+from service import tracing
 from service.decisions.log import (
     DecisionEntryBody,
     DecisionOutcome,
@@ -125,6 +128,7 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
+    link: SpanContext | None = None  # the request's commit span, which the batch's links to
 
     def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
         """The entry's outcome, built here only. Any entry but a write is applied exactly
@@ -243,8 +247,11 @@ class DecisionJournal:
     def _submit(self, pending: _Pending) -> _Pending:
         if self._closed.is_set():
             raise JournalClosed("the decision journal is closed")
-        self._queue.put(pending)
-        pending.done.wait()
+        with tracing.commit_span(pending.body.decision.decision_id) as span:
+            pending.link = tracing.link_of(span)
+            self._queue.put(pending)
+            pending.done.wait()
+            tracing.note_commit(span, pending.entry, pending.error is not None)
         if isinstance(pending.error, StoreOffline):
             raise JournalStoreUnavailable("the store cannot write now") from pending.error
         if pending.error is not None:
@@ -299,6 +306,12 @@ class DecisionJournal:
         return True
 
     def _commit(self, batch: list[_Pending]) -> None:
+        links = ((pending.link, pending.body.decision.decision_id) for pending in batch)
+        with tracing.batch_span(len(batch), links) as span:
+            self._commit_batch(batch)
+            tracing.note_batch(span, (pending.error for pending in batch))
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
         if not self._recover():
             self._fail(batch, StoreOffline("the store is latched after a failed write"))
             return

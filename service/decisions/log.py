@@ -138,7 +138,7 @@ def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str
     """An entry in the field names of OPA's decision log events, where they overlap; the
     entry itself beside them, as stored."""
     decision = entry.decision
-    return {
+    event: dict[str, Any] = {
         "decision_id": decision.decision_id,
         "path": decision.policy + "/decision",
         "input": entry.input,
@@ -150,6 +150,9 @@ def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str
         "metrics": {"timer_server_handler_ns": int(decision.latency_ms * 1_000_000)},
         "sessionstate": as_stored,
     }
+    if decision.trace_id is not None:  # as OPA's own events carry it with tracing on
+        event["trace_id"] = decision.trace_id
+    return event
 
 
 def prune_log(lanes: Lanes, before: datetime) -> int:

@@ -58,15 +58,18 @@ class PolicyClient:
         )
         self._engine_version = UNKNOWN
 
-    def decide(self, policy_input: PolicyInput) -> DecisionTrace:
-        """The decision for policy_input, from the package that owns its action."""
-        return self._decide(policy_input, self._hot)
+    def decide(self, policy_input: PolicyInput, *, trace_id: str | None = None) -> DecisionTrace:
+        """The decision for policy_input, from the package that owns its action (trace_id:
+        the OpenTelemetry trace it was asked in, which the trace records)."""
+        return self._decide(policy_input, self._hot, trace_id)
 
     def probe(self) -> DecisionTrace:
         """The decision on `PROBE`: readiness and reloads ask it which revision decides."""
         return self._decide(PROBE, self._opa)
 
-    def _decide(self, policy_input: PolicyInput, transport: DecisionTransport) -> DecisionTrace:
+    def _decide(
+        self, policy_input: PolicyInput, transport: DecisionTransport, trace_id: str | None = None
+    ) -> DecisionTrace:
         package = DECISION_PACKAGES[policy_input.action]
         document = policy_input.model_dump(mode="json", by_alias=True)
         evaluated_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -88,6 +91,7 @@ class PolicyClient:
             evaluated_at=evaluated_at,
             engine=DecisionEngine(version=self._engine_version),
             latency_ms=latency_ms,
+            trace_id=trace_id,
         )
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from service import tracing
 from service.approvals import Approval
 from service.auth import Actor
 from service.metrics import ServiceMetrics
@@ -69,7 +70,9 @@ class PolicyGate:
             record=None if record is None else record_summary(record),
         )
         question = None if self.shadow is None else self.shadow.ask(policy_input)
-        trace = self.client.decide(policy_input)
+        with tracing.decision_span(action) as span:  # OPA's own spans join it
+            trace = self.client.decide(policy_input, trace_id=tracing.trace_id(span))
+            tracing.note_decision(span, trace)
         outcome = (
             "refused"
             if trace.engine_refused

@@ -15,6 +15,9 @@
   OPA refuses at start stops the start, one refused at a reload is withdrawn.
 - Decision logging is on (console, into `opa.log` in the work dir), so every
   decision carries OPA's `decision_id`.
+- With OpenTelemetry export configured (`tracing`, from `service.tracing`),
+  OPA's `distributed_tracing` sends its spans to the same collector, joining
+  the trace of each decision query.
 - If OPA dies, it is restarted with exponential backoff; `stop()` ends it.
 """
 
@@ -42,6 +45,7 @@ from service.policy.client import PolicyClient
 from service.policy.reload import PolicyStatus, write_status
 from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
+from service.tracing import OpaTracing
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ class OpaSidecar:
         bundle_file: Path | None = None,
         verification_key: Path | None = None,
         verification_alg: SigningAlg = "RS256",
+        tracing: OpaTracing | None = None,
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
             raise ValueError("a signed bundle needs both the bundle file and the verification key")
@@ -106,6 +111,7 @@ class OpaSidecar:
         self.bundle_file = bundle_file
         self.verification_key = verification_key
         self.verification_alg = verification_alg
+        self.tracing = tracing
         self.signed: SignedBundleSource | None = None
         self._status_token = secrets.token_urlsafe(32)
         self.policies: PolicySnapshots
@@ -334,6 +340,10 @@ class OpaSidecar:
                 "bearer": {"token": self._status_token}
             }
             config["status"] = {"service": "policies"}
+        if self.tracing is not None:
+            # OPA exports its spans where the service does, in the service's traces: the
+            # decision query carries the decision span's `traceparent` (service.tracing).
+            config["distributed_tracing"] = self.tracing.config()
         path = self.work_dir / "opa-config.json"
         path.touch(mode=0o600)  # it may hold an HS256 secret
         path.write_text(json.dumps(config, indent=2))

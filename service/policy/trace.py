@@ -40,6 +40,13 @@ class DecisionTrace(BaseModel):
     evaluated_at: str = Field(description="RFC 3339")
     engine: DecisionEngine
     latency_ms: float = Field(ge=0)
+    trace_id: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        exclude_if=lambda value: value is None,
+        description="the W3C trace id of the request's OpenTelemetry trace, when tracing is "
+        "configured and the request was sampled; absent otherwise (docs/operators.md, Tracing)",
+    )
 
     @property
     def engine_unavailable(self) -> bool:

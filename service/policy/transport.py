@@ -30,6 +30,9 @@ from urllib.parse import urlsplit
 
 import requests
 from opa_client.opa import OpaClient
+from requests.adapters import HTTPAdapter
+
+from service import tracing
 
 REFUSING_STATUSES = (401, 403)  # OPA's authentication or its system.authz said no
 REFUSED = "refused"
@@ -66,6 +69,10 @@ class OpaClientTransport:
             retries=0,  # a retry would stretch the deadline; failing closed is the answer
             timeout=timeout,
         )
+        # The decision span's `traceparent` on each query, when tracing is on.
+        traced = _TracedAdapter(max_retries=0)
+        for prefix in ("http://", "https://"):
+            self._opa._session.mount(prefix, traced)
 
     def query(self, package: str, document: dict[str, Any], encoded: bytes) -> Any:
         try:
@@ -83,6 +90,14 @@ class OpaClientTransport:
 
     def close(self) -> None:
         self._opa.close_connection()
+
+
+class _TracedAdapter(HTTPAdapter):
+    """requests' adapter, which adds the current span's W3C trace context to each request."""
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
+        tracing.inject(request.headers)
+        return super().send(request, *args, **kwargs)
 
 
 class KeepAliveTransport:
@@ -107,7 +122,7 @@ class KeepAliveTransport:
         for fresh in (False, True):
             connection, reused = self._connection(fresh)
             try:
-                connection.request("POST", path, body, self._headers)
+                connection.request("POST", path, body, tracing.outgoing(self._headers))
                 answer = connection.getresponse()
                 data = answer.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
