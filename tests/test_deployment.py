@@ -398,7 +398,11 @@ def test_opa_command_has_the_lockdown_of_the_local_sidecar() -> None:
 
 def test_opa_logs_decisions_to_its_console_like_the_local_sidecar(tmp_path: Path) -> None:
     stub = SimpleNamespace(
-        work_dir=tmp_path, poll_seconds=1, _bundles=SimpleNamespace(url="x"), verification_key=None
+        work_dir=tmp_path,
+        poll_seconds=1,
+        _bundles=SimpleNamespace(url="x"),
+        verification_key=None,
+        tracing=None,
     )
     OpaSidecar._write_config(stub)  # type: ignore[arg-type]
     local = json.loads((tmp_path / "opa-config.json").read_text())

@@ -127,6 +127,10 @@ class DecisionTrace(_Response):
     evaluated_at: str = Field(description="RFC 3339")
     engine: DecisionEngine
     latency_ms: Annotated[float, Field(ge=0)]
+    trace_id: Annotated[str, Field(pattern="^[0-9a-f]{32}$")] | None = Field(
+        default=None,
+        description="the W3C trace id of the request's OpenTelemetry trace, when tracing is configured and the request was sampled; absent otherwise (docs/operators.md, Tracing)",
+    )
 
 
 class ApprovalListResponse(_Response):
