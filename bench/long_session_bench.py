@@ -38,8 +38,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sessionstate_client import ModelServiceSession, SessionStateClient
+
 from service.auth import mint_token
-from service.client import ModelServiceSession, SessionStateClient
 from service.settings import Settings
 from store.bounds import MAX_TURNS_PER_WRITE
 from store.inputs import SessionStateInput

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
+from sessionstate_client import PolicyEngineRefused, PolicyEngineUnavailable, SessionStateClient
 
-from service.client import PolicyEngineRefused, PolicyEngineUnavailable, SessionStateClient
 from service.context import ServiceContext
 from service.openapi import openapi_document
 from service.policy.sidecar import OpaSidecar

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 import requests
+from sessionstate_client import ModelServiceSession, PreconditionFailed, SessionStateClient
 
-from service.client import ModelServiceSession, PreconditionFailed, SessionStateClient
 from service.policy.sidecar import OpaSidecar
 from store.digests import DigestKey
 from store.inputs import SessionStateInput
