@@ -36,6 +36,7 @@ from service.context import (
     configured_store,
 )
 from service.decisions.journal import LegacyChainPresent
+from service.http import tracing as request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
 from service.policy.engine_checks import (
@@ -175,7 +176,7 @@ async def serve_http(
         # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
         write_pid(settings.data_dir)
     flask_app = create_app(context)
-    tracing.instrument(flask_app)  # the request span, with OTel export configured
+    request_tracing.instrument(flask_app)  # the request span, with OTel export configured
     app = BoundedWSGIWrapper(
         flask_app,
         body_timeout=settings.body_timeout_seconds,

@@ -12,7 +12,7 @@ timeout, compression and certificates); OTLP goes over HTTP with protobuf only.
 
 The spans of one request (docs/operators.md, "Tracing"):
 
-- the request (`opentelemetry-instrumentation-flask`; W3C `traceparent` and
+- the request (`opentelemetry-instrumentation-flask`, set up by `service.http.tracing`; W3C `traceparent` and
   `tracestate` of the caller are its parent), with the decision id on it;
 - `sessionstate.policy.decision`, around the query to OPA, whose `traceparent`
   it is (so OPA's own spans join the trace: `opa_tracing`); its trace id is the
@@ -43,7 +43,6 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from flask import Flask
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -234,36 +233,9 @@ def active() -> bool:
     return _tracer is not None
 
 
-def instrument(app: Flask) -> None:
-    """The request span, from opentelemetry-instrumentation-flask, when tracing is on."""
-    if _provider is None:
-        return
-    from opentelemetry.instrumentation.flask import FlaskInstrumentor
-
-    excluded = None if "OTEL_PYTHON_FLASK_EXCLUDED_URLS" in os.environ else EXCLUDED_URLS
-    FlaskInstrumentor().instrument_app(  # type: ignore[no-untyped-call]
-        app,
-        tracer_provider=_provider,
-        excluded_urls=excluded,
-        response_hook=_note_request,
-        enable_commenter=False,
-    )
-
-
-def _note_request(span: trace.Span, status: str, headers: Any) -> None:
-    """The request span's own attributes, as the answer starts: the decision that governed
-    it and the problem's reason code (`service.app` keeps them in `flask.g`)."""
-    from flask import g
-
-    if span is None or not span.is_recording():
-        return
-    attributes = {
-        "sessionstate.request_id": g.get("request_id"),
-        "sessionstate.decision_id": g.get("decision_id"),
-        "sessionstate.allow": g.get("decision_allow"),
-        "sessionstate.reason": g.get("problem_reason"),
-    }
-    span.set_attributes({key: value for key, value in attributes.items() if value is not None})
+def provider() -> TracerProvider | None:
+    """The tracer provider while tracing is on (`service.http.tracing` instruments Flask)."""
+    return _provider
 
 
 def decision_span(action: str) -> AbstractContextManager[trace.Span | None]:
