@@ -77,9 +77,11 @@ UNVERIFIABLE = "token_exchange_subject_token_unverifiable"
 
 
 class TokenExchangeRequest(BaseModel):
-    """`POST /v1/token`, form-encoded (`application/x-www-form-urlencoded`)."""
+    """`POST /v1/token`, form-encoded (`application/x-www-form-urlencoded`). Each parameter
+    at most once; `actor_token` is refused, and RFC 8693's other optional parameters are
+    ignored."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, hide_input_in_errors=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     grant_type: Literal["urn:ietf:params:oauth:grant-type:token-exchange"]
     subject_token: str = Field(
