@@ -7,6 +7,7 @@ refused, is a decision on the log; the tokens verify with the service's JWKS.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -17,6 +18,16 @@ from typing import Any
 import jwt
 import pytest
 from jwt import PyJWKClient
+from sessionstate_client import (
+    AsyncModelServiceSession,
+    AsyncSessionStateClient,
+    AsyncSessionTokens,
+    InvalidRequest,
+    ModelServiceSession,
+    SessionStateClient,
+    SessionTokens,
+)
+from sessionstate_client import TenantScope as ClientScope
 
 from service.auth import Actor, AuthenticationFailed, TokenVerifier, mint_token
 from service.context import ConfigurationError, session_token_issuer
@@ -420,3 +431,63 @@ def test_the_verifier_accepts_its_own_tokens_by_kid_and_nothing_like_them(
     with pytest.raises(AuthenticationFailed) as refused:
         verifier.verify(f"Bearer {other_issuer}")
     assert refused.value.reason is Reason.TOKEN_CLAIMS_INVALID
+
+
+# --- the client: a session's token, exchanged on first use and before expiry -----------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_session_tokens_exchange_on_first_use_and_again_shortly_before_expiry(
+    service: LiveService,
+) -> None:
+    scope = ClientScope(tenant_id="tenant-a", workspace_id="ws-1", session_id="user-42")
+    clock = FakeClock()
+    with SessionStateClient(service.url, None) as client:
+        tokens = SessionTokens(client, lambda: bot_token(service), scope, clock=clock)
+        session = ModelServiceSession(client.with_token(tokens), scope, state_input())
+        assert tokens.exchanges == 0  # nothing is asked before the session first sends
+        session.load()
+        session.replay()
+        assert tokens.exchanges == 1
+        first = tokens()
+        clock.now += 900 - 61  # still more than a minute to go: kept
+        assert tokens() == first and tokens.exchanges == 1
+        clock.now += 2  # within a minute of expiry: exchanged again
+        session.replay()
+        assert tokens.exchanges == 2
+
+        built = ModelServiceSession.for_service(client, bot_token(service), scope, state_input())
+        assert built.load() is not None
+
+        refused = SessionTokens(client, service.operator(), scope)
+        with pytest.raises(InvalidRequest) as raised:
+            ModelServiceSession(client.with_token(refused), scope, state_input()).load()
+        assert raised.value.reason == "role_not_permitted"
+        assert raised.value.decision is not None and not raised.value.decision.allow
+
+
+def test_async_session_tokens_exchange_once_for_concurrent_first_uses(
+    service: LiveService,
+) -> None:
+    scope = ClientScope(tenant_id="tenant-a", workspace_id="ws-1", session_id="user-42")
+
+    async def run() -> int:
+        async with AsyncSessionStateClient(service.url, None) as client:
+            tokens = AsyncSessionTokens(client, bot_token(service), scope)
+            session = AsyncModelServiceSession(client.with_token(tokens), scope, state_input())
+            await session.load()
+            await asyncio.gather(*(tokens() for _ in range(5)))
+            built = AsyncModelServiceSession.for_service(
+                client, bot_token(service), scope, state_input()
+            )
+            await built.replay()
+            return tokens.exchanges
+
+    assert asyncio.run(run()) == 1
