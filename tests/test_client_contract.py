@@ -255,6 +255,7 @@ CALLS: dict[str, tuple[Callable[[Any], Any], ...]] = {
         lambda c: c.put_state(SCOPE, STATE, if_match="sha256:" + "0" * 64),
     ),
     "get_state": (lambda c: c.get_state(SCOPE),),
+    "exchange_token": (lambda c: c.exchange_token("subject.token.jwt", SCOPE),),
     "replay_preview": (lambda c: c.replay_preview(SCOPE, 4),),
     "grant_approval": (lambda c: c.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 60}),),
     "list_approvals": (lambda c: c.list_approvals("tenant-a", "ws-1"),),
