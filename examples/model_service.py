@@ -21,6 +21,19 @@ asyncio model service (FastAPI, a proxy in front of an inference server)
 would. The scope comes from the token's claims unless --tenant, --workspace
 and --session name it. Replies go to stdout, one a line; what happened to the
 state at each turn goes to stderr.
+
+As a bot (`--sessions user-1,user-2,user-3`) it serves several sessions with
+one service token of its tenant and workspace (no session claim), as a
+multi-tenant bot does: each session is a `ModelServiceSession.for_service`,
+which exchanges the service token for that session's own token
+(`POST /v1/token`) when the session first sends, and again before it expires.
+Each prompt goes to every session in turn; replies are prefixed with their
+session's id.
+
+    BOT=$(.venv/bin/sessionstate token --sub demo-bot --role model-service \\
+          --tenant acme --workspace support)
+    SESSIONSTATE_TOKEN=$BOT .venv/bin/python examples/model_service.py \\
+      --sessions user-1,user-2,user-3 "hello"
 """
 
 from __future__ import annotations
@@ -77,10 +90,20 @@ def echo_model(request: RuntimeRequest) -> str:
 
 
 class EchoModelService:
-    """One conversation of the echo model, its state kept in sessionstate."""
+    """One conversation of the echo model, its state kept in sessionstate.
 
-    def __init__(self, client: SessionStateClient, scope: TenantScope) -> None:
-        self.session = ModelServiceSession(client, scope, TEMPLATE)
+    With a `service_token`, `client`'s own token is not used: the session's token is
+    exchanged from the service token (a bot's, for the session's workspace).
+    """
+
+    def __init__(
+        self, client: SessionStateClient, scope: TenantScope, *, service_token: str | None = None
+    ) -> None:
+        self.session = (
+            ModelServiceSession(client, scope, TEMPLATE)
+            if service_token is None
+            else ModelServiceSession.for_service(client, service_token, scope, TEMPLATE)
+        )
         self.transcript: list[tuple[str, str]] = []  # step 5: raw text stays here
         self.last_commit: CommitResult | None = None
 
@@ -99,8 +122,18 @@ class EchoModelService:
 class AsyncEchoModelService:
     """`EchoModelService` as an asyncio program: the same five steps, each awaited."""
 
-    def __init__(self, client: AsyncSessionStateClient, scope: TenantScope) -> None:
-        self.session = AsyncModelServiceSession(client, scope, TEMPLATE)
+    def __init__(
+        self,
+        client: AsyncSessionStateClient,
+        scope: TenantScope,
+        *,
+        service_token: str | None = None,
+    ) -> None:
+        self.session = (
+            AsyncModelServiceSession(client, scope, TEMPLATE)
+            if service_token is None
+            else AsyncModelServiceSession.for_service(client, service_token, scope, TEMPLATE)
+        )
         self.transcript: list[tuple[str, str]] = []
         self.last_commit: CommitResult | None = None
 
@@ -140,6 +173,36 @@ async def chat_async(
         return replies
 
 
+def bot(
+    prompts: Sequence[str], *, base_url: str, token: str, scopes: Sequence[TenantScope]
+) -> list[str]:
+    """A bot over several sessions with one service token: each prompt to every session in
+    turn, over one client; `session: reply` lines."""
+    with SessionStateClient(base_url, None) as client:
+        services = [EchoModelService(client, scope, service_token=token) for scope in scopes]
+        replies = []
+        for prompt in prompts:
+            for scope, service in zip(scopes, services, strict=True):
+                replies.append(f"{scope.session_id}: {service.reply(prompt)}")
+                print(f"{scope.session_id}: {describe(service.last_commit)}", file=sys.stderr)
+        return replies
+
+
+async def bot_async(
+    prompts: Sequence[str], *, base_url: str, token: str, scopes: Sequence[TenantScope]
+) -> list[str]:
+    """`bot` with the asyncio client: the sessions of each prompt answered concurrently."""
+    async with AsyncSessionStateClient(base_url, None) as client:
+        services = [AsyncEchoModelService(client, scope, service_token=token) for scope in scopes]
+        replies = []
+        for prompt in prompts:
+            answers = await asyncio.gather(*(service.reply(prompt) for service in services))
+            for scope, service, answer in zip(scopes, services, answers, strict=True):
+                replies.append(f"{scope.session_id}: {answer}")
+                print(f"{scope.session_id}: {describe(service.last_commit)}", file=sys.stderr)
+        return replies
+
+
 def describe(commit: CommitResult | None) -> str:
     if commit is None:
         return "state: untouched"
@@ -150,13 +213,14 @@ def describe(commit: CommitResult | None) -> str:
     return f"state: preview-only ({turns} turns held); blocked: {', '.join(commit.blocked_reasons)}"
 
 
-def scope_of(token: str, args: argparse.Namespace) -> TenantScope:
-    """The scope from the flags, else from the token's own claims (read, not verified)."""
+def scope_of(token: str, args: argparse.Namespace, session: str | None = None) -> TenantScope:
+    """The scope from the flags (or the bot's session), else from the token's own claims
+    (read, not verified)."""
     claims = claims_of(token)
     return TenantScope(
         tenant_id=args.tenant or claims.get("tenant"),
         workspace_id=args.workspace or claims.get("workspace"),
-        session_id=args.session or claims.get("session"),
+        session_id=session or args.session or claims.get("session"),
     )
 
 
@@ -185,17 +249,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for level in ("tenant", "workspace", "session"):
         parser.add_argument(f"--{level}", help=f"the {level} id (default: the token's claim)")
+    parser.add_argument(
+        "--sessions",
+        help="serve these sessions (comma-separated ids) as a bot, with --token a service "
+        "token of their tenant and workspace, exchanged for each session's own",
+    )
     parser.add_argument("--asyncio", action="store_true", help="use the asyncio client and session")
     args = parser.parse_args(argv)
     if not args.token:
         parser.error("a model-service token is needed: --token or SESSIONSTATE_TOKEN")
     try:
-        scope = scope_of(args.token, args)
+        scopes = [
+            scope_of(args.token, args, session)
+            for session in (args.sessions.split(",") if args.sessions else [None])
+        ]
     except ValueError:  # pydantic's ValidationError is one; it names no value
         parser.error("no scope: give --tenant, --workspace and --session, or a scoped token")
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    (scope,) = scopes[:1]
     try:
-        if args.asyncio:
+        if args.sessions and args.asyncio:
+            replies = asyncio.run(
+                bot_async(prompts, base_url=args.url, token=args.token, scopes=scopes)
+            )
+        elif args.sessions:
+            replies = bot(prompts, base_url=args.url, token=args.token, scopes=scopes)
+        elif args.asyncio:
             replies = asyncio.run(
                 chat_async(prompts, base_url=args.url, token=args.token, scope=scope)
             )

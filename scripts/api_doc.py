@@ -36,6 +36,7 @@ POLICIES = ROOT / "policies"
 # Who calls each group of operations under the default policies (the policies decide).
 CALLERS = {
     "state": "model-service",
+    "token": "model-service",
     "approvals": "operator",
     "decisions": "auditor",
     "ops": "anyone",

@@ -12,9 +12,9 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
-from service.contract import DOCS, OPENAPI, REQUEST_ID, WORKER
+from service.contract import DOCS, EXCHANGE, JWKS, OPENAPI, REQUEST_ID, WORKER
 from service.decisions.journal import JournalClosed
-from service.http import approvals, decisions, ops, state, ui
+from service.http import approvals, decisions, ops, state, token, ui
 from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, drop_decision, journal_decision
 from service.http.problems import REFUSALS, Problem, problem_of
@@ -29,7 +29,7 @@ def create_app(ctx: ServiceContext) -> Flask:
     app = Flask("sessionstate")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions[CONTEXT_KEY] = ctx
-    for blueprint in (state.bp, approvals.bp, decisions.bp, ops.bp, ui.bp):
+    for blueprint in (state.bp, token.bp, approvals.bp, decisions.bp, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.register_blueprint(
         get_swaggerui_blueprint(DOCS, OPENAPI, config={"app_name": "sessionstate"})
@@ -88,12 +88,15 @@ def _finish(response: Response) -> Response:
 
 
 def _is_public_document(path: str) -> bool:
-    """The OpenAPI document and the Swagger UI's static assets: the same for everyone."""
-    return path in (OPENAPI, DOCS) or path.startswith(DOCS + "/")
+    """The OpenAPI document, the Swagger UI's static assets and the service's public keys:
+    the same for everyone."""
+    return path in (OPENAPI, DOCS, JWKS) or path.startswith(DOCS + "/")
 
 
 def _problem(problem: Problem) -> Response:
     g.problem_reason = problem.reason
+    if request.path == EXCHANGE:  # OAuth errors there (RFC 6749 section 5.2)
+        return token.token_error(problem)
     return problem.response()
 
 

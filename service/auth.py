@@ -7,7 +7,10 @@ token naming a `kid` is verified with that key of the provider's set
 (PyJWT's `PyJWKClient`: the set cached, fetched again when it expires or when
 a token names a key it lacks, at most once per cooldown), and only if the
 key's own algorithm is the token's; such tokens (and those verified with the
-key file) must carry the configured `iss` and `aud`, when set. Letting the token pick both the algorithm and how a key is
+key file) must carry the configured `iss` and `aud`, when set. The session
+tokens the service issues itself (`service.session_tokens`) are ES256 with a
+`kid` of its own key: that key verifies them (a dictionary lookup, before any
+JWKS), and they must name the service's own issuer as `iss` and `aud`. Letting the token pick both the algorithm and how a key is
 read is the classic algorithm-confusion hole: an HS256 token "signed" with the
 public key as its secret would then verify.
 
@@ -31,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from jwt import PyJWKClient
@@ -143,7 +147,14 @@ class TokenVerifier:
         max_lifetime_seconds: int = DEFAULT_MAX_LIFETIME_SECONDS,
         clock: Callable[[], float] = time.time,
         provider: ProviderSettings | None = None,
+        own_keys: Mapping[str, EllipticCurvePublicKey] | None = None,
+        own_issuer: str | None = None,
     ) -> None:
+        # The service's own ES256 keys by `kid`, for the session tokens it issues.
+        self._own_keys = dict(own_keys or {})
+        self._own_issuer = own_issuer
+        if self._own_keys and not own_issuer:
+            raise ValueError("the service's own keys need its issuer")
         self._keys: dict[str, bytes | RSAPublicKey] = {"HS256": _hs256_secret(hs256_secret)}
         self._provider = provider or ProviderSettings()
         self._jwks = (
@@ -199,6 +210,16 @@ class TokenVerifier:
             if not isinstance(algorithm, str):
                 raise AuthenticationFailed(Reason.TOKEN_INVALID)
             key: Any
+            if algorithm == "ES256" and isinstance(kid, str) and kid in self._own_keys:
+                own: Options = {**_DECODE_OPTIONS, "require": ["exp", "iss", "aud"]}
+                return jwt.decode(
+                    token,
+                    self._own_keys[kid],
+                    algorithms=["ES256"],
+                    options=own,
+                    issuer=self._own_issuer,
+                    audience=self._own_issuer,
+                )
             if self._jwks is not None and isinstance(kid, str) and algorithm in PROVIDER_ALGORITHMS:
                 key = self._provider_key(kid, algorithm)
             elif algorithm in self._keys:

@@ -27,6 +27,7 @@ from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
+from service.session_tokens import SessionTokenIssuer, SigningKeyInvalid, signing_key
 from service.settings import Settings
 from service.store_backend import (
     StoreSettingInvalid,
@@ -70,6 +71,7 @@ class ServiceContext:
     decision_log: DecisionLogReader
     rate_limiter: ActorRateLimiter
     rate_limit_log: RateLimitLog
+    session_tokens: SessionTokenIssuer
     retention: RetentionTask | None = None
     approval_pruner: ExpiredApprovalPruner | None = None
     policy_source: PolicySnapshots | None = (
@@ -90,6 +92,7 @@ class ServiceContext:
         shadow_token: str | None = None,
     ) -> ServiceContext:
         limits = rate_limits(settings)
+        session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
         store = configured_store(settings)
         lanes = open_lanes(store)
@@ -139,6 +142,8 @@ class ServiceContext:
                 _public_key(settings.jwt_public_key_file),
                 max_lifetime_seconds=settings.jwt_max_lifetime_seconds,
                 provider=identity_provider(settings),
+                own_keys=session_tokens.verification_keys(),
+                own_issuer=session_tokens.issuer,
             ),
             digest_key=digest_key(settings),
             metrics=metrics,
@@ -149,6 +154,7 @@ class ServiceContext:
             decision_log=DecisionLogReader(lanes, head=None if store.shared else journal.head),
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
+            session_tokens=session_tokens,
             retention=(
                 None
                 if settings.decision_retention_days is None
@@ -196,6 +202,7 @@ def check_settings(settings: Settings) -> None:
     _public_key(settings.jwt_public_key_file)
     identity_provider(settings)
     rate_limits(settings)
+    session_token_issuer(settings)  # generates the data dir's key before workers start
     store = configured_store(settings)
     if settings.workers > 1 and not store.shared:
         raise ConfigurationError(
@@ -227,6 +234,30 @@ def identity_provider(settings: Settings) -> ProviderSettings:
         audience=settings.jwt_audience,
         jwks_cache_seconds=settings.jwt_jwks_cache_seconds,
         jwks_refresh_cooldown_seconds=settings.jwt_jwks_refresh_cooldown_seconds,
+    )
+
+
+def session_token_issuer(settings: Settings) -> SessionTokenIssuer:
+    """What `POST /v1/token` signs with (SESSIONSTATE_TOKEN_*): the key file's key, or the
+    data dir's, generated on first use."""
+    if settings.token_exchange_ttl_seconds > settings.jwt_max_lifetime_seconds:
+        raise ConfigurationError(
+            "SESSIONSTATE_TOKEN_EXCHANGE_TTL_SECONDS must not exceed "
+            "SESSIONSTATE_JWT_MAX_LIFETIME_SECONDS: the service would refuse its own tokens"
+        )
+    try:
+        key = signing_key(settings.data_dir, settings.token_signing_key_file)
+    except OSError:
+        if settings.token_signing_key_file is None:
+            raise ConfigurationError(
+                "the data dir's token signing key cannot be read or written "
+                "(SESSIONSTATE_DATA_DIR, or set SESSIONSTATE_TOKEN_SIGNING_KEY_FILE)"
+            ) from None
+        raise ConfigurationError("SESSIONSTATE_TOKEN_SIGNING_KEY_FILE cannot be read") from None
+    except SigningKeyInvalid as error:
+        raise ConfigurationError(f"SESSIONSTATE_TOKEN_SIGNING_KEY_FILE {error}") from None
+    return SessionTokenIssuer(
+        key, issuer=settings.token_issuer, ttl_seconds=settings.token_exchange_ttl_seconds
     )
 
 

@@ -31,6 +31,8 @@ DECISIONS_VERIFY = DECISIONS + "/verify"
 DECISIONS_EXPORT = DECISIONS + "/export"
 DECISIONS_REVISIONS = DECISIONS + "/policy-revisions"
 DECISION = DECISIONS + "/{decision_id}"
+EXCHANGE = "/v1/token"  # OAuth 2.0 Token Exchange (RFC 8693): session tokens
+JWKS = "/.well-known/jwks.json"  # the public keys of the tokens the service issues
 HEALTHZ = "/healthz"
 READYZ = "/readyz"
 METRICS = "/metrics"
@@ -71,6 +73,7 @@ DECISION_PACKAGES: Mapping[PolicyAction, str] = {
     "approval.revoke": "approval",
     "approval.list": "approval",
     "decisions.read": "audit",
+    "token.exchange": "token",
 }
 
 _PARAMETER = re.compile(r"\{([a-z_]+)\}")

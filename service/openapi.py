@@ -24,7 +24,9 @@ from service.contract import (
     DECISIONS_EXPORT,
     DECISIONS_REVISIONS,
     DECISIONS_VERIFY,
+    EXCHANGE,
     HEALTHZ,
+    JWKS,
     METRICS,
     NEXT_CURSOR_HEADER,
     PATH_PATTERNS,
@@ -38,6 +40,13 @@ from service.contract import (
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.reasons import Reason
 from service.replay import ReplayPreviewRequest
+from service.session_tokens import JsonWebKeySet
+from service.token_exchange import (
+    FORM,
+    TokenErrorDocument,
+    TokenExchangeRequest,
+    TokenExchangeResponse,
+)
 from service.wire import (
     ApprovalListResponse,
     ApprovalResponse,
@@ -68,6 +77,7 @@ class Operation(NamedTuple):
     errors: tuple[int, ...] = ()
     query: type[BaseModel] | None = None
     media: str = "application/json"
+    body_media: str = "application/json"
 
 
 RATE_LIMIT_RETRY_AFTER = {
@@ -96,6 +106,8 @@ OPERATIONS = [
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
     Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions decided for the tenant: first and last decision, counts by action", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
+    Operation("post", EXCHANGE, "token", "Exchange a model service's workspace token for a session token (OAuth 2.0 Token Exchange, RFC 8693)", TokenExchangeRequest, 200, TokenExchangeResponse, (400, 405, 413, 429, 503), body_media=FORM),
+    Operation("get", JWKS, "ops", "The public keys of the session tokens the service issues (JWKS)", None, 200, JsonWebKeySet),
     Operation("get", HEALTHZ, "ops", "Liveness", None, 200, Health),
     Operation("get", READYZ, "ops", "Readiness: OPA answers with a loaded policy, store open", None, 200, Readiness, (503,)),
 ]  # fmt: skip
@@ -104,7 +116,8 @@ OPERATIONS = [
 @cache
 def openapi_document() -> dict[str, Any]:
     requests = {op.body for op in OPERATIONS if op.body is not None}
-    responses = {op.out for op in OPERATIONS if op.out is not None} | {ProblemDocument}
+    errors: set[type[BaseModel]] = {ProblemDocument, TokenErrorDocument}
+    responses = {op.out for op in OPERATIONS if op.out is not None} | errors
     refs, schemas = models_json_schema(
         [(model, "validation") for model in sorted(requests, key=str)]
         + [(model, "serialization") for model in sorted(responses, key=str)],
@@ -147,22 +160,34 @@ def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     if op.body is not None:
         operation["requestBody"] = {
             "required": op.body is not ReplayPreviewRequest,
-            "content": {"application/json": {"schema": refs[(op.body, "validation")]}},
+            "content": {op.body_media: {"schema": refs[(op.body, "validation")]}},
         }
-    if op.tag != "ops":
+    if op.tag not in ("ops", "token"):  # the token endpoint's credential is in its body
         operation["security"] = [{"bearer": []}]
     for error in op.errors:
-        operation["responses"][str(error)] = {
-            "description": "problem details (RFC 9457) with a machine-readable `reason`",
-            "content": {
-                "application/problem+json": {"schema": refs[(ProblemDocument, "serialization")]}
-            },
-        }
+        operation["responses"][str(error)] = (
+            _token_error(refs)
+            if op.tag == "token"
+            else {
+                "description": "problem details (RFC 9457) with a machine-readable `reason`",
+                "content": {
+                    "application/problem+json": {"schema": refs[(ProblemDocument, "serialization")]}
+                },
+            }
+        )
         if error == 429:
             operation["responses"]["429"]["headers"] = {RETRY_AFTER: RATE_LIMIT_RETRY_AFTER}
         if error == 503 and op.tag != "ops":
             operation["responses"]["503"]["description"] = UNAVAILABLE
     return operation
+
+
+def _token_error(refs: dict[Any, Any]) -> dict[str, Any]:
+    return {
+        "description": "an OAuth error (RFC 6749 section 5.2: `error`) that is a problem "
+        "document too, with the decision when the policy was asked",
+        "content": {"application/json": {"schema": refs[(TokenErrorDocument, "serialization")]}},
+    }
 
 
 def _path_parameter(name: str) -> dict[str, Any]:

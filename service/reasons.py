@@ -206,8 +206,21 @@ QUERY_VALIDATION_DETAIL = "The query string breaks the rules listed in `errors`.
 # ask at all), then scope (which tenant, which session), then everything else, in the
 # order the policy lists it. Codes not named here (store gates, validation blockers)
 # share the last rank.
+# A token exchange (`sessionstate.token`) leads with what made the request unjudgeable:
+# keys that could not be fetched (a 503 to retry), a malformed request, a subject token
+# that did not verify, a resource that names no session.
 REASON_PRECEDENCE: tuple[tuple[str, ...], ...] = (
-    ("role_not_permitted", "action_not_supported"),
+    ("token_exchange_subject_token_unverifiable",),
+    ("token_exchange_request_malformed",),
+    (
+        "token_exchange_parameter_missing",
+        "token_exchange_grant_type_unsupported",
+        "token_exchange_subject_token_type_unsupported",
+        "token_exchange_actor_token_unsupported",
+    ),
+    ("token_exchange_subject_token_invalid", "token_exchange_subject_token_expired"),
+    ("token_exchange_resource_missing", "token_exchange_resource_malformed"),
+    ("role_not_permitted", "action_not_supported", "token_exchange_subject_scope_unsupported"),
     (
         "session_state_cross_tenant_write_rejected",
         "cross_tenant_scope_rejected",
@@ -215,6 +228,7 @@ REASON_PRECEDENCE: tuple[tuple[str, ...], ...] = (
     ),
     (
         "session_state_cross_session_write_rejected",
+        "cross_workspace_scope_rejected",
         "cross_session_scope_rejected",
         "session_replay_cross_session_rejected",
     ),

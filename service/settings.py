@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     jwt_jwks_refresh_cooldown_seconds: int = Field(default=30, ge=0, le=3_600)
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
+    # Token exchange (`POST /v1/token`): how long an issued session token lives, the `iss`
+    # and `aud` it names, and the ES256 (P-256) private key it is signed with, a PEM file;
+    # unset: one generated once into the data dir (replicas on other hosts need the file).
+    token_exchange_ttl_seconds: int = Field(default=900, ge=60, le=86_400)
+    token_issuer: str = Field(default="sessionstate", min_length=1, max_length=256)
+    token_signing_key_file: Path | None = None
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)

@@ -11,8 +11,11 @@ written before the prefix existed: it holds bare hexadecimal, read as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 SECRETS_DIR = "secrets"
@@ -69,3 +72,28 @@ def stored_secret(data_dir: Path, name: str) -> bytes | None:
 def _read(path: Path) -> bytes:
     """A data dir file: `hex:…`, or bare hex as written before the prefix; both are hex."""
     return bytes.fromhex(path.read_text(encoding="ascii").strip().removeprefix(HEX_PREFIX))
+
+
+def local_key_file(data_dir: Path, name: str, make: Callable[[], bytes]) -> bytes:
+    """The named key file's bytes (a PEM private key), made by `make` on first use.
+
+    Written whole to a temporary file and linked into place (mode 0600): processes
+    that start together on one data dir (`serve --workers N`) all read the one key
+    the first link made, never a half-written one.
+    """
+    folder = data_dir / SECRETS_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / name
+    if path.exists():
+        return path.read_bytes()
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(make())
+            handle.flush()
+            os.fsync(handle.fileno())
+        with contextlib.suppress(FileExistsError):  # another process made it first: its key
+            os.link(temporary, path)
+    finally:
+        os.unlink(temporary)
+    return path.read_bytes()

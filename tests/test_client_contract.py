@@ -60,8 +60,9 @@ def _bodies_and_answers(document: dict[str, Any]) -> tuple[set[str], set[str]]:
     for operations in document["paths"].values():
         for operation in operations.values():
             body = operation.get("requestBody")
-            if body is not None:
-                bodies.add(body["content"]["application/json"]["schema"]["$ref"].split("/")[-1])
+            if body is not None:  # JSON, or the token endpoint's form
+                for media in body["content"].values():
+                    bodies.add(media["schema"]["$ref"].split("/")[-1])
             for answer in operation["responses"].values():
                 for media in answer.get("content", {}).values():
                     if "$ref" in media["schema"]:
@@ -170,7 +171,8 @@ def test_the_client_contract_constants_are_the_services() -> None:
     names = [
         "SESSION", "WORKSPACE", "STATE", "STATE_PREVIEW", "REPLAY_PREVIEW", "APPROVALS",
         "APPROVAL", "DECISIONS", "DECISIONS_VERIFY", "DECISIONS_EXPORT", "DECISIONS_REVISIONS",
-        "DECISION", "HEALTHZ", "READYZ", "METRICS", "OPENAPI", "DECISION_ID_HEADER", "IF_MATCH",
+        "DECISION", "EXCHANGE", "JWKS", "HEALTHZ", "READYZ", "METRICS", "OPENAPI",
+        "DECISION_ID_HEADER", "IF_MATCH",
         "IF_NONE_MATCH", "RETRY_AFTER", "REQUEST_ID",
     ]  # fmt: skip
     for name in names:
@@ -253,6 +255,7 @@ CALLS: dict[str, tuple[Callable[[Any], Any], ...]] = {
         lambda c: c.put_state(SCOPE, STATE, if_match="sha256:" + "0" * 64),
     ),
     "get_state": (lambda c: c.get_state(SCOPE),),
+    "exchange_token": (lambda c: c.exchange_token("subject.token.jwt", SCOPE),),
     "replay_preview": (lambda c: c.replay_preview(SCOPE, 4),),
     "grant_approval": (lambda c: c.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 60}),),
     "list_approvals": (lambda c: c.list_approvals("tenant-a", "ws-1"),),

@@ -166,3 +166,56 @@ def test_a_2000_exchange_chat_runs_to_the_end(opa_bin: str, tmp_path: Path) -> N
         assert record.summary.count + len(record.turns) == 4000
     finally:
         stop(served)
+
+
+def bot_token() -> str:
+    """One service token of tenant-a's ws-1, with no session: a bot's."""
+    return mint_token(
+        JWT_SECRET.encode(),
+        sub="example-bot",
+        roles=["model-service"],
+        tenant="tenant-a",
+        workspace="ws-1",
+        ttl_seconds=600,
+    )
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_bot_serves_three_sessions_with_one_service_token(served: Served, flavour: str) -> None:
+    sessions = ["user-1", "user-2", "user-3"]
+    with SessionStateClient(served.url, token("operator")) as operator:
+        operator.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 600, "reason": "bot"})
+    env = {**os.environ, "SESSIONSTATE_URL": served.url, "SESSIONSTATE_TOKEN": bot_token()}
+    flags = ["--asyncio"] if flavour == "asyncio" else []
+    command = [sys.executable, "examples/model_service.py", *flags]
+    cli = subprocess.run(
+        [*command, "--sessions", ",".join(sessions), "hello", "again"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    replies = cli.stdout.splitlines()
+    assert [line.split(":", 1)[0] for line in replies] == sessions * 2
+    assert all("echo: again" in line and "2 turns before" in line for line in replies[3:])
+    assert cli.stderr.count("state: stored sha256:") == 6
+
+    auditor = mint_token(
+        JWT_SECRET.encode(), sub="au", roles=["auditor"], tenant="tenant-a", ttl_seconds=600
+    )
+    with SessionStateClient(served.url, auditor) as reviewer:
+        exchanges = list(reviewer.iter_decisions(action="token.exchange"))
+        writes = list(reviewer.iter_decisions(action="write"))
+    # One exchange a session (each token lives 15 minutes), every one by the bot.
+    assert sorted(entry.target.session_id or "" for entry in exchanges) == sessions
+    assert all(entry.decision.allow and entry.actor.sub == "example-bot" for entry in exchanges)
+    assert sorted(entry.target.session_id or "" for entry in writes) == sorted(sessions * 2)
+    assert all(entry.actor.session_id in sessions for entry in writes)
+    with SessionStateClient(served.url, None) as client:
+        for session in sessions:
+            scope = TenantScope(tenant_id="tenant-a", workspace_id="ws-1", session_id=session)
+            own = client.with_token(client.exchange_token(bot_token(), scope).access_token)
+            record = own.get_state(scope).read_report.record
+            assert record is not None and len(record.turns) == 4

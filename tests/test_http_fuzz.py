@@ -14,6 +14,7 @@ import schemathesis
 from hypothesis import settings
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
+from service.contract import EXCHANGE
 from service.openapi import openapi_document
 from store.bounds import RULES_BEYOND_SCHEMA
 from tests.live import LiveService
@@ -34,6 +35,10 @@ def test_the_api_keeps_its_contract_under_generated_input(case: Any, service: Li
     token = service.operator() if "approvals" in case.path else service.token()
     response = case.call(base_url=service.url, headers={"Authorization": f"Bearer {token}"})
     excluded = [positive_data_acceptance] if _refused_beyond_schema(response) else []
+    if case.path == EXCHANGE and response.status_code == 400:
+        # A generated subject token never verifies, nor does a generated resource name a
+        # session: rules beyond schema. The answer must still match its schema.
+        excluded.append(positive_data_acceptance)
     if response.status_code == 413:
         # Refused for its size before anything parsed it; schemathesis does not count 413 as refusal.
         excluded.append(negative_data_rejection)

@@ -24,7 +24,7 @@ from service.decisions.log import entry_body
 from service.decisions.pending import PendingDecision
 from service.http.problems import Problem
 from service.policy.gate import PolicyGate
-from service.policy.input import PolicyAction, PolicyTarget
+from service.policy.input import PolicyAction, PolicyExchange, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from service.reasons import Reason
@@ -79,6 +79,7 @@ def authorize(
     record: SessionStateRecord | None = None,
     approval: Approval | None = None,
     write_report: WriteReportOf | None = None,
+    exchange: PolicyExchange | None = None,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
 
@@ -94,7 +95,7 @@ def authorize(
         ctx.rate_limit_log.note(actor, refusal, action, target)
         raise RateLimited(refusal)
     trace, policy_input, shadow = ctx.gate.decide(
-        action, actor, target, record=record, approval=approval
+        action, actor, target, record=record, approval=approval, exchange=exchange
     )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target)

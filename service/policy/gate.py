@@ -21,6 +21,7 @@ from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngin
 from service.policy.input import (
     PolicyAction,
     PolicyDeployment,
+    PolicyExchange,
     PolicyInput,
     PolicyTarget,
     record_summary,
@@ -57,6 +58,7 @@ class PolicyGate:
         *,
         record: SessionStateRecord | None = None,
         approval: Approval | None = None,
+        exchange: PolicyExchange | None = None,
     ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
         """The decision, the input it was made on, and with a shadow policy set what that
         would have decided (the decision log keeps all three)."""
@@ -68,6 +70,7 @@ class PolicyGate:
             deployment=PolicyDeployment(durable_writes_enabled=self.durable_writes),
             approval=None if approval is None else approval.to_policy(),
             record=None if record is None else record_summary(record),
+            exchange=exchange,
         )
         question = None if self.shadow is None else self.shadow.ask(policy_input)
         with tracing.decision_span(action) as span:  # OPA's own spans join it

@@ -30,6 +30,7 @@ PolicyAction = Literal[
     "approval.revoke",
     "approval.list",
     "decisions.read",
+    "token.exchange",
 ]
 Role = Literal["model-service", "operator", "auditor"]
 
@@ -49,9 +50,10 @@ class PolicyActor(_Strict):
 
 
 class PolicyTarget(_Strict):
-    """What is asked for. Workspace and session are absent for wider actions."""
+    """What is asked for. Workspace and session are absent for wider actions; the tenant
+    only for a token exchange that names no usable session, by a caller without one."""
 
-    tenant_id: ScopeId
+    tenant_id: ScopeId | None = None
     workspace_id: ScopeId | None = None
     session_id: ScopeId | None = None
 
@@ -110,6 +112,28 @@ class PolicyRecordSummary(_Strict):
     blockers: list[str] = Field(max_length=32)
 
 
+class PolicyExchange(_Strict):
+    """What the service found in a token exchange request (`POST /v1/token`): a word per
+    parameter, never its value. `target` is the `resource` when that is `valid`."""
+
+    form: Literal["valid", "malformed"] = Field(
+        description="malformed: the body is not form-encoded, or repeats a parameter "
+        "(which then counts as missing)"
+    )
+    grant_type: Literal["token_exchange", "missing", "unsupported"]
+    subject_token_type: Literal["jwt", "access_token", "missing", "unsupported"]
+    subject_token: Literal["valid", "missing", "invalid", "expired", "unverifiable"] = Field(
+        description="verified as a bearer token is; unverifiable: the identity provider's "
+        "keys could not be fetched. Unless valid, `actor` is the anonymous one"
+    )
+    actor_token: Literal["absent", "present"] = Field(
+        description="present: the request names an actor token (delegation is not supported)"
+    )
+    resource: Literal["valid", "missing", "malformed"] = Field(
+        description="valid: a session's path (or this service's URL of it) of scope ids"
+    )
+
+
 class PolicyInput(_Strict):
     """The whole `input` document of every sessionstate decision."""
 
@@ -120,6 +144,11 @@ class PolicyInput(_Strict):
     deployment: PolicyDeployment
     approval: PolicyApproval | None = None
     record: PolicyRecordSummary | None = None
+    exchange: PolicyExchange | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,  # other actions' inputs stay as they were
+        description="`token.exchange` only: what the request held; absent otherwise",
+    )
 
 
 def policy_input_schema() -> dict[str, object]:

@@ -50,6 +50,12 @@ class TenantSettings(BaseModel):
         description="the task profiles this tenant's model services may write "
         "(session_state_task_profile_not_permitted); absent: every one",
     )
+    token_exchange: bool | None = Field(
+        default=None,
+        description="false: no session tokens are issued for this tenant's sessions by "
+        "token exchange (token_exchange_tenant_disabled); true or absent: the policy's "
+        "default (a workspace-scoped model-service token, for sessions of its workspace)",
+    )
 
 
 class TenantSettingsDocument(BaseModel):

@@ -4,7 +4,8 @@
 call every endpoint of the v1 contract and return its wire models
 (`sessionstate_client.models`); `ModelServiceSession` and
 `AsyncModelServiceSession` are the design note's five steps of a model
-service on top of them. Errors are the exceptions below, one per status and
+service on top of them (`for_service`: a bot's session, its token exchanged
+from one service token by `SessionTokens`). Errors are the exceptions below, one per status and
 reason, each with `status`, `reason` and, once the policy was asked, the
 `decision`. Depends on httpx and pydantic only.
 """
@@ -43,11 +44,13 @@ from sessionstate_client.session import (
     ModelServiceSession,
     RuntimeRequest,
 )
+from sessionstate_client.session_tokens import AsyncSessionTokens, SessionTokens
 
 __all__ = [
     "ApprovalGrantInput",
     "AsyncModelServiceSession",
     "AsyncSessionStateClient",
+    "AsyncSessionTokens",
     "AsyncTokenSource",
     "AuthenticationFailed",
     "CommitResult",
@@ -70,6 +73,7 @@ __all__ = [
     "SessionStateClient",
     "SessionStateError",
     "SessionStateInput",
+    "SessionTokens",
     "SessionTurnInput",
     "StateBody",
     "StoreUnavailable",

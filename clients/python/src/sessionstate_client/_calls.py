@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Literal, TypedDict, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 from pydantic import BaseModel
@@ -38,6 +39,7 @@ from sessionstate_client.models import (
     SessionStateReadResponse,
     SessionStateResponse,
     TenantScope,
+    TokenExchangeResponse,
 )
 from sessionstate_client.retries import NOTHING_DONE, RetryPolicy, parse_retry_after
 
@@ -79,6 +81,7 @@ class Call(Generic[T]):
     auth: bool = True
     ok: tuple[int, ...] = (200, 201)
     retry_refusals: bool = True
+    content_type: str = "application/json"
 
 
 # --- session state, for model services ------------------------------------------------------
@@ -117,6 +120,30 @@ def replay_preview(scope: TenantScope, max_inputs: int | None) -> Call[ReplayPre
     body = {} if max_inputs is None else {"max_inputs": max_inputs}
     path = _session(contract.REPLAY_PREVIEW, scope)
     return Call("POST", path, _reads(ReplayPreviewResponse), content=_encode(body))
+
+
+# --- session tokens, for model services serving many sessions -----------------------------
+
+TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"  # noqa: S105 - a name
+JWT_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:jwt"  # noqa: S105 - a token type's name
+
+
+def exchange_token(subject_token: str, scope: TenantScope) -> Call[TokenExchangeResponse]:
+    """`POST /v1/token`: the subject token (a workspace's service token) for a session's."""
+    form = {
+        "grant_type": TOKEN_EXCHANGE_GRANT,
+        "subject_token": subject_token,
+        "subject_token_type": JWT_TOKEN_TYPE,
+        "resource": _session(contract.SESSION, scope),
+    }
+    return Call(
+        "POST",
+        contract.EXCHANGE,
+        _reads(TokenExchangeResponse),
+        content=urlencode(form).encode(),
+        auth=False,  # the subject token is the credential, in the body
+        content_type="application/x-www-form-urlencoded",
+    )
 
 
 # --- approvals, for operators ---------------------------------------------------------------
@@ -204,7 +231,7 @@ def headers(call: Call[Any], request_id: str, token: str | None) -> dict[str, st
     """The headers of one attempt of call."""
     sent = {contract.REQUEST_ID: request_id, **call.headers}
     if call.content is not None:
-        sent["Content-Type"] = "application/json"
+        sent["Content-Type"] = call.content_type
     if call.auth and token is not None:
         sent["Authorization"] = f"Bearer {token}"
     return sent

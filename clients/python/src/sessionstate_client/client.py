@@ -33,6 +33,7 @@ from sessionstate_client.models import (
     SessionStateReadResponse,
     SessionStateResponse,
     TenantScope,
+    TokenExchangeResponse,
 )
 from sessionstate_client.retries import RetryPolicy
 
@@ -131,6 +132,16 @@ class SessionStateClient:
     ) -> ReplayPreviewResponse:
         """`POST S/replay-preview`: replay inputs from digests (default 16 per list)."""
         return self._run(calls.replay_preview(scope, max_inputs))
+
+    # --- session tokens, for a model service serving many sessions ---------------------
+
+    def exchange_token(self, subject_token: str, scope: TenantScope) -> TokenExchangeResponse:
+        """`POST /v1/token`: a token for the session `scope`, for a token of its workspace.
+
+        OAuth 2.0 Token Exchange; the subject token goes in the form, never in a header,
+        and this client's own token is not sent. `SessionTokens` calls it for a session.
+        """
+        return self._run(calls.exchange_token(subject_token, scope))
 
     # --- approvals, for operators --------------------------------------------------------
 

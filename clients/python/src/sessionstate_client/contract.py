@@ -23,6 +23,8 @@ DECISIONS_VERIFY = DECISIONS + "/verify"
 DECISIONS_EXPORT = DECISIONS + "/export"
 DECISIONS_REVISIONS = DECISIONS + "/policy-revisions"
 DECISION = DECISIONS + "/{decision_id}"
+EXCHANGE = "/v1/token"  # OAuth 2.0 Token Exchange (RFC 8693)
+JWKS = "/.well-known/jwks.json"
 HEALTHZ = "/healthz"
 READYZ = "/readyz"
 METRICS = "/metrics"
@@ -48,6 +50,7 @@ PolicyAction = Literal[
     "approval.revoke",
     "approval.list",
     "decisions.read",
+    "token.exchange",
 ]
 """What a decision is about (the decision log's `action` filter)."""
 

@@ -27,6 +27,7 @@ REQUEST_MODELS: frozenset[str] = frozenset(
         "SessionStateAnchorInput",
         "SessionStateInput",
         "SessionTurnInput",
+        "TokenExchangeRequest",
     }
 )
 """Names of the models a request body is made of (the rest only come back in answers)."""
@@ -118,6 +119,7 @@ class DecisionTrace(_Response):
         "approval.revoke",
         "approval.list",
         "decisions.read",
+        "token.exchange",
     ]
     policy: str = Field(description="policy path, e.g. sessionstate/write")
     allow: bool
@@ -224,9 +226,11 @@ class PolicyActor(_Response):
 
 
 class PolicyTarget(_Response):
-    """What is asked for. Workspace and session are absent for wider actions."""
+    """What is asked for. Workspace and session are absent for wider actions; the tenant
+    only for a token exchange that names no usable session, by a caller without one.
+    """
 
-    tenant_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
+    tenant_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")] | None = None
     workspace_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")] | None = (
         None
     )
@@ -316,6 +320,24 @@ class FieldError(_Response):
 
 class Health(_Response):
     status: Literal["ok"] = Field(default="ok")
+
+
+class JsonWebKey(_Response):
+    """One public key of the service (RFC 7517, an EC P-256 key for ES256)."""
+
+    kty: Annotated[str, Field(pattern="^EC$")] = Field(default="EC")
+    crv: Annotated[str, Field(pattern="^P-256$")] = Field(default="P-256")
+    x: str = Field(description="base64url, 32 bytes")
+    y: str = Field(description="base64url, 32 bytes")
+    kid: str = Field(description="the key's RFC 7638 thumbprint (base64url SHA-256)")
+    use: Annotated[str, Field(pattern="^sig$")] = Field(default="sig")
+    alg: Annotated[str, Field(pattern="^ES256$")] = Field(default="ES256")
+
+
+class JsonWebKeySet(_Response):
+    """`GET /.well-known/jwks.json`: the keys that verify the session tokens it issues."""
+
+    keys: list[JsonWebKey]
 
 
 class RevisionSummary(_Response):
@@ -691,4 +713,61 @@ class SessionStateResponse(_Response):
 
     record: SessionStateRecord
     write_report: SessionStateWriteReport
+    decision: DecisionTrace
+
+
+class TokenErrorDocument(_Response):
+    """A refused `POST /v1/token`: an OAuth error (RFC 6749 section 5.2) that is also a
+    problem document, with the decision when the policy was asked.
+    """
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    reason: str
+    errors: list[FieldError] | None = None
+    decision: DecisionTrace | None = None
+    write_report: SessionStateWriteReport | None = None
+    error: Literal[
+        "invalid_request",
+        "invalid_target",
+        "unauthorized_client",
+        "unsupported_grant_type",
+        "slow_down",
+        "temporarily_unavailable",
+        "server_error",
+    ]
+    error_description: str = Field(description="fixed text per reason: the problem's detail")
+
+
+class TokenExchangeRequest(_Request):
+    """`POST /v1/token`, form-encoded (`application/x-www-form-urlencoded`). Each parameter
+    at most once; `actor_token` is refused, and RFC 8693's other optional parameters are
+    ignored.
+    """
+
+    grant_type: Literal["urn:ietf:params:oauth:grant-type:token-exchange"]
+    subject_token: Annotated[str, Field(max_length=8192, min_length=1)] = Field(
+        description="the caller's own token (a model-service token of a tenant and workspace), verified as a bearer token is"
+    )
+    subject_token_type: Literal[
+        "urn:ietf:params:oauth:token-type:jwt", "urn:ietf:params:oauth:token-type:access_token"
+    ]
+    resource: Annotated[str, Field(max_length=2048, min_length=1)] = Field(
+        description="the session: `/v1/tenants/{t}/workspaces/{w}/sessions/{s}`, or this service's absolute URL of it; ids are scope ids, as sent"
+    )
+
+
+class TokenExchangeResponse(_Response):
+    """`POST /v1/token`: a session-scoped token (RFC 8693 section 2.2.1), and its decision."""
+
+    access_token: str = Field(
+        description="an ES256 JWT for the session, signed with a key of `/.well-known/jwks.json`"
+    )
+    issued_token_type: Literal["urn:ietf:params:oauth:token-type:jwt"] = Field(
+        default="urn:ietf:params:oauth:token-type:jwt"
+    )
+    token_type: Literal["Bearer"] = Field(default="Bearer")
+    expires_in: Annotated[int, Field(ge=1)] = Field(description="seconds the token lives")
     decision: DecisionTrace

@@ -20,10 +20,12 @@ One session object serves one conversation at a time; it is not thread-safe.
 `AsyncModelServiceSession` is the same over `AsyncSessionStateClient`, each
 step awaited.
 
-A session sends with its client's token. Per-session tokens (a bot holding
-one service token, exchanging it per session) belong to the token source, not
-to the steps: a client made by `client.with_token(source)` for the session's
-scope keeps this API as it is.
+A session sends with its client's token. A bot holding one service token for
+its tenant and workspace builds each session with `for_service(client,
+service_token, scope, template)`: the session sends with a token of its own
+session, which `SessionTokens` obtains by token exchange on first use and
+again shortly before it expires (`client.with_token(source)`, so the steps
+stay as they are).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sessionstate_client.aio import AsyncSessionStateClient
-from sessionstate_client.client import SessionStateClient
+from sessionstate_client.aio import AsyncSessionStateClient, AsyncTokenSource
+from sessionstate_client.client import SessionStateClient, TokenSource
 from sessionstate_client.contract import TurnRole
 from sessionstate_client.digests import DigestKey, estimate_tokens
 from sessionstate_client.errors import CorruptState, NotFound, PolicyDenied, PreconditionFailed
@@ -58,6 +60,7 @@ from sessionstate_client.models import (
     TenantScope,
 )
 from sessionstate_client.replay import DEFAULT_REPLAY_INPUTS, plan_replay
+from sessionstate_client.session_tokens import AsyncSessionTokens, SessionTokens
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -317,6 +320,22 @@ class ModelServiceSession(_SessionSteps):
         )
         self.client = client
 
+    @classmethod
+    def for_service(
+        cls,
+        client: SessionStateClient,
+        service_token: TokenSource,
+        scope: TenantScope | Mapping[str, Any],
+        template: SessionStateInput | Mapping[str, Any],
+        **options: Any,
+    ) -> ModelServiceSession:
+        """A session of a bot: `service_token` (its tenant's and workspace's, no session)
+        is exchanged for the session's own token when the session first sends, and
+        again shortly before that expires; `client`'s connections are shared."""
+        session_scope = _as(TenantScope, scope)
+        tokens = SessionTokens(client, service_token, session_scope)
+        return cls(client.with_token(tokens), session_scope, template, **options)
+
     # Step 1
     def load(self) -> SessionStateInput:
         """Read the stored state; none stored: start from the template (or keep what is held).
@@ -412,6 +431,20 @@ class AsyncModelServiceSession(_SessionSteps):
             replace_corrupt=replace_corrupt,
         )
         self.client = client
+
+    @classmethod
+    def for_service(
+        cls,
+        client: AsyncSessionStateClient,
+        service_token: AsyncTokenSource,
+        scope: TenantScope | Mapping[str, Any],
+        template: SessionStateInput | Mapping[str, Any],
+        **options: Any,
+    ) -> AsyncModelServiceSession:
+        """`ModelServiceSession.for_service`, over the asyncio client."""
+        session_scope = _as(TenantScope, scope)
+        tokens = AsyncSessionTokens(client, service_token, session_scope)
+        return cls(client.with_token(tokens), session_scope, template, **options)
 
     # Step 1
     async def load(self) -> SessionStateInput:

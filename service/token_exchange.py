@@ -1,0 +1,251 @@
+"""OAuth 2.0 Token Exchange (RFC 8693): the wire shapes, and what a request holds.
+
+`read_exchange` turns the form of `POST /v1/token` into what the policy judges
+(`PolicyExchange`: one word per parameter, never its value), the actor (the
+subject token's, verified as any request's bearer token is, else the anonymous
+one) and the session the `resource` names, if it names one. Nothing here
+refuses: `sessionstate.token` decides every request, so that every exchange,
+allowed or not, is a decision on the log. The OAuth error an answer names is
+chosen from the decision's reason (`oauth_error`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+from werkzeug.datastructures import MultiDict
+
+from service.auth import Actor, AuthenticationFailed
+from service.policy.input import PolicyExchange, PolicyTarget
+from service.policy.trace import DecisionTrace
+from service.reasons import Reason
+from service.wire import ProblemDocument
+from store.scope import TenantScope, is_scope_id
+
+GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
+JWT_TOKEN_TYPE: Literal["urn:ietf:params:oauth:token-type:jwt"] = (
+    "urn:ietf:params:oauth:token-type:jwt"  # noqa: S105 - a token type's name
+)
+ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"  # noqa: S105 - likewise
+FORM = "application/x-www-form-urlencoded"
+MAX_RESOURCE_CHARS = 2048
+# Who asks when the subject token did not verify: no roles, no scope. Its rate limits
+# are one budget for every unauthenticated caller (service.rate_limits).
+ANONYMOUS = Actor(sub="anonymous", roles=())
+
+_SESSION_PATH = re.compile(r"/v1/tenants/([^/]*)/workspaces/([^/]*)/sessions/([^/]*)")
+_PARAMETERS = (
+    "grant_type",
+    "subject_token",
+    "subject_token_type",
+    "resource",
+    "actor_token",
+    "actor_token_type",
+)
+
+OAuthError = Literal[
+    "invalid_request",
+    "invalid_target",
+    "unauthorized_client",
+    "unsupported_grant_type",
+    "slow_down",
+    "temporarily_unavailable",
+    "server_error",
+]
+# The OAuth error (RFC 6749 section 5.2, RFC 8693 section 2.2.2, RFC 8707) of the reason
+# a refused exchange is answered with; any other 400 is `invalid_request`.
+OAUTH_ERRORS: dict[str, OAuthError] = {
+    "token_exchange_grant_type_unsupported": "unsupported_grant_type",
+    "token_exchange_resource_malformed": "invalid_target",
+    "cross_tenant_scope_rejected": "invalid_target",
+    "cross_workspace_scope_rejected": "invalid_target",
+    "cross_session_scope_rejected": "invalid_target",
+    "role_not_permitted": "unauthorized_client",
+    "token_exchange_subject_scope_unsupported": "unauthorized_client",
+    "token_exchange_tenant_disabled": "unauthorized_client",
+    "token_exchange_subject_token_unverifiable": "temporarily_unavailable",
+    Reason.RATE_LIMITED.value: "slow_down",
+    Reason.INTERNAL_ERROR.value: "server_error",
+}
+# A policy's refusal that is no fault of the request: the identity provider's keys.
+UNVERIFIABLE = "token_exchange_subject_token_unverifiable"
+
+
+class TokenExchangeRequest(BaseModel):
+    """`POST /v1/token`, form-encoded (`application/x-www-form-urlencoded`). Each parameter
+    at most once; `actor_token` is refused, and RFC 8693's other optional parameters are
+    ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    grant_type: Literal["urn:ietf:params:oauth:grant-type:token-exchange"]
+    subject_token: str = Field(
+        min_length=1,
+        max_length=8192,
+        description="the caller's own token (a model-service token of a tenant and "
+        "workspace), verified as a bearer token is",
+    )
+    subject_token_type: Literal[
+        "urn:ietf:params:oauth:token-type:jwt", "urn:ietf:params:oauth:token-type:access_token"
+    ]
+    resource: str = Field(
+        min_length=1,
+        max_length=MAX_RESOURCE_CHARS,
+        description="the session: `/v1/tenants/{t}/workspaces/{w}/sessions/{s}`, or this "
+        "service's absolute URL of it; ids are scope ids, as sent",
+    )
+
+
+class TokenExchangeResponse(BaseModel):
+    """`POST /v1/token`: a session-scoped token (RFC 8693 section 2.2.1), and its decision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    access_token: str = Field(
+        description="an ES256 JWT for the session, signed with a key of `/.well-known/jwks.json`"
+    )
+    issued_token_type: Literal["urn:ietf:params:oauth:token-type:jwt"] = JWT_TOKEN_TYPE
+    token_type: Literal["Bearer"] = "Bearer"  # noqa: S105 - the scheme's name
+    expires_in: int = Field(ge=1, description="seconds the token lives")
+    decision: DecisionTrace
+
+
+class TokenErrorDocument(ProblemDocument):
+    """A refused `POST /v1/token`: an OAuth error (RFC 6749 section 5.2) that is also a
+    problem document, with the decision when the policy was asked."""
+
+    error: OAuthError
+    error_description: str = Field(description="fixed text per reason: the problem's detail")
+
+
+@dataclass(frozen=True)
+class ExchangeRequest:
+    """What a token request holds, as the policy is asked about it."""
+
+    facts: PolicyExchange
+    actor: Actor
+    verified: bool
+    session: TenantScope | None  # the resource's session, when it names one
+
+    @property
+    def target(self) -> PolicyTarget:
+        """The session; else the caller's own scope (the anonymous one has none), so the
+        refusal goes on the caller's tenant's chain."""
+        if self.session is not None:
+            return PolicyTarget(
+                tenant_id=self.session.tenant_id,
+                workspace_id=self.session.workspace_id,
+                session_id=self.session.session_id,
+            )
+        return PolicyTarget(
+            tenant_id=self.actor.tenant_id,
+            workspace_id=self.actor.workspace_id,
+            session_id=self.actor.session_id,
+        )
+
+
+def read_exchange(
+    mimetype: str,
+    form: MultiDict[str, str],
+    verify: Callable[[str], Actor],
+    own_origin: str,
+) -> ExchangeRequest:
+    """The facts, actor and session of a token request (`verify` takes an Authorization
+    header's value); `own_origin` is this service's `scheme://host` as the request named it."""
+    is_form = mimetype == FORM
+    well_formed = is_form
+    values: dict[str, str | None] = {}
+    for name in _PARAMETERS:
+        given = form.getlist(name) if is_form else []
+        if len(given) > 1:  # RFC 6749 section 3.2: a parameter at most once
+            well_formed = False
+        values[name] = given[0] if len(given) == 1 and given[0] != "" else None
+    actor, subject = _subject(values["subject_token"], verify)
+    session = _session(values["resource"], own_origin)
+    facts = PolicyExchange(
+        form="valid" if well_formed else "malformed",
+        grant_type=_grant_type(values["grant_type"]),
+        subject_token_type=_token_type(values["subject_token_type"]),
+        subject_token=subject,
+        actor_token="absent"
+        if values["actor_token"] is None and values["actor_token_type"] is None
+        else "present",
+        resource="missing"
+        if values["resource"] is None
+        else "malformed"
+        if session is None
+        else "valid",
+    )
+    return ExchangeRequest(facts, actor, subject == "valid", session)
+
+
+def oauth_error(reason: str, status: int) -> OAuthError:
+    """The OAuth error of an answer with this reason and status."""
+    if reason in OAUTH_ERRORS:
+        return OAUTH_ERRORS[reason]
+    if status == 503:
+        return "temporarily_unavailable"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request"
+
+
+def _grant_type(value: str | None) -> Literal["token_exchange", "missing", "unsupported"]:
+    if value is None:
+        return "missing"
+    return "token_exchange" if value == GRANT_TYPE else "unsupported"
+
+
+def _token_type(value: str | None) -> Literal["jwt", "access_token", "missing", "unsupported"]:
+    if value is None:
+        return "missing"
+    return {JWT_TOKEN_TYPE: "jwt", ACCESS_TOKEN_TYPE: "access_token"}.get(  # type: ignore[return-value]
+        value, "unsupported"
+    )
+
+
+def _subject(
+    token: str | None, verify: Callable[[str], Actor]
+) -> tuple[Actor, Literal["valid", "missing", "invalid", "expired", "unverifiable"]]:
+    if token is None:
+        return ANONYMOUS, "missing"
+    try:
+        return verify(f"Bearer {token}"), "valid"
+    except AuthenticationFailed as failed:
+        if failed.reason is Reason.TOKEN_EXPIRED:
+            return ANONYMOUS, "expired"
+        if failed.reason is Reason.TOKEN_KEYS_UNAVAILABLE:
+            return ANONYMOUS, "unverifiable"
+        return ANONYMOUS, "invalid"
+
+
+def _session(resource: str | None, own_origin: str) -> TenantScope | None:
+    """The session a resource names exactly: its path, or this service's URL of it.
+
+    Nothing is decoded or normalised: a segment that is not a scope id as sent
+    (percent-escapes included) makes the resource malformed.
+    """
+    if resource is None or len(resource) > MAX_RESOURCE_CHARS:
+        return None
+    path = resource
+    if not resource.startswith("/"):
+        try:
+            parts = urlsplit(resource)
+        except ValueError:
+            return None
+        origin = f"{parts.scheme}://{parts.netloc}"
+        if origin != own_origin.rstrip("/") or parts.query or parts.fragment or "#" in resource:
+            return None
+        path = parts.path
+    if "?" in path or "#" in path:
+        return None
+    match = _SESSION_PATH.fullmatch(path)
+    if match is None or not all(is_scope_id(part) for part in match.groups()):
+        return None
+    tenant, workspace, session = match.groups()
+    return TenantScope(tenant_id=tenant, workspace_id=workspace, session_id=session)
