@@ -240,11 +240,14 @@ def identity_provider(settings: Settings) -> ProviderSettings:
 def session_token_issuer(settings: Settings) -> SessionTokenIssuer:
     """What `POST /v1/token` signs with (SESSIONSTATE_TOKEN_*): the key file's key, or the
     data dir's, generated on first use."""
-    if settings.token_exchange_ttl_seconds > settings.jwt_max_lifetime_seconds:
-        raise ConfigurationError(
-            "SESSIONSTATE_TOKEN_EXCHANGE_TTL_SECONDS must not exceed "
-            "SESSIONSTATE_JWT_MAX_LIFETIME_SECONDS: the service would refuse its own tokens"
-        )
+    ttl = settings.token_exchange_ttl_seconds
+    if ttl > settings.jwt_max_lifetime_seconds:
+        if "token_exchange_ttl_seconds" in settings.model_fields_set:
+            raise ConfigurationError(
+                "SESSIONSTATE_TOKEN_EXCHANGE_TTL_SECONDS must not exceed "
+                "SESSIONSTATE_JWT_MAX_LIFETIME_SECONDS: the service would refuse its own tokens"
+            )
+        ttl = settings.jwt_max_lifetime_seconds  # the default, lowered to what is accepted
     try:
         key = signing_key(settings.data_dir, settings.token_signing_key_file)
     except OSError:
@@ -256,9 +259,7 @@ def session_token_issuer(settings: Settings) -> SessionTokenIssuer:
         raise ConfigurationError("SESSIONSTATE_TOKEN_SIGNING_KEY_FILE cannot be read") from None
     except SigningKeyInvalid as error:
         raise ConfigurationError(f"SESSIONSTATE_TOKEN_SIGNING_KEY_FILE {error}") from None
-    return SessionTokenIssuer(
-        key, issuer=settings.token_issuer, ttl_seconds=settings.token_exchange_ttl_seconds
-    )
+    return SessionTokenIssuer(key, issuer=settings.token_issuer, ttl_seconds=ttl)
 
 
 def configured_store(settings: Settings) -> StoreTarget:

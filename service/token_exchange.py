@@ -14,11 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
-from werkzeug.datastructures import MultiDict
 
 from service.auth import Actor, AuthenticationFailed
 from service.policy.input import PolicyExchange, PolicyTarget
@@ -149,9 +148,15 @@ class ExchangeRequest:
         )
 
 
+class FormFields(Protocol):
+    """A parsed form body: every value each name was given (werkzeug's MultiDict is one)."""
+
+    def getlist(self, key: str) -> list[str]: ...
+
+
 def read_exchange(
     mimetype: str,
-    form: MultiDict[str, str],
+    form: FormFields,
     verify: Callable[[str], Actor],
     own_origin: str,
 ) -> ExchangeRequest:

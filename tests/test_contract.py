@@ -47,7 +47,7 @@ def test_every_v1_route_is_an_openapi_operation_and_back() -> None:
     served = {(method, path) for method, path in app_routes() if path.startswith("/v1")}
     described = {(method, path) for method, path in document_operations() if path.startswith("/v1")}
     assert served == described
-    assert len(served) == 12
+    assert len(served) == 13
 
 
 def test_every_described_operation_is_served() -> None:
@@ -91,6 +91,7 @@ CALLS: dict[str, Callable[[SessionStateClient], Any]] = {
     "get_decision": lambda c: c.get_decision("local-0123abcd"),
     "verify_decisions": lambda c: c.verify_decisions(full=True),
     "policy_revisions": lambda c: c.policy_revisions("tenant-a"),
+    "exchange_token": lambda c: c.exchange_token("subject-token", SCOPE),
     "export_decisions": lambda c: list(c.export_decisions(action="write")),
     "healthz": lambda c: c.healthz(),
     "readyz": lambda c: c.readyz(),

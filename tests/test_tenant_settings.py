@@ -34,6 +34,7 @@ SETTINGS = {
         {"tenant_id": "tenant-short", "max_approval_seconds": 300},
         {"tenant_id": "tenant-writing", "write_task_profiles": ["writing", "general"]},
         {"tenant_id": "tenant-on", "durable_writes": True, "write_task_profiles": ["coding"]},
+        {"tenant_id": "tenant-no-exchange", "token_exchange": False},
     ]
 }
 
@@ -126,6 +127,26 @@ def test_the_longest_approval_binds_that_tenant_s_operators_only(
     )
     assert [approval["expires_at"] for approval in listed.json()["approvals"]] != []
     assert len(listed.json()["approvals"]) == 1, "the refused grant stored nothing"
+
+
+def test_token_exchange_off_refuses_that_tenant_s_exchanges_only(
+    tenants_service: LiveService,
+) -> None:
+    def exchange(tenant: str) -> Any:
+        service_token = tenants_service.token(tenant=tenant, session=None)
+        form = {
+            "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+            "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+            "subject_token": service_token,
+            "resource": f"/v1/tenants/{tenant}/workspaces/ws-1/sessions/user-42",
+        }
+        return tenants_service.http.post(tenants_service.url + "/v1/token", data=form, timeout=10)
+
+    refused = exchange("tenant-no-exchange")
+    assert refused.status_code == 400
+    assert refused.json()["decision"]["reasons"] == ["token_exchange_tenant_disabled"]
+    for tenant in ("tenant-b", "tenant-on"):
+        assert exchange(tenant).status_code == 200, tenant
 
 
 def test_task_profiles_limit_that_tenant_s_writes_only(tenants_service: LiveService) -> None:
