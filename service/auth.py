@@ -10,7 +10,9 @@ key's own algorithm is the token's; such tokens (and those verified with the
 key file) must carry the configured `iss` and `aud`, when set. The session
 tokens the service issues itself (`service.session_tokens`) are ES256 with a
 `kid` of its own key: that key verifies them (a dictionary lookup, before any
-JWKS), and they must name the service's own issuer as `iss` and `aud`. Letting the token pick both the algorithm and how a key is
+JWKS), and they must name the service's own issuer as `iss` and `aud`.
+
+Letting the token pick both the algorithm and how a key is
 read is the classic algorithm-confusion hole: an HS256 token "signed" with the
 public key as its secret would then verify.
 
@@ -209,32 +211,13 @@ class TokenVerifier:
             algorithm, kid = header.get("alg"), header.get("kid")
             if not isinstance(algorithm, str):
                 raise AuthenticationFailed(Reason.TOKEN_INVALID)
-            key: Any
-            if algorithm == "ES256" and isinstance(kid, str) and kid in self._own_keys:
-                own: Options = {**_DECODE_OPTIONS, "require": ["exp", "iss", "aud"]}
-                return jwt.decode(
-                    token,
-                    self._own_keys[kid],
-                    algorithms=["ES256"],
-                    options=own,
-                    issuer=self._own_issuer,
-                    audience=self._own_issuer,
-                )
-            if self._jwks is not None and isinstance(kid, str) and algorithm in PROVIDER_ALGORITHMS:
-                key = self._provider_key(kid, algorithm)
-            elif algorithm in self._keys:
-                key = self._keys[algorithm]
-            else:
-                raise AuthenticationFailed(Reason.TOKEN_INVALID)
-            if algorithm == "HS256":  # the service's own tokens: no issuer or audience
-                return jwt.decode(token, key, algorithms=[algorithm], options=_DECODE_OPTIONS)
-            provider = self._provider
+            key, issuer, audience = self._key_for(algorithm, kid)
             options: Options = {
                 **_DECODE_OPTIONS,
                 "require": [
                     "exp",
-                    *(["iss"] if provider.issuer is not None else []),
-                    *(["aud"] if provider.audience is not None else []),
+                    *(["iss"] if issuer is not None else []),
+                    *(["aud"] if audience is not None else []),
                 ],
             }
             return jwt.decode(
@@ -242,13 +225,28 @@ class TokenVerifier:
                 key,
                 algorithms=[algorithm],
                 options=options,
-                issuer=provider.issuer,
-                audience=provider.audience,
+                issuer=issuer,
+                audience=audience,
             )
         except _CLAIM_ERRORS:
             raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID) from None
         except jwt_errors.PyJWTError:  # bad encoding, bad signature
             raise AuthenticationFailed(Reason.TOKEN_INVALID) from None
+
+    def _key_for(self, algorithm: str, kid: object) -> tuple[Any, str | None, str | None]:
+        """The key that verifies a token of `algorithm` naming `kid`, and the `iss` and `aud`
+        the token must then carry (None: not checked; a token with `aud` is then refused)."""
+        if algorithm == "ES256" and isinstance(kid, str) and kid in self._own_keys:
+            return self._own_keys[kid], self._own_issuer, self._own_issuer  # issued here
+        if self._jwks is not None and isinstance(kid, str) and algorithm in PROVIDER_ALGORITHMS:
+            key: Any = self._provider_key(kid, algorithm)
+        elif algorithm in self._keys:
+            key = self._keys[algorithm]
+        else:
+            raise AuthenticationFailed(Reason.TOKEN_INVALID)
+        if algorithm == "HS256":  # the service's own secret: no issuer or audience
+            return key, None, None
+        return key, self._provider.issuer, self._provider.audience
 
     def _provider_key(self, kid: str, algorithm: str) -> Any:
         """The provider's key `kid`, if its algorithm is the token's; fetched when unknown."""

@@ -29,6 +29,7 @@ from pathlib import Path
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from jwt.algorithms import ECAlgorithm
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
@@ -80,8 +81,8 @@ class SigningKey:
             raise SigningKeyInvalid("must be an EC P-256 (secp256r1) private key, for ES256")
         self._private = key
         self.public_key = key.public_key()
-        numbers = self.public_key.public_numbers()
-        x, y = _b64(numbers.x.to_bytes(32, "big")), _b64(numbers.y.to_bytes(32, "big"))
+        public = ECAlgorithm.to_jwk(self.public_key, as_dict=True)
+        x, y = public["x"], public["y"]
         # RFC 7638: the required members, in lexicographic order, without whitespace.
         thumbprint = json.dumps(
             {"crv": "P-256", "kty": "EC", "x": x, "y": y}, separators=(",", ":"), sort_keys=True

@@ -44,20 +44,13 @@ def decode_secret(text: str) -> bytes:
 
 
 def local_secret(data_dir: Path, name: str, *, nbytes: int = 32) -> bytes:
-    """Read the named secret, creating it (mode 0600, exclusive create) on first use."""
-    folder = data_dir / SECRETS_DIR
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = folder / name
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read(path)
-    value = secrets.token_bytes(nbytes)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(encode_secret(value) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    return value
+    """Read the named secret, creating it on first use (`local_key_file`: mode 0600, whole)."""
+    stored = local_key_file(
+        data_dir,
+        name,
+        lambda: (encode_secret(secrets.token_bytes(nbytes)) + "\n").encode("ascii"),
+    )
+    return _decode(stored.decode("ascii"))
 
 
 def stored_secret(data_dir: Path, name: str) -> bytes | None:
@@ -70,12 +63,16 @@ def stored_secret(data_dir: Path, name: str) -> bytes | None:
 
 
 def _read(path: Path) -> bytes:
-    """A data dir file: `hex:…`, or bare hex as written before the prefix; both are hex."""
-    return bytes.fromhex(path.read_text(encoding="ascii").strip().removeprefix(HEX_PREFIX))
+    return _decode(path.read_text(encoding="ascii"))
+
+
+def _decode(stored: str) -> bytes:
+    """A data dir file's text: `hex:…`, or bare hex as written before the prefix; both hex."""
+    return bytes.fromhex(stored.strip().removeprefix(HEX_PREFIX))
 
 
 def local_key_file(data_dir: Path, name: str, make: Callable[[], bytes]) -> bytes:
-    """The named key file's bytes (a PEM private key), made by `make` on first use.
+    """The named file's bytes (a PEM private key, a secret's text), made by `make` on first use.
 
     Written whole to a temporary file and linked into place (mode 0600): processes
     that start together on one data dir (`serve --workers N`) all read the one key

@@ -43,11 +43,14 @@ class PolicyBundle:
     def etag(self) -> str:
         return self.revision
 
+    def manifest(self) -> bytes:
+        """The bundle's `.manifest`: its revision and roots."""
+        return json.dumps({"revision": self.revision, "roots": list(BUNDLE_ROOTS)}).encode()
+
     def tarball(self) -> bytes:
-        manifest = {"revision": self.revision, "roots": list(BUNDLE_ROOTS)}
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for name, content in (("/.manifest", json.dumps(manifest).encode()), *self.files):
+            for name, content in (("/.manifest", self.manifest()), *self.files):
                 info = tarfile.TarInfo(name)
                 info.size = len(content)
                 info.mode = 0o444

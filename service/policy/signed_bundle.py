@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from service.policy.bundle import BUNDLE_ROOTS
 from service.policy.source import PolicySource, ReloadOutcome, ReloadResult
 
 SigningAlg = Literal["RS256", "ES256", "HS256"]
@@ -62,8 +61,7 @@ def build_signed_bundle(
     bundle = PolicySource(policy_dir, opa_bin).load()  # PolicySourceError when unfit
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-build-") as tmp:
         stage = Path(tmp)
-        manifest = {"revision": bundle.revision, "roots": list(BUNDLE_ROOTS)}
-        (stage / ".manifest").write_text(json.dumps(manifest))
+        (stage / ".manifest").write_bytes(bundle.manifest())
         for name, content in bundle.files:
             path = stage / name.lstrip("/")
             path.parent.mkdir(parents=True, exist_ok=True)
