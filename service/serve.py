@@ -164,7 +164,8 @@ async def serve_http(
 ) -> None:
     """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several)."""
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
+    executor = ThreadPoolExecutor(THREADS, thread_name_prefix="request")
+    loop.set_default_executor(executor)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -179,6 +180,7 @@ async def serve_http(
     request_tracing.instrument(flask_app)  # the request span, with OTel export configured
     app = BoundedWSGIWrapper(
         flask_app,
+        executor=executor,
         body_timeout=settings.body_timeout_seconds,
         refused=context.metrics.refused_before_app,
     )

@@ -1,13 +1,19 @@
 """`DecisionJournal`: group commit of decision entries and the durable writes they allow.
 
-Requests hand their entry (and, for a durable write, the record and its
-precondition) to one committer thread and wait. The committer takes whatever
-is pending, checks each write's precondition in order against the stored
-state as the batch leaves it, seals each entry onto its tenant's chain, and
-commits records, entries and indexes in one synced batch. So many requests
-share one fsync; each chain stays strictly ordered with no gaps; no record
-exists without the entry that allowed it; and no entry says applied unless its
-record was written.
+Requests queue their entry (and, for a durable write, the record and its
+precondition) and one of them commits: the leader. A request that finds no
+leader becomes it and commits its own entry at once, in its own thread (no hop
+to another thread and back); requests that arrive while a batch is being
+committed queue behind it, and when that commit is done the leader hands the
+lead to the oldest of them, which commits all that queued meanwhile, and so
+on until the queue is empty. Whoever leads takes whatever is pending, checks
+each write's precondition in order against the stored state as the batch
+leaves it, seals each entry onto its tenant's chain, and commits records,
+entries and indexes in one synced batch. So many requests share one fsync;
+each chain stays strictly ordered with no gaps; no record exists without the
+entry that allowed it; and no entry says applied unless its record was
+written. One thread of its own only reopens a store latched after a failed
+write, when no request comes to do it.
 
 Other writers (another journal, another process on PostgreSQL) may append to
 the same chains. The commit expects the key of each chain's next seq to be
@@ -22,10 +28,10 @@ per transaction (PostgreSQL), each chain's part of a batch commits on its own.
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -125,7 +131,9 @@ class _Pending:
     approval_id: str | None = None
     write: _StateWrite | None = None
     puts: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)  # None: delete
-    done: threading.Event = field(default_factory=threading.Event)
+    # Set when the entry is committed (or failed), or when the lead is handed to this request.
+    wake: threading.Event = field(default_factory=threading.Event)
+    settled: bool = False  # committed (`entry`) or failed (`error`)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
     link: SpanContext | None = None  # the request's commit span, which the batch's links to
@@ -168,16 +176,21 @@ class DecisionJournal:
         self._max_batch = max_batch
         self._on_reopened = on_reopened
         self._last_recovery = 0.0
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._queue: deque[_Pending] = deque()  # entries not taken into a batch yet
+        self._leading = False  # a request leads: it commits, or was handed the lead
+        self._queue_guard = threading.Lock()
+        self._committing = threading.Lock()  # held by the leader's commit and by recovery
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
         self._heads: dict[str, ChainHead] = {}
         self._heads_guard = threading.Lock()
-        self._summaries = SummaryCache(lanes)  # the committer thread's alone
+        self._summaries = SummaryCache(lanes)  # the leader's alone: one leads at a time
         self.conflicts = 0  # commits that lost a race to another writer and were retried
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="decision-journal", daemon=True)
-        self._thread.start()
         self.batches = 0  # commits so far (entries / batches shows the grouping)
+        self._closed = threading.Event()
+        self._recovery = threading.Thread(
+            target=self._recover_while_idle, name="decision-journal-recovery", daemon=True
+        )
+        self._recovery.start()
 
     def chain(self, name: str) -> EvidenceChain:
         return EvidenceChain(self._lanes, name)
@@ -239,18 +252,31 @@ class DecisionJournal:
         return None if seq is None else self.chain(chain).get(int.from_bytes(seq, "big"))
 
     def close(self, timeout: float = 10.0) -> None:
-        if not self._closed.is_set():
-            self._queue.put(None)
-            self._thread.join(timeout)
-            self._closed.set()
+        """Take no more entries; wait (at most `timeout`) for those already queued."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._queue_guard:
+                if not self._leading:
+                    break
+            time.sleep(0.005)
+        self._recovery.join(max(0.0, deadline - time.monotonic()))
 
     def _submit(self, pending: _Pending) -> _Pending:
-        if self._closed.is_set():
-            raise JournalClosed("the decision journal is closed")
         with tracing.commit_span(pending.body.decision.decision_id) as span:
             pending.link = tracing.link_of(span)
-            self._queue.put(pending)
-            pending.done.wait()
+            with self._queue_guard:
+                if self._closed.is_set():
+                    raise JournalClosed("the decision journal is closed")
+                self._queue.append(pending)
+                leads = not self._leading
+                self._leading = True
+            if not leads:  # wait until a leader commits the entry, or hands this request the lead
+                pending.wake.wait()
+            if not pending.settled:
+                self._lead()
             tracing.note_commit(span, pending.entry, pending.error is not None)
         if isinstance(pending.error, StoreOffline):
             raise JournalStoreUnavailable("the store cannot write now") from pending.error
@@ -258,28 +284,30 @@ class DecisionJournal:
             raise JournalClosed("the decision entry could not be committed") from pending.error
         return pending
 
-    def _run(self) -> None:
-        while True:
-            try:
-                # While the store is latched, wake up now and then to reopen it without traffic.
-                wait = None if self._lanes.writable else RECOVERY_INTERVAL_SECONDS
-                first = self._queue.get(timeout=wait)
-            except queue.Empty:
-                self._recover()
-                continue
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self._max_batch:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._commit(batch)
-                    return
-                batch.append(more)
-            self._commit(batch)
+    def _lead(self) -> None:
+        """Commit what is queued (this request's entry first: a leader is the oldest queued),
+        then hand the lead to the oldest request that queued meanwhile, or give it up."""
+        with self._queue_guard:
+            batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
+        try:
+            with self._committing:
+                self._commit(batch)
+        finally:
+            for pending in batch:  # what the commit did not settle (it always does) fails
+                if not pending.settled:
+                    self._fail([pending], JournalClosed("the batch was not committed"))
+            with self._queue_guard:
+                if self._queue:
+                    self._queue[0].wake.set()  # the lead passes; it is not settled yet
+                else:
+                    self._leading = False
+
+    def _recover_while_idle(self) -> None:
+        """While the store is latched, try now and then to reopen it without traffic."""
+        while not self._closed.wait(RECOVERY_INTERVAL_SECONDS):
+            if not self._lanes.writable:
+                with self._committing:
+                    self._recover()
 
     def _recover(self) -> bool:
         """Reopen a latched store when there is room; at most once a second. True if writable."""
@@ -388,13 +416,15 @@ class DecisionJournal:
             PARSED_RECORDS.remember(record, encoded)
         for pending, sealed in zip(batch, sealed_entries, strict=True):
             pending.entry = sealed.entry
-            pending.done.set()
+            pending.settled = True
+            pending.wake.set()
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:
         for pending in batch:
             pending.error = error
-            pending.done.set()
+            pending.settled = True
+            pending.wake.set()
 
     def _prepare(self, batch: list[_Pending]) -> _Prepared:
         """Decide each write against the state as the batch leaves it; date and seal the entries
