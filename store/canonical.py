@@ -22,11 +22,12 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import rfc8785
 
 _MAX_EXACT = 2**53 - 1  # rfc8785's integer domain
+_MAX_WALK = 1_000_000  # values a plainness check looks at before leaving the rest to rfc8785
 _PLAIN = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
@@ -44,6 +45,19 @@ def encode(value: Any) -> tuple[bytes, bool]:
         except UnicodeEncodeError:  # a lone surrogate: rfc8785 says what is wrong
             pass
     return bytes(rfc8785.dumps(value)), False
+
+
+class Encoded(NamedTuple):
+    """A value with its canonical bytes, encoded once, ahead of the moment they are needed."""
+
+    value: Any
+    data: bytes
+    plain: bool  # as `encode` says: the bytes read back as an equal value
+
+    @classmethod
+    def of(cls, value: Any) -> Encoded:
+        data, plain = encode(value)
+        return cls(value, data, plain)
 
 
 def canonical_object(members: Mapping[str, bytes]) -> bytes:
@@ -75,17 +89,31 @@ def _is_plain(value: Any) -> bool:
 
 
 def _plain(value: Any) -> bool:
-    kind = type(value)
-    if kind is str or kind is bool or value is None:
-        return True
-    if kind is int:
-        return bool(-_MAX_EXACT <= value <= _MAX_EXACT)
-    if kind is float:
-        return math.isfinite(value) and not value.is_integer() and "e" not in repr(value)
-    if kind is list or kind is tuple:
-        return all(_plain(item) for item in value)
-    if kind is dict:
-        return all(
-            type(key) is str and key.isascii() and _plain(item) for key, item in value.items()
-        )
-    return False
+    # Iterative (a stack instead of recursion): this walk runs on every value encoded. A
+    # value too big to walk here, or a cycle, is left to rfc8785 (which raises on a cycle).
+    stack = [value]
+    budget = _MAX_WALK
+    while stack:
+        budget -= 1
+        if not budget:
+            return False
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is dict:
+            for key in item:
+                if type(key) is not str or not key.isascii():
+                    return False
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is int:
+            if not -_MAX_EXACT <= item <= _MAX_EXACT:
+                return False
+        elif kind is float:
+            if not math.isfinite(item) or item.is_integer() or "e" in repr(item):
+                return False
+        else:
+            return False
+    return True

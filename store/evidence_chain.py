@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from store.backends.contract import Lanes
 from store.canonical import (
+    Encoded,
     canonical_digest,
     canonical_json,
     canonical_object,
@@ -155,18 +156,29 @@ def legacy_chain_present(lanes: Lanes) -> bool:
 
 
 def seal(
-    bodies: Sequence[Mapping[str, Any]], head: ChainHead, chain: str = NO_TENANT_CHAIN
+    bodies: Sequence[Mapping[str, Any]],
+    head: ChainHead,
+    chain: str = NO_TENANT_CHAIN,
+    *,
+    encoded_members: Sequence[Mapping[str, Encoded]] = (),
 ) -> tuple[list[SealedEntry], ChainHead]:
-    """Chain bodies on after head, in order; pure. Raises ValueError for a body it cannot seal."""
+    """Chain bodies on after head, in order; pure. Raises ValueError for a body it cannot seal.
+
+    `encoded_members[i]`, when given, holds members of `bodies[i]` already encoded
+    (`Encoded.of` of the very value the body holds), which are not encoded again."""
     sealed: list[SealedEntry] = []
     for index, body in enumerate(bodies):
         _check_body(index, body)
         entry = {**body, "seq": head.seq + 1, "prev_hash": head.hash}
+        given = encoded_members[index] if index < len(encoded_members) else {}
         try:
             # Each member encoded once: the hash covers the object without `hash`, the stored
             # bytes are the same members with it.
             if all(type(name) is str and name.isascii() for name in entry):
-                encoded = {name: encode(value) for name, value in entry.items()}
+                encoded = {
+                    name: (given[name].data, given[name].plain) if name in given else encode(value)
+                    for name, value in entry.items()
+                }
                 members = {name: data for name, (data, _) in encoded.items()}
                 entry["hash"] = sha256_digest(canonical_object(members))
                 members["hash"] = canonical_json(entry["hash"])

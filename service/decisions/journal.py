@@ -265,6 +265,7 @@ class DecisionJournal:
         self._recovery.join(max(0.0, deadline - time.monotonic()))
 
     def _submit(self, pending: _Pending) -> _Pending:
+        pending.body.encoded_members  # noqa: B018 - encoded here, in parallel, not in the commit
         with tracing.commit_span(pending.body.decision.decision_id) as span:
             pending.link = tracing.link_of(span)
             with self._queue_guard:
@@ -455,7 +456,13 @@ class DecisionJournal:
             if name not in starts:
                 starts[name] = self.head(name)
             head = heads.get(name, starts[name])
-            sealed, heads[name] = seal([pending.body.sealable(outcome, recorded_at)], head, name)
+            body = pending.body
+            sealed, heads[name] = seal(
+                [body.sealable(outcome, recorded_at)],
+                head,
+                name,
+                encoded_members=[body.encoded_members],
+            )
             sealed_entries.extend(sealed)
         summaries, summaries_read = self._summaries.updates(pending.body for pending in batch)
         expectations = [*expected.values(), *summaries_read]

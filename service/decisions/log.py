@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +28,7 @@ from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
 from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
+from store.canonical import Encoded
 from store.evidence_chain import EvidenceChain, chain_name, chain_names
 from store.keys import LaneKey, TenantResourceLane
 
@@ -58,10 +60,18 @@ class DecisionEntryBody(BaseModel):
         """The chain the entry goes on: its target tenant's, else `NO_TENANT_CHAIN`."""
         return chain_name(self.target.tenant_id)
 
-    def sealable(self, outcome: DecisionOutcome, recorded_at: str) -> dict[str, Any]:
-        """The entry's JSON for the chain to seal: the only place the model becomes a dict."""
+    @cached_property
+    def encoded_members(self) -> dict[str, Encoded]:
+        """The entry's members as JSON, each with its canonical bytes: the only place the
+        model becomes a dict. Made once (the journal asks in the request's thread, so the
+        commit only seals)."""
         # An entry without a shadow has no `shadow` member at all, as before shadows existed.
         document = self.model_dump(mode="json", exclude={"shadow"} if self.shadow is None else None)
+        return {name: Encoded.of(value) for name, value in document.items()}
+
+    def sealable(self, outcome: DecisionOutcome, recorded_at: str) -> dict[str, Any]:
+        """The entry's JSON for the chain to seal (`encoded_members` spares encoding it again)."""
+        document = {name: member.value for name, member in self.encoded_members.items()}
         document["outcome"] = outcome.model_dump(mode="json")
         document["recorded_at"] = recorded_at
         return document

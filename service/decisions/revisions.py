@@ -113,23 +113,26 @@ def _summarised(
             if base is None:
                 summaries[revision] = RevisionSummary.first(revision, action, at)
                 continue
-            summaries[revision] = base.model_copy(deep=True)
+            # A copy with its own counts: `known` may be a cache's, which must stay as read.
+            summaries[revision] = base.model_copy(update={"by_action": dict(base.by_action)})
         summaries[revision].add(action, at)
     return summaries
 
 
 class SummaryCache:
-    """The journal's summaries as it last read or wrote them (its committer thread's alone);
-    cleared when a commit lost a race or the store was reopened: another writer may have
-    added to them. A stale one could not be written anyway: the commit expects each summary
-    as read."""
+    """The journal's summaries as it last read or wrote them, as stored and as parsed (the
+    committing leader's alone); cleared when a commit lost a race or the store was reopened:
+    another writer may have added to them. A stale one could not be written anyway: the
+    commit expects each summary as read."""
 
     def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
-        self._known: dict[bytes, bytes | None] = {}
+        self._known: dict[bytes, tuple[bytes | None, RevisionSummary | None]] = {}
+        self._staged: dict[bytes, RevisionSummary] = {}  # the last `updates`, until written
 
     def clear(self) -> None:
         self._known.clear()
+        self._staged.clear()
 
     def updates(
         self, bodies: Iterable[DecisionEntryBody]
@@ -149,30 +152,34 @@ class SummaryCache:
             )
         puts: list[tuple[LaneKey, bytes]] = []
         expected: list[tuple[LaneKey, bytes | None]] = []
+        self._staged.clear()
         for chain, decisions in by_chain.items():
             known: dict[str, RevisionSummary | None] = {}
             for decision in decisions:
                 revision = _counted(decision)
                 if revision is not None and revision not in known:
                     key = summary_key(chain, revision)
-                    stored = self._read(key)
+                    stored, known[revision] = self._read(key)
                     expected.append((key, stored))
-                    known[revision] = _parsed(stored)
             for revision, summary in _summarised(decisions, known).items():
-                puts.append((summary_key(chain, revision), canonical_json(summary.model_dump())))
+                key = summary_key(chain, revision)
+                puts.append((key, canonical_json(summary.model_dump())))
+                self._staged[key.encode()] = summary
         return puts, expected
 
     def written(self, puts: Iterable[tuple[LaneKey, bytes]]) -> None:
+        """The last `updates`' puts were committed: they are what the store holds now."""
         for key, value in puts:
-            self._known[key.encode()] = value
+            encoded = key.encode()
+            staged = self._staged.pop(encoded, None)
+            self._known[encoded] = (value, staged if staged is not None else _parsed(value))
 
-    def _read(self, key: LaneKey) -> bytes | None:
+    def _read(self, key: LaneKey) -> tuple[bytes | None, RevisionSummary | None]:
         encoded = key.encode()
-        if encoded in self._known:
-            return self._known[encoded]
-        stored = self._lanes.get(key)
-        self._known[encoded] = stored
-        return stored
+        if encoded not in self._known:
+            stored = self._lanes.get(key)
+            self._known[encoded] = (stored, _parsed(stored))
+        return self._known[encoded]
 
 
 def revisions(lanes: Lanes, chain: str) -> list[RevisionSummary]:
