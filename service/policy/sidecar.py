@@ -211,7 +211,7 @@ class OpaSidecar:
         if self.unix_socket is not None:
             transport.offer_unix_socket(self.url, str(self.unix_socket))
         else:
-            log.info("opa_unix_socket_path_too_long", extra={"work_dir": str(self.work_dir)})
+            log.info("opa_unix_socket_path_too_long")  # decisions go over TCP
         self._reloader = threading.Thread(
             target=self._reload_when_asked, name="policy-reloader", daemon=True
         )
