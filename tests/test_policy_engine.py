@@ -317,6 +317,22 @@ def test_a_served_process_asks_its_sidecar_over_the_unix_socket(served: Served) 
     assert unix_connections_to(opa_socket) == 1  # kept open by the thread that asked
 
 
+def test_a_work_dir_that_cannot_hold_a_unix_socket_gets_tcp_only(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    work_dir = tmp_path / "opa"
+    (work_dir / "opa.sock").mkdir(parents=True)  # nothing can bind there
+    sidecar = OpaSidecar(opa_bin, POLICY_DIR, work_dir)
+    sidecar.start()
+    try:
+        assert sidecar.unix_socket is None
+        assert offered_unix_socket(sidecar.url) is None
+        client = client_over("keep-alive/tcp", sidecar.url, sidecar.token, 1.0, None)
+        assert client.decide(allowed_input("read")).allow
+    finally:
+        sidecar.stop()
+
+
 def test_a_work_dir_too_deep_for_a_unix_socket_gets_tcp_only(opa_bin: str, tmp_path: Path) -> None:
     deep = OpaSidecar(opa_bin, POLICY_DIR, tmp_path / ("d" * 100) / "opa")
     try:

@@ -5,7 +5,7 @@
   OPA is ready the sidecar offers that socket to the hot path's decision
   queries (`service.policy.transport.offered_unix_socket`). The same token and
   `system.authz` guard both. A work dir whose path is too long for a Unix
-  socket gets TCP only.
+  socket, or whose file system cannot hold one, gets TCP only.
 - OPA's API is locked: token authentication and the `system.authz` policy
   admit only the service's per-start secret, and only for decision queries;
   nobody can PUT or DELETE policies or data at runtime.
@@ -85,6 +85,18 @@ def _unix_socket_in(work_dir: Path) -> Path | None:
     """Where OPA listens beside its port, or None when that path cannot be a socket's."""
     path = work_dir.absolute() / UNIX_SOCKET_NAME
     return path if len(os.fsencode(path)) <= UNIX_SOCKET_PATH_MAX else None
+
+
+def _can_listen_at(path: Path) -> bool:
+    """A Unix socket can be made at path: OPA would otherwise stop at once."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            path.unlink(missing_ok=True)  # left by an OPA that was killed
+            probe.bind(str(path))
+        except OSError:
+            return False
+    path.unlink()
+    return True
 
 
 def _free_loopback_port() -> int:
@@ -181,6 +193,8 @@ class OpaSidecar:
         self._loaded_at = time.time()
         self.policies.load()
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.unix_socket is not None and not _can_listen_at(self.unix_socket):
+            self.unix_socket = None
         self._bundles.start()
         self._write_config()
         mark = 0 if self.signed is None else self.signed.board.mark()
@@ -211,7 +225,7 @@ class OpaSidecar:
         if self.unix_socket is not None:
             transport.offer_unix_socket(self.url, str(self.unix_socket))
         else:
-            log.info("opa_unix_socket_path_too_long")  # decisions go over TCP
+            log.info("opa_unix_socket_unavailable")  # decisions go over TCP
         self._reloader = threading.Thread(
             target=self._reload_when_asked, name="policy-reloader", daemon=True
         )
