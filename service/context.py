@@ -25,6 +25,7 @@ from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
 from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
+from service.policy.transport import offered_unix_socket
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.session_tokens import SessionTokenIssuer, SigningKeyInvalid, signing_key
@@ -105,6 +106,7 @@ class ServiceContext:
             opa_token,
             timeout=settings.opa_timeout_ms / 1000,
             transport=settings.opa_transport,
+            unix_socket=offered_unix_socket(opa_url),  # only our own sidecar offers one
         )
         journal = DecisionJournal(
             lanes,

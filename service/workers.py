@@ -28,6 +28,7 @@ from service import tracing
 from service.context import ServiceContext
 from service.logs import configure_logging
 from service.policy.sidecar import OpaSidecar, _die_with_parent
+from service.policy.transport import offer_unix_socket
 from service.settings import Settings
 
 log = logging.getLogger("sessionstate.workers")
@@ -60,6 +61,13 @@ class Workers:
                 "SESSIONSTATE_SHADOW_OPA_URL": shadow.url,
                 "SESSIONSTATE_SHADOW_OPA_TOKEN": shadow.token,
             }
+        # The sidecars' Unix sockets, offered in each worker as in this process: URL, path, ...
+        self._offered = [
+            str(part)
+            for running in (sidecar, shadow)
+            if running is not None and running.unix_socket is not None
+            for part in (running.url, running.unix_socket)
+        ]
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._started: list[float] = [0.0] * count
 
@@ -69,7 +77,7 @@ class Workers:
 
     def _spawn(self, slot: int) -> None:
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.workers", str(self._fd), str(slot)],
+            [sys.executable, "-m", "service.workers", str(self._fd), str(slot), *self._offered],
             env=self._env,
             stdin=subprocess.DEVNULL,
             pass_fds=(self._fd,),
@@ -131,8 +139,9 @@ def supervise(
     log.info("service_stopped")
 
 
-def worker_main(fd: int, slot: int) -> None:
-    """One worker: its own context on the parent's socket and sidecar, until SIGTERM."""
+def worker_main(fd: int, slot: int, offered: dict[str, str] | None = None) -> None:
+    """One worker: its own context on the parent's socket and sidecar, until SIGTERM
+    (offered: the Unix sockets of the parent's sidecars, by URL)."""
     from service.serve import raise_open_file_limit, serve_http
 
     configure_logging()
@@ -140,6 +149,8 @@ def worker_main(fd: int, slot: int) -> None:
     settings = Settings()
     listener = socket.socket(fileno=fd)
     assert settings.opa_url is not None  # the parent set it
+    for url, path in (offered or {}).items():
+        offer_unix_socket(url, path)
     tracing.start()  # the parent checked the OTEL_* variables
     context = ServiceContext.open(
         settings,
@@ -158,4 +169,6 @@ def worker_main(fd: int, slot: int) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(int(sys.argv[1]), int(sys.argv[2]))
+    worker_main(
+        int(sys.argv[1]), int(sys.argv[2]), dict(zip(sys.argv[3::2], sys.argv[4::2], strict=True))
+    )

@@ -157,7 +157,12 @@ class CandidateEngine:
     ) -> None:
         self.revision = candidate_revision
         self._served_revision = sidecar.policies.served.revision
-        self._transport = KeepAliveTransport(sidecar.url, sidecar.token, QUERY_TIMEOUT_SECONDS)
+        self._transport = KeepAliveTransport(
+            sidecar.url,
+            sidecar.token,
+            QUERY_TIMEOUT_SECONDS,
+            unix_socket=None if sidecar.unix_socket is None else str(sidecar.unix_socket),
+        )
         self._pool = ThreadPoolExecutor(connections, thread_name_prefix="impact-query")
 
     def decide(self, decisions: Sequence[LoggedDecision]) -> list[Verdict]:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.policy.client import PolicyClient
 from service.policy.input import PolicyInput
 from service.policy.trace import DecisionTrace
+from service.policy.transport import offered_unix_socket
 
 ShadowOutcome = Literal[
     "agree", "allow_gained", "allow_lost", "reasons_changed", "unavailable", "timeout"
@@ -111,7 +112,13 @@ class ShadowPolicy:
 
     def __init__(self, url: str, token: str | None, *, timeout_ms: int) -> None:
         self.bound = timeout_ms / 1000
-        self.client = PolicyClient(url, token, timeout=self.bound, transport="keep-alive")
+        self.client = PolicyClient(
+            url,
+            token,
+            timeout=self.bound,
+            transport="keep-alive",
+            unix_socket=offered_unix_socket(url),  # a shadow sidecar of ours offers one
+        )
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shadow")
         self._free = threading.BoundedSemaphore(THREADS)
 

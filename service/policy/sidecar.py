@@ -1,5 +1,11 @@
 """The OPA sidecar: a locked-down `opa run --server` on loopback, supervised.
 
+- OPA listens on a free loopback port (probes, reload checks, opa-python-client)
+  and on the Unix socket `opa.sock` in the private work dir, mode 0600: once
+  OPA is ready the sidecar offers that socket to the hot path's decision
+  queries (`service.policy.transport.offered_unix_socket`). The same token and
+  `system.authz` guard both. A work dir whose path is too long for a Unix
+  socket, or whose file system cannot hold one, gets TCP only.
 - OPA's API is locked: token authentication and the `system.authz` policy
   admit only the service's per-start secret, and only for decision queries;
   nobody can PUT or DELETE policies or data at runtime.
@@ -40,6 +46,7 @@ from typing import Any
 
 import requests
 
+from service.policy import transport
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.reload import PolicyStatus, write_status
@@ -51,6 +58,9 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "SESSIONSTATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 BUNDLE_NAME = "sessionstate"
+UNIX_SOCKET_NAME = "opa.sock"
+# A socket's path must fit `sun_path`: 108 bytes on Linux, 104 on macOS.
+UNIX_SOCKET_PATH_MAX = 100
 
 
 class SidecarError(RuntimeError):
@@ -69,6 +79,24 @@ _LIBC = (
 def _die_with_parent() -> None:
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _unix_socket_in(work_dir: Path) -> Path | None:
+    """Where OPA listens beside its port, or None when that path cannot be a socket's."""
+    path = work_dir.absolute() / UNIX_SOCKET_NAME
+    return path if len(os.fsencode(path)) <= UNIX_SOCKET_PATH_MAX else None
+
+
+def _can_listen_at(path: Path) -> bool:
+    """A Unix socket can be made at path: OPA would otherwise stop at once."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            path.unlink(missing_ok=True)  # left by an OPA that was killed
+            probe.bind(str(path))
+        except OSError:
+            return False
+    path.unlink()
+    return True
 
 
 def _free_loopback_port() -> int:
@@ -102,6 +130,7 @@ class OpaSidecar:
         self.policy_dir = policy_dir
         self.work_dir = work_dir
         self.port = _free_loopback_port()
+        self.unix_socket = _unix_socket_in(work_dir)
         self.token = secrets.token_urlsafe(32)
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
@@ -164,6 +193,8 @@ class OpaSidecar:
         self._loaded_at = time.time()
         self.policies.load()
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.unix_socket is not None and not _can_listen_at(self.unix_socket):
+            self.unix_socket = None
         self._bundles.start()
         self._write_config()
         mark = 0 if self.signed is None else self.signed.board.mark()
@@ -191,6 +222,10 @@ class OpaSidecar:
         self._report(
             ReloadResult("loaded", self.policies.served.revision), self._loaded_at, started=True
         )
+        if self.unix_socket is not None:
+            transport.offer_unix_socket(self.url, str(self.unix_socket))
+        else:
+            log.info("opa_unix_socket_unavailable")  # decisions go over TCP
         self._reloader = threading.Thread(
             target=self._reload_when_asked, name="policy-reloader", daemon=True
         )
@@ -295,6 +330,7 @@ class OpaSidecar:
             return
         self._stopping.set()
         self._reload_requested.set()  # wakes the reloader, which sees it is stopping
+        transport.withdraw_unix_socket(self.url)
         with self._lock:
             process = self._process
             if process is not None and process.poll() is None:
@@ -349,12 +385,19 @@ class OpaSidecar:
         path.write_text(json.dumps(config, indent=2))
 
     def _command(self) -> list[str]:
+        # OPA replaces a socket file left by an OPA that was killed, and removes its own on exit.
+        unix = (
+            []
+            if self.unix_socket is None
+            else ["--addr", f"unix://{self.unix_socket}", "--unix-socket-perm", "600"]
+        )
         return [
             self.opa_bin,
             "run",
             "--server",
             "--addr",
             f"127.0.0.1:{self.port}",
+            *unix,
             "--authentication=token",
             "--authorization=basic",
             "--skip-version-check",

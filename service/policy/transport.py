@@ -1,4 +1,4 @@
-"""How a decision query reaches OPA: the hot path's own keep-alive connection, or opa-python-client.
+"""How a decision query reaches OPA: the hot path's own keep-alive socket, or opa-python-client.
 
 `OpaClientTransport` is opa-python-client's `OpaClient.query_rule` (requests
 underneath): the client the project uses everywhere a decision is not on a
@@ -6,28 +6,44 @@ request's hot path (readiness probes, reload checks, engine checks).
 
 `KeepAliveTransport` asks the same question, the same way (POST
 `/v1/data/sessionstate/<package>/decision?provenance=true`, body
-`{"input": ...}`, the sidecar's bearer token), over one persistent
-`http.client` connection per thread. requests spends most of its time per
-call on work a loopback query to one fixed host never needs (proxy and netrc
-lookups in the environment, merging settings, building a prepared request,
-a connection pool's bookkeeping); bench/policy_bench.py measures both (see
-docs/performance.md). Nothing about failing closed changes: any error, a
-timeout (`timeout` bounds the connect and each read), a status other than
-200 or a body that is not JSON is an answer of `None`, and 401/403 is
-`REFUSED`. A connection reused from an earlier call that turns out closed
-before any answer arrived (OPA restarted, an idle connection dropped) is
-opened once more within the same call: a decision query changes nothing, so
-asking again is safe.
+`{"input": ...}`, the sidecar's bearer token, the decision span's
+`traceparent`), over one persistent socket per thread: on the Unix socket
+it is given (the service's own sidecars offer one: `offered_unix_socket`),
+else on TCP (TLS for an `https://` OPA). Each request is written whole in
+one send, and OPA's answer is parsed by httptools (llhttp, the C parser
+uvicorn uses).
+requests spends most of its time per call on work a loopback query to one
+fixed host never needs (proxy and netrc lookups in the environment, merging
+settings, a connection pool's bookkeeping), and http.client parses every
+answer's headers through the `email` package; bench/policy_bench.py measures
+the transports (see docs/performance.md).
+
+Nothing about failing closed changes: any error, a timeout, a status other
+than 200, a body that is not a JSON object, or an answer cut short is an
+answer of `None`, and 401/403 is `REFUSED`. `timeout` bounds the connect and
+each read, and the whole call too: an OPA that trickles its answer a byte at
+a time cannot stretch a decision past it. A connection reused from an
+earlier call that turns out closed before any byte of the answer arrived
+(OPA restarted, an idle connection dropped) is opened once more within the
+same call: a decision query changes nothing, so asking again is safe. A
+connection is kept for the next call only after a whole, single answer that
+OPA (`Connection: close`) or its HTTP version does not ask to close, and is
+used again only if nothing arrived on it since: a late byte would otherwise
+be read as the start of the next question's answer.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
+import re
+import socket
+import ssl
 import threading
+import time
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import httptools
 import requests
 from opa_client.opa import OpaClient
 from requests.adapters import HTTPAdapter
@@ -54,6 +70,26 @@ def _endpoint(url: str) -> tuple[str, int, bool]:
         raise ValueError("OPA url must be http(s)://host:port")
     secure = parts.scheme == "https"
     return parts.hostname, parts.port or (443 if secure else 80), secure
+
+
+# The Unix sockets this process's own OPA sidecars listen on beside their TCP address, by
+# that address's URL: `OpaSidecar` offers its socket once OPA is ready and withdraws it when
+# it stops. Whoever is handed only an OPA's URL (the service's context, the shadow) asks
+# here; an OPA the service did not start is never in it, and keeps TCP.
+_OFFERED: dict[str, str] = {}
+
+
+def offer_unix_socket(url: str, path: str) -> None:
+    _OFFERED[url] = path
+
+
+def withdraw_unix_socket(url: str) -> None:
+    _OFFERED.pop(url, None)
+
+
+def offered_unix_socket(url: str) -> str | None:
+    """The Unix socket on which this process's sidecar at url answers too, if it offers one."""
+    return _OFFERED.get(url)
 
 
 class OpaClientTransport:
@@ -100,62 +136,173 @@ class _TracedAdapter(HTTPAdapter):
         return super().send(request, *args, **kwargs)
 
 
-class KeepAliveTransport:
-    """One persistent `http.client` connection per thread to the sidecar."""
+_PACKAGE = re.compile(r"[a-z][a-z0-9_]*")  # a decision package, one segment of the path
+_NOT_IN_A_FIELD = re.compile(r"[\r\n\x00]")
+_BODY_START, _BODY_END = b'{"input":', b"}"
+RECEIVE_BYTES = 65536
 
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+
+class _ClosedBeforeAnswer(Exception):
+    """The connection was found closed before any byte of the answer arrived."""
+
+
+class _Answer:
+    """httptools' callbacks for one answer: its status, its body, whether it is whole, and
+    whether the connection may carry the next request."""
+
+    __slots__ = ("body", "complete", "keep", "messages", "parser", "status")
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.keep = False
+        self.body = bytearray()
+        self.complete = False
+        self.messages = 0  # more than one: bytes after the answer, which nobody asked for
+
+    def on_message_begin(self) -> None:
+        self.messages += 1
+
+    def on_headers_complete(self) -> None:
+        # Read here: once the message is complete, the parser has reset for the next one.
+        self.status = self.parser.get_status_code()
+        self.keep = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def _field(name: str, value: str) -> bytes:
+    if _NOT_IN_A_FIELD.search(name) or _NOT_IN_A_FIELD.search(value):
+        raise ValueError("a header field may not hold CR, LF or NUL")
+    return f"{name}: {value}\r\n".encode("latin-1")
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the decision's deadline passed")
+    return left
+
+
+class KeepAliveTransport:
+    """One persistent socket per thread to OPA (its Unix socket, or TCP); httptools reads."""
+
+    def __init__(
+        self, url: str, token: str | None, timeout: float, *, unix_socket: str | None = None
+    ) -> None:
         self._host, self._port, secure = _endpoint(url)
-        self._connection_class = (
-            http.client.HTTPSConnection if secure else http.client.HTTPConnection
-        )
+        self._unix_socket = unix_socket
+        self._tls = ssl.create_default_context() if secure and unix_socket is None else None
         self._timeout = timeout
-        self._headers = {"Content-Type": "application/json"}
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        if self._port != (443 if secure else 80):
+            host = f"{host}:{self._port}"
+        fields: dict[str, str] = {"Host": host, "Content-Type": "application/json"}
         if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+            fields["Authorization"] = f"Bearer {token}"
+        try:
+            self._fields: bytes | None = b"".join(_field(*item) for item in fields.items())
+        except ValueError:  # a token no header can carry: every query fails closed
+            self._fields = None
+        self._heads: dict[str, bytes] = {}  # by package: the request line and fixed fields
         self._local = threading.local()
-        self._opened: list[http.client.HTTPConnection] = []
+        self._opened: list[socket.socket] = []
         self._opened_guard = threading.Lock()
 
     def query(self, package: str, document: dict[str, Any], encoded: bytes) -> Any:
-        path = f"/v1/data/sessionstate/{package}/decision?provenance=true"
-        body = b'{"input":' + encoded + b"}"
+        deadline = time.monotonic() + self._timeout
+        try:
+            request = self._request(package, encoded)
+        except ValueError:
+            return None
         for fresh in (False, True):
-            connection, reused = self._connection(fresh)
             try:
-                connection.request("POST", path, body, tracing.outgoing(self._headers))
-                answer = connection.getresponse()
-                data = answer.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                connection, reused = self._connection(fresh, deadline)
+            except Exception:  # refused, no socket file, a timeout: deny
+                return None
+            try:
+                status, body, keep = _exchange(connection, request, deadline)
+            except _ClosedBeforeAnswer:
                 self._drop(connection)
                 if reused:
-                    continue  # closed while idle: ask once more on a new connection
+                    continue  # closed as it was asked: once more on a new connection
                 return None
-            except Exception:  # a timeout, a refused connection, a broken answer: deny
+            except Exception:  # a timeout, a reset, a broken or cut answer: deny
                 self._drop(connection)
                 return None
-            if answer.will_close:
+            if not keep:
                 self._drop(connection)
-            if answer.status in REFUSING_STATUSES:
+            if status in REFUSING_STATUSES:
                 return REFUSED
-            if answer.status != 200:
+            if status != 200:
                 return None
             try:
-                return json.loads(data)
+                answer = json.loads(body)
             except ValueError:
                 return None
+            return answer if isinstance(answer, dict) else None
         return None
 
-    def _connection(self, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+    def _request(self, package: str, encoded: bytes) -> bytes:
+        """The whole request: its line and fields, then `{"input": <encoded>}`."""
+        head = self._heads.get(package)
+        if head is None:
+            if self._fields is None or not _PACKAGE.fullmatch(package):
+                raise ValueError("no request can be made")
+            line = f"POST /v1/data/sessionstate/{package}/decision?provenance=true HTTP/1.1\r\n"
+            head = self._heads[package] = line.encode("ascii") + self._fields
+        traced = tracing.outgoing({})  # the decision span's `traceparent`, when tracing is on
+        return b"".join(
+            (
+                head,
+                *(_field(name, value) for name, value in traced.items()),
+                b"Content-Length: %d\r\n\r\n" % (len(_BODY_START) + len(encoded) + len(_BODY_END)),
+                _BODY_START,
+                encoded,
+                _BODY_END,
+            )
+        )
+
+    def _connection(self, fresh: bool, deadline: float) -> tuple[socket.socket, bool]:
+        connection: socket.socket | None = getattr(self._local, "connection", None)
         if connection is not None and not fresh:
-            return connection, True
-        connection = self._connection_class(self._host, self._port, timeout=self._timeout)
+            if self._tls is not None or _quiet(connection):
+                return connection, True
+            self._drop(connection)
+        connection = self._connect(deadline)
         self._local.connection = connection
         with self._opened_guard:
             self._opened.append(connection)
         return connection, False
 
-    def _drop(self, connection: http.client.HTTPConnection) -> None:
+    def _connect(self, deadline: float) -> socket.socket:
+        if self._unix_socket is not None:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                connection.settimeout(_remaining(deadline))
+                connection.connect(self._unix_socket)
+            except BaseException:
+                connection.close()
+                raise
+            return connection
+        connection = socket.create_connection(
+            (self._host, self._port), timeout=_remaining(deadline)
+        )
+        try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                connection.settimeout(_remaining(deadline))
+                return self._tls.wrap_socket(connection, server_hostname=self._host)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _drop(self, connection: socket.socket) -> None:
         connection.close()
         if getattr(self._local, "connection", None) is connection:
             self._local.connection = None
@@ -169,3 +316,51 @@ class KeepAliveTransport:
         for connection in opened:
             connection.close()
         self._local = threading.local()
+
+
+def _quiet(connection: socket.socket) -> bool:
+    """Nothing arrived on a kept connection since its last answer: neither bytes nobody
+    asked for (which the next call would take for its answer) nor its close."""
+    connection.settimeout(0)
+    try:
+        connection.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _exchange(
+    connection: socket.socket, request: bytes, deadline: float
+) -> tuple[int, bytearray, bool]:
+    """Send request and read one whole answer: its status, its body, and whether the
+    connection may carry the next request."""
+    try:
+        connection.settimeout(_remaining(deadline))
+        connection.sendall(request)
+    except (BrokenPipeError, ConnectionResetError) as closed:
+        raise _ClosedBeforeAnswer from closed
+    answer = _Answer()
+    try:
+        received = False
+        while not answer.complete:
+            connection.settimeout(_remaining(deadline))
+            try:
+                data = connection.recv(RECEIVE_BYTES)
+            except ConnectionResetError as reset:
+                if received:
+                    raise
+                raise _ClosedBeforeAnswer from reset
+            if not data:
+                if received:
+                    raise ConnectionError("the connection closed in the middle of the answer")
+                raise _ClosedBeforeAnswer
+            received = True
+            answer.parser.feed_data(data)
+    finally:
+        del answer.parser  # it holds the answer: no cycle left for the garbage collector
+    if answer.messages != 1:
+        raise ConnectionError("more than one answer to one request")
+    keep = answer.keep and answer.status >= 200  # after an interim 1xx, the rest follows
+    return answer.status, answer.body, keep
