@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from store.bounds import (
@@ -18,6 +19,7 @@ from store.bounds import (
     Identifier,
 )
 from store.canonical import canonical_digest
+from store.derived import DerivedOnce
 from store.digests import Digest
 from store.inputs import TaskProfile, TurnRole
 from store.scope import TenantScope
@@ -34,7 +36,7 @@ GENESIS_DIGEST = "sha256:" + "0" * 64
 Sha256Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
-class _Record(BaseModel):
+class _Record(DerivedOnce):
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
@@ -162,6 +164,11 @@ class SessionStateRecord(_Record):
         return self.model_dump(mode="json", exclude={"state_digest"})
 
     def computed_state_digest(self) -> str:
+        return self.content_digest
+
+    @cached_property
+    def content_digest(self) -> str:
+        """The digest of `content()`, computed once: a write checks it more than once."""
         return compute_state_digest(self.content())
 
     def to_json(self) -> dict[str, Any]:

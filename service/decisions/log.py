@@ -29,6 +29,7 @@ from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
 from store.canonical import Encoded
+from store.derived import DerivedOnce
 from store.evidence_chain import EvidenceChain, chain_name, chain_names
 from store.keys import LaneKey, TenantResourceLane
 
@@ -43,7 +44,7 @@ class DecisionOutcome(BaseModel):
     )
 
 
-class DecisionEntryBody(BaseModel):
+class DecisionEntryBody(DerivedOnce):
     """An entry as a request builds it: before the journal dates it and gives it its outcome,
     and the chain seals it (seq, hashes)."""
 
