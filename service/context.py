@@ -25,7 +25,6 @@ from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
 from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
-from service.policy.transport import offered_unix_socket
 from service.rate_limits import ActorRateLimiter, RateLimits, parse_budget
 from service.replay import SessionReplayPlanner
 from service.session_tokens import SessionTokenIssuer, SigningKeyInvalid, signing_key
@@ -91,7 +90,12 @@ class ServiceContext:
         policy_source: PolicySnapshots | None = None,
         shadow_url: str | None = None,
         shadow_token: str | None = None,
+        opa_socket: str | None = None,
+        shadow_socket: str | None = None,
     ) -> ServiceContext:
+        """opa_socket and shadow_socket: the Unix sockets of the sidecars the service started
+        (`OpaSidecar.socket_path`), on which decisions are asked instead of their URLs; an
+        OPA the service did not start has none, and is asked over TCP."""
         limits = rate_limits(settings)
         session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
@@ -106,7 +110,7 @@ class ServiceContext:
             opa_token,
             timeout=settings.opa_timeout_ms / 1000,
             transport=settings.opa_transport,
-            unix_socket=offered_unix_socket(opa_url),  # only our own sidecar offers one
+            unix_socket=opa_socket,
         )
         journal = DecisionJournal(
             lanes,
@@ -135,7 +139,10 @@ class ServiceContext:
                     None
                     if shadow_url is None
                     else ShadowPolicy(
-                        shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms
+                        shadow_url,
+                        shadow_token,
+                        timeout_ms=settings.shadow_timeout_ms,
+                        unix_socket=shadow_socket,
                     )
                 ),
             ),

@@ -28,7 +28,6 @@ from service import tracing
 from service.context import ServiceContext
 from service.logs import configure_logging
 from service.policy.sidecar import OpaSidecar, _die_with_parent
-from service.policy.transport import offer_unix_socket
 from service.settings import Settings
 
 log = logging.getLogger("sessionstate.workers")
@@ -61,12 +60,10 @@ class Workers:
                 "SESSIONSTATE_SHADOW_OPA_URL": shadow.url,
                 "SESSIONSTATE_SHADOW_OPA_TOKEN": shadow.token,
             }
-        # The sidecars' Unix sockets, offered in each worker as in this process: URL, path, ...
-        self._offered = [
-            str(part)
+        # The sidecars' Unix sockets, which each worker asks as this process would ("": none).
+        self._sockets = [
+            (None if running is None else running.socket_path) or ""
             for running in (sidecar, shadow)
-            if running is not None and running.unix_socket is not None
-            for part in (running.url, running.unix_socket)
         ]
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._started: list[float] = [0.0] * count
@@ -77,7 +74,7 @@ class Workers:
 
     def _spawn(self, slot: int) -> None:
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.workers", str(self._fd), str(slot), *self._offered],
+            [sys.executable, "-m", "service.workers", str(self._fd), str(slot), *self._sockets],
             env=self._env,
             stdin=subprocess.DEVNULL,
             pass_fds=(self._fd,),
@@ -139,9 +136,11 @@ def supervise(
     log.info("service_stopped")
 
 
-def worker_main(fd: int, slot: int, offered: dict[str, str] | None = None) -> None:
+def worker_main(
+    fd: int, slot: int, opa_socket: str | None = None, shadow_socket: str | None = None
+) -> None:
     """One worker: its own context on the parent's socket and sidecar, until SIGTERM
-    (offered: the Unix sockets of the parent's sidecars, by URL)."""
+    (opa_socket, shadow_socket: the Unix sockets of the parent's sidecars)."""
     from service.serve import raise_open_file_limit, serve_http
 
     configure_logging()
@@ -149,8 +148,6 @@ def worker_main(fd: int, slot: int, offered: dict[str, str] | None = None) -> No
     settings = Settings()
     listener = socket.socket(fileno=fd)
     assert settings.opa_url is not None  # the parent set it
-    for url, path in (offered or {}).items():
-        offer_unix_socket(url, path)
     tracing.start()  # the parent checked the OTEL_* variables
     context = ServiceContext.open(
         settings,
@@ -158,6 +155,8 @@ def worker_main(fd: int, slot: int, offered: dict[str, str] | None = None) -> No
         opa_token=settings.opa_token,
         shadow_url=settings.shadow_opa_url,
         shadow_token=settings.shadow_opa_token,
+        opa_socket=opa_socket,
+        shadow_socket=shadow_socket,
     )
     context.worker_label = f"{slot}:{os.getpid()}"
     try:
@@ -169,6 +168,4 @@ def worker_main(fd: int, slot: int, offered: dict[str, str] | None = None) -> No
 
 
 if __name__ == "__main__":
-    worker_main(
-        int(sys.argv[1]), int(sys.argv[2]), dict(zip(sys.argv[3::2], sys.argv[4::2], strict=True))
-    )
+    worker_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] or None, sys.argv[4] or None)

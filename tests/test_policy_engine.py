@@ -22,7 +22,6 @@ from service.policy.bundle import load_bundle
 from service.policy.client import PolicyClient
 from service.policy.input import render_schema
 from service.policy.sidecar import OpaSidecar, send_signal
-from service.policy.transport import offered_unix_socket
 from store.canonical import canonical_digest
 from tests.conftest import POLICY_DIR
 from tests.live import JWT_SECRET
@@ -298,7 +297,7 @@ def test_the_unix_socket_is_private_to_the_service(sidecar: OpaSidecar) -> None:
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == 0o600
     assert stat.S_IMODE(os.stat(sidecar.work_dir).st_mode) == 0o700
-    assert offered_unix_socket(sidecar.url) == str(sidecar.unix_socket)
+    assert sidecar.socket_path == str(sidecar.unix_socket)
 
 
 def test_a_served_process_asks_its_sidecar_over_the_unix_socket(served: Served) -> None:
@@ -326,7 +325,7 @@ def test_a_work_dir_that_cannot_hold_a_unix_socket_gets_tcp_only(
     sidecar.start()
     try:
         assert sidecar.unix_socket is None
-        assert offered_unix_socket(sidecar.url) is None
+        assert sidecar.socket_path is None
         client = client_over("keep-alive/tcp", sidecar.url, sidecar.token, 1.0, None)
         assert client.decide(allowed_input("read")).allow
     finally:

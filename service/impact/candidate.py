@@ -161,7 +161,7 @@ class CandidateEngine:
             sidecar.url,
             sidecar.token,
             QUERY_TIMEOUT_SECONDS,
-            unix_socket=None if sidecar.unix_socket is None else str(sidecar.unix_socket),
+            unix_socket=sidecar.socket_path,
         )
         self._pool = ThreadPoolExecutor(connections, thread_name_prefix="impact-query")
 

@@ -52,7 +52,7 @@ class PolicyClient:
         unix_socket: str | None = None,
     ) -> None:
         """unix_socket: the Unix socket on which the OPA at url answers too (its sidecar's,
-        `offered_unix_socket`), which the keep-alive transport asks instead of url."""
+        `OpaSidecar.socket_path`), which the keep-alive transport asks instead of url."""
         self.url = url
         self.timeout = timeout
         self._opa = OpaClientTransport(url, token, timeout)  # probes always use it

@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.policy.client import PolicyClient
 from service.policy.input import PolicyInput
 from service.policy.trace import DecisionTrace
-from service.policy.transport import offered_unix_socket
 
 ShadowOutcome = Literal[
     "agree", "allow_gained", "allow_lost", "reasons_changed", "unavailable", "timeout"
@@ -110,14 +109,17 @@ class ShadowQuestion:
 class ShadowPolicy:
     """Asks the shadow OPA beside every live decision, on a few threads of its own."""
 
-    def __init__(self, url: str, token: str | None, *, timeout_ms: int) -> None:
+    def __init__(
+        self, url: str, token: str | None, *, timeout_ms: int, unix_socket: str | None = None
+    ) -> None:
+        """unix_socket: the shadow sidecar's own socket, when the service started it."""
         self.bound = timeout_ms / 1000
         self.client = PolicyClient(
             url,
             token,
             timeout=self.bound,
             transport="keep-alive",
-            unix_socket=offered_unix_socket(url),  # a shadow sidecar of ours offers one
+            unix_socket=unix_socket,
         )
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shadow")
         self._free = threading.BoundedSemaphore(THREADS)

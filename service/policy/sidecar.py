@@ -1,10 +1,9 @@
 """The OPA sidecar: a locked-down `opa run --server` on loopback, supervised.
 
 - OPA listens on a free loopback port (probes, reload checks, opa-python-client)
-  and on the Unix socket `opa.sock` in the private work dir, mode 0600: once
-  OPA is ready the sidecar offers that socket to the hot path's decision
-  queries (`service.policy.transport.offered_unix_socket`). The same token and
-  `system.authz` guard both. A work dir whose path is too long for a Unix
+  and on the Unix socket `opa.sock` in the private work dir, mode 0600, which
+  whoever starts the sidecar hands to the hot path's decision queries
+  (`socket_path`). The same token and `system.authz` guard both. A work dir whose path is too long for a Unix
   socket, or whose file system cannot hold one, gets TCP only.
 - OPA's API is locked: token authentication and the `system.authz` policy
   admit only the service's per-start secret, and only for decision queries;
@@ -46,7 +45,6 @@ from typing import Any
 
 import requests
 
-from service.policy import transport
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.reload import PolicyStatus, write_status
@@ -172,6 +170,11 @@ class OpaSidecar:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def socket_path(self) -> str | None:
+        """The Unix socket OPA answers decision queries on too, once started; None: TCP only."""
+        return None if self.unix_socket is None else str(self.unix_socket)
+
+    @property
     def pid(self) -> int | None:
         process = self._process
         return None if process is None else process.pid
@@ -222,9 +225,7 @@ class OpaSidecar:
         self._report(
             ReloadResult("loaded", self.policies.served.revision), self._loaded_at, started=True
         )
-        if self.unix_socket is not None:
-            transport.offer_unix_socket(self.url, str(self.unix_socket))
-        else:
+        if self.unix_socket is None:
             log.info("opa_unix_socket_unavailable")  # decisions go over TCP
         self._reloader = threading.Thread(
             target=self._reload_when_asked, name="policy-reloader", daemon=True
@@ -330,7 +331,6 @@ class OpaSidecar:
             return
         self._stopping.set()
         self._reload_requested.set()  # wakes the reloader, which sees it is stopping
-        transport.withdraw_unix_socket(self.url)
         with self._lock:
             process = self._process
             if process is not None and process.poll() is None:

@@ -8,7 +8,7 @@ request's hot path (readiness probes, reload checks, engine checks).
 `/v1/data/sessionstate/<package>/decision?provenance=true`, body
 `{"input": ...}`, the sidecar's bearer token, the decision span's
 `traceparent`), over one persistent socket per thread: on the Unix socket
-it is given (the service's own sidecars offer one: `offered_unix_socket`),
+it is given (the service's own sidecars listen on one: `OpaSidecar.socket_path`),
 else on TCP (TLS for an `https://` OPA). Each request is written whole in
 one send, and OPA's answer is parsed by httptools (llhttp, the C parser
 uvicorn uses).
@@ -70,26 +70,6 @@ def _endpoint(url: str) -> tuple[str, int, bool]:
         raise ValueError("OPA url must be http(s)://host:port")
     secure = parts.scheme == "https"
     return parts.hostname, parts.port or (443 if secure else 80), secure
-
-
-# The Unix sockets this process's own OPA sidecars listen on beside their TCP address, by
-# that address's URL: `OpaSidecar` offers its socket once OPA is ready and withdraws it when
-# it stops. Whoever is handed only an OPA's URL (the service's context, the shadow) asks
-# here; an OPA the service did not start is never in it, and keeps TCP.
-_OFFERED: dict[str, str] = {}
-
-
-def offer_unix_socket(url: str, path: str) -> None:
-    _OFFERED[url] = path
-
-
-def withdraw_unix_socket(url: str) -> None:
-    _OFFERED.pop(url, None)
-
-
-def offered_unix_socket(url: str) -> str | None:
-    """The Unix socket on which this process's sidecar at url answers too, if it offers one."""
-    return _OFFERED.get(url)
 
 
 class OpaClientTransport:
