@@ -18,6 +18,7 @@ tests/test_canonical.py checks byte equality with `rfc8785` over generated value
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -67,6 +68,7 @@ def canonical_object(members: Mapping[str, bytes]) -> bytes:
     return b"{" + b",".join(_key(name) + b":" + members[name] for name in sorted(members)) + b"}"
 
 
+@functools.lru_cache(maxsize=256)  # member names are few: an entry's, a summary's
 def _key(name: str) -> bytes:
     return _PLAIN.encode(name).encode("ascii")
 
