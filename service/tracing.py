@@ -18,9 +18,9 @@ The spans of one request (docs/operators.md, "Tracing"):
   it is (so OPA's own spans join the trace: `opa_tracing`); its trace id is the
   decision's `trace_id`, kept in the decision entry;
 - `sessionstate.decision.commit`, the request's wait for the journal to commit
-  its entry; the journal's committer thread commits a batch of many requests'
-  entries in one `sessionstate.journal.batch` span of its own trace, linked to
-  each entry's commit span.
+  its entry; the journal commits a batch of many requests' entries (led by one
+  of those requests) in one `sessionstate.journal.batch` span of its own trace,
+  linked to each entry's commit span.
 
 No span carries raw text: every span passes `_Scrubbed` on its way out, which
 keeps only the attributes named in `_KEPT` (methods, route templates, status
@@ -323,7 +323,7 @@ def note_commit(span: trace.Span | None, entry: dict[str, Any] | None, failed: b
 def batch_span(
     size: int, links: Iterable[tuple[SpanContext | None, str]]
 ) -> AbstractContextManager[trace.Span | None]:
-    """One group commit of the journal (its committer thread): a trace of its own, linked
+    """One group commit of the journal (by the request leading it): a trace of its own, linked
     to the commit span of each entry it holds (`links` is read only when tracing is on)."""
     if _tracer is None:
         return _OFF
