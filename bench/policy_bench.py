@@ -3,11 +3,10 @@
 For each decision package: p50/p99 of `PolicyClient.decide` against the real
 locked-down sidecar (HTTP, token check, system.authz, provenance, decision
 logging) over each transport (service.policy.transport: the hot path's
-kept-alive socket on the sidecar's Unix socket, as the service asks, and on
-its TCP port; and opa-python-client), beside `opa bench` evaluating the same
-query on the same input in-process, and the ratio of the medians of the
-service's way and opa-python-client's. Run: `make bench`, or
-`.venv/bin/python bench/policy_bench.py [--requests 2000] [--actions read write]`.
+kept-alive socket on the sidecar's TCP port, and opa-python-client), beside
+`opa bench` evaluating the same query on the same input in-process, and the
+ratio of the two transports' medians. Run: `make bench`, or `.venv/bin/python
+bench/policy_bench.py [--requests 2000] [--actions read write]`.
 """
 
 from __future__ import annotations
@@ -32,12 +31,7 @@ from tests.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTIONS = ("write", "read", "replay", "approval.grant", "decisions.read")
-# Column heading: PolicyClient's transport, and whether it asks on the sidecar's Unix socket.
-TRANSPORTS = {
-    "keep-alive unix": ("keep-alive", True),
-    "keep-alive tcp": ("keep-alive", False),
-    "opa-python-client": ("opa-python-client", False),
-}
+TRANSPORTS = ("keep-alive", "opa-python-client")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -84,42 +78,29 @@ def main() -> None:
         tmp = Path(tmp_name)
         sidecar = OpaSidecar(opa, ROOT / "policies", tmp / "opa")
         sidecar.start()
-        assert sidecar.unix_socket is not None, "the scratch dir's path is too long for a socket"
         clients = {
-            heading: PolicyClient(
-                sidecar.url,
-                sidecar.token,
-                timeout=1.0,
-                transport=transport,
-                unix_socket=str(sidecar.unix_socket) if unix else None,
-            )
-            for heading, (transport, unix) in TRANSPORTS.items()
+            transport: PolicyClient(sidecar.url, sidecar.token, timeout=1.0, transport=transport)
+            for transport in TRANSPORTS
         }
         print(
             f"{args.requests} decisions per package through PolicyClient over each transport; "
             "opa bench in-process; one client"
         )
-        columns = [f"{heading} p50/p99 ms" for heading in TRANSPORTS]
         print(
-            f"{'package':<10}"
-            + "".join(f"{column:>{len(column) + 3}}" for column in columns)
-            + f"{'opa bench p50/p99 ms':>23}{'keep-alive unix / opa-python-client':>37}"
+            f"{'package':<10}{'keep-alive p50/p99 ms':>24}{'opa-python-client p50/p99 ms':>31}"
+            f"{'opa bench p50/p99 ms':>23}{'keep-alive / opa-python-client':>32}"
         )
         try:
             for action in args.actions:
                 figures = {
-                    heading: _decisions(client, allowed_input(action), args.requests)
-                    for heading, client in clients.items()
+                    transport: _decisions(client, allowed_input(action), args.requests)
+                    for transport, client in clients.items()
                 }
                 bench = opa_bench(opa, action, tmp)
-                fast, slow = figures["keep-alive unix"], figures["opa-python-client"]
+                fast, slow = figures["keep-alive"], figures["opa-python-client"]
                 print(
-                    f"{DECISION_PACKAGES[action]:<10}"
-                    + "".join(
-                        f"{_pair(figures[heading]):>{len(column) + 3}}"
-                        for heading, column in zip(TRANSPORTS, columns, strict=True)
-                    )
-                    + f"{_pair(bench):>23}{fast[0] / slow[0]:>36.2f}x"
+                    f"{DECISION_PACKAGES[action]:<10}{_pair(fast):>24}{_pair(slow):>31}"
+                    f"{_pair(bench):>23}{fast[0] / slow[0]:>31.2f}x"
                 )
         finally:
             for client in clients.values():

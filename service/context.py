@@ -90,12 +90,7 @@ class ServiceContext:
         policy_source: PolicySnapshots | None = None,
         shadow_url: str | None = None,
         shadow_token: str | None = None,
-        opa_socket: str | None = None,
-        shadow_socket: str | None = None,
     ) -> ServiceContext:
-        """opa_socket and shadow_socket: the Unix sockets of the sidecars the service started
-        (`OpaSidecar.socket_path`), on which decisions are asked instead of their URLs; an
-        OPA the service did not start has none, and is asked over TCP."""
         limits = rate_limits(settings)
         session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
@@ -110,7 +105,6 @@ class ServiceContext:
             opa_token,
             timeout=settings.opa_timeout_ms / 1000,
             transport=settings.opa_transport,
-            unix_socket=opa_socket,
         )
         journal = DecisionJournal(
             lanes,
@@ -139,10 +133,7 @@ class ServiceContext:
                     None
                     if shadow_url is None
                     else ShadowPolicy(
-                        shadow_url,
-                        shadow_token,
-                        timeout_ms=settings.shadow_timeout_ms,
-                        unix_socket=shadow_socket,
+                        shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms
                     )
                 ),
             ),

@@ -135,8 +135,6 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             policy_source=None if sidecar is None else sidecar.policies,
             shadow_url=shadow_url,
             shadow_token=shadow_token,
-            opa_socket=None if sidecar is None else sidecar.socket_path,
-            shadow_socket=None if shadow is None else shadow.socket_path,
         )
         raise_open_file_limit()
         asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))

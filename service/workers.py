@@ -60,11 +60,6 @@ class Workers:
                 "SESSIONSTATE_SHADOW_OPA_URL": shadow.url,
                 "SESSIONSTATE_SHADOW_OPA_TOKEN": shadow.token,
             }
-        # The sidecars' Unix sockets, which each worker asks as this process would ("": none).
-        self._sockets = [
-            (None if running is None else running.socket_path) or ""
-            for running in (sidecar, shadow)
-        ]
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._started: list[float] = [0.0] * count
 
@@ -74,7 +69,7 @@ class Workers:
 
     def _spawn(self, slot: int) -> None:
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.workers", str(self._fd), str(slot), *self._sockets],
+            [sys.executable, "-m", "service.workers", str(self._fd), str(slot)],
             env=self._env,
             stdin=subprocess.DEVNULL,
             pass_fds=(self._fd,),
@@ -136,11 +131,8 @@ def supervise(
     log.info("service_stopped")
 
 
-def worker_main(
-    fd: int, slot: int, opa_socket: str | None = None, shadow_socket: str | None = None
-) -> None:
-    """One worker: its own context on the parent's socket and sidecar, until SIGTERM
-    (opa_socket, shadow_socket: the Unix sockets of the parent's sidecars)."""
+def worker_main(fd: int, slot: int) -> None:
+    """One worker: its own context on the parent's socket and sidecar, until SIGTERM."""
     from service.serve import raise_open_file_limit, serve_http
 
     configure_logging()
@@ -155,8 +147,6 @@ def worker_main(
         opa_token=settings.opa_token,
         shadow_url=settings.shadow_opa_url,
         shadow_token=settings.shadow_opa_token,
-        opa_socket=opa_socket,
-        shadow_socket=shadow_socket,
     )
     context.worker_label = f"{slot}:{os.getpid()}"
     try:
@@ -168,4 +158,4 @@ def worker_main(
 
 
 if __name__ == "__main__":
-    worker_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] or None, sys.argv[4] or None)
+    worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -48,13 +48,6 @@ def processes_using(marker: Path) -> list[int]:
     return found
 
 
-def unix_connections_to(path: Path) -> int:
-    """Connections open on the Unix socket at path: in /proc/net/unix, the server's end of
-    each connection it accepted names the listening socket's path; state 03 is connected."""
-    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
-    return sum(1 for fields in map(str.split, lines) if fields[5:] == ["03", fields[6], str(path)])
-
-
 def start(
     opa_bin: str,
     data_dir: Path,

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
 import shutil
 import signal
 import socket
-import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,34 +14,18 @@ from typing import Any
 import pytest
 import requests
 
-from service.auth import mint_token
 from service.policy.bundle import load_bundle
 from service.policy.client import PolicyClient
 from service.policy.input import render_schema
 from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_digest
 from tests.conftest import POLICY_DIR
-from tests.live import JWT_SECRET
 from tests.policy_inputs import APPROVAL, NOW, RECORD, SCOPE, allowed_input
-from tests.served import Served, unix_connections_to
 
 
-def client_over(
-    transport: str, url: str, token: str | None, timeout: float, unix_socket: Path | None
-) -> PolicyClient:
-    """A policy client whose decisions go over transport: the keep-alive transport on the
-    sidecar's Unix socket (the service's default) or on TCP, or opa-python-client."""
-    if transport == "keep-alive/unix":
-        assert unix_socket is not None
-        return PolicyClient(
-            url, token, timeout=timeout, transport="keep-alive", unix_socket=str(unix_socket)
-        )
-    return PolicyClient(url, token, timeout=timeout, transport=transport.removesuffix("/tcp"))
-
-
-@pytest.fixture(scope="module", params=["keep-alive/unix", "keep-alive/tcp"])
-def client(request: pytest.FixtureRequest, sidecar: OpaSidecar) -> Iterator[PolicyClient]:
-    opa = client_over(request.param, sidecar.url, sidecar.token, 1.0, sidecar.unix_socket)
+@pytest.fixture(scope="module")
+def client(sidecar: OpaSidecar) -> Iterator[PolicyClient]:
+    opa = PolicyClient(sidecar.url, sidecar.token, timeout=1.0, transport="keep-alive")
     yield opa
     opa.close()
 
@@ -252,31 +233,6 @@ def test_the_committed_input_schema_is_current() -> None:
 # --- the sidecar's lock-down -------------------------------------------------------------
 
 
-class UnixConnection(http.client.HTTPConnection):
-    """http.client on OPA's Unix socket."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=2)
-        self._path = str(path)
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(2)
-        self.sock.connect(self._path)
-
-
-def over_unix_socket(
-    sidecar: OpaSidecar, method: str, path: str, body: bytes, headers: dict[str, str]
-) -> int:
-    assert sidecar.unix_socket is not None
-    connection = UnixConnection(sidecar.unix_socket)
-    try:
-        connection.request(method, path, body, headers)
-        return connection.getresponse().status
-    finally:
-        connection.close()
-
-
 def test_unauthenticated_reads_of_opa_data_are_refused(sidecar: OpaSidecar) -> None:
     assert requests.get(f"{sidecar.url}/v1/data", timeout=2).status_code == 401
     assert (
@@ -285,60 +241,6 @@ def test_unauthenticated_reads_of_opa_data_are_refused(sidecar: OpaSidecar) -> N
         ).status_code
         == 401
     )
-    assert over_unix_socket(sidecar, "GET", "/v1/data", b"", {}) == 401
-    path = "/v1/data/sessionstate/write/decision"
-    assert over_unix_socket(sidecar, "POST", path, b"{}", {}) == 401
-
-
-def test_the_unix_socket_is_private_to_the_service(sidecar: OpaSidecar) -> None:
-    assert sidecar.unix_socket is not None
-    assert sidecar.unix_socket.parent == sidecar.work_dir.absolute()
-    mode = os.stat(sidecar.unix_socket).st_mode
-    assert stat.S_ISSOCK(mode)
-    assert stat.S_IMODE(mode) == 0o600
-    assert stat.S_IMODE(os.stat(sidecar.work_dir).st_mode) == 0o700
-    assert sidecar.socket_path == str(sidecar.unix_socket)
-
-
-def test_a_served_process_asks_its_sidecar_over_the_unix_socket(served: Served) -> None:
-    opa_socket = served.data_dir.absolute() / "opa" / "opa.sock"
-    assert stat.S_ISSOCK(opa_socket.stat().st_mode)
-    assert unix_connections_to(opa_socket) == 0  # readiness probes go over TCP
-    token = mint_token(
-        JWT_SECRET.encode(), sub="s", roles=["auditor"], tenant="tenant-a", ttl_seconds=600
-    )
-    answer = requests.get(
-        served.url + "/v1/decisions?limit=1",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=5,
-    )
-    assert answer.status_code == 200  # allowed by OPA: it was asked
-    assert unix_connections_to(opa_socket) == 1  # kept open by the thread that asked
-
-
-def test_a_work_dir_that_cannot_hold_a_unix_socket_gets_tcp_only(
-    opa_bin: str, tmp_path: Path
-) -> None:
-    work_dir = tmp_path / "opa"
-    (work_dir / "opa.sock").mkdir(parents=True)  # nothing can bind there
-    sidecar = OpaSidecar(opa_bin, POLICY_DIR, work_dir)
-    sidecar.start()
-    try:
-        assert sidecar.unix_socket is None
-        assert sidecar.socket_path is None
-        client = client_over("keep-alive/tcp", sidecar.url, sidecar.token, 1.0, None)
-        assert client.decide(allowed_input("read")).allow
-    finally:
-        sidecar.stop()
-
-
-def test_a_work_dir_too_deep_for_a_unix_socket_gets_tcp_only(opa_bin: str, tmp_path: Path) -> None:
-    deep = OpaSidecar(opa_bin, POLICY_DIR, tmp_path / ("d" * 100) / "opa")
-    try:
-        assert deep.unix_socket is None
-        assert not any(part.startswith("unix://") for part in deep._command())
-    finally:
-        deep.stop()
 
 
 @pytest.mark.parametrize(
@@ -356,21 +258,21 @@ def test_a_work_dir_too_deep_for_a_unix_socket_gets_tcp_only(opa_bin: str, tmp_p
 def test_runtime_changes_are_refused_even_with_the_token(
     sidecar: OpaSidecar, method: str, path: str
 ) -> None:
-    body = {"query": "data"} if path == "/v1/query" else {"allow": True}
-    headers = {"Authorization": f"Bearer {sidecar.token}"}
-    response = requests.request(method, sidecar.url + path, json=body, headers=headers, timeout=2)
+    response = requests.request(
+        method,
+        sidecar.url + path,
+        json={"query": "data"} if path == "/v1/query" else {"allow": True},
+        headers={"Authorization": f"Bearer {sidecar.token}"},
+        timeout=2,
+    )
     assert response.status_code == 401
-    headers["Content-Type"] = "application/json"
-    assert over_unix_socket(sidecar, method, path, json.dumps(body).encode(), headers) == 401
 
 
 # --- failing closed ----------------------------------------------------------------------
 
 
-# Every way a decision reaches OPA fails closed the same way (service.policy.transport).
-TRANSPORTS = pytest.mark.parametrize(
-    "transport", ["keep-alive/unix", "keep-alive/tcp", "opa-python-client"]
-)
+# Both ways a decision reaches OPA fail closed the same way (service.policy.transport).
+TRANSPORTS = pytest.mark.parametrize("transport", ["keep-alive", "opa-python-client"])
 
 
 def assert_unavailable(client: PolicyClient) -> None:
@@ -381,27 +283,19 @@ def assert_unavailable(client: PolicyClient) -> None:
 
 
 @TRANSPORTS
-def test_fails_closed_when_nothing_listens(transport: str, tmp_path: Path) -> None:
+def test_fails_closed_when_nothing_listens(transport: str) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    url, gone = f"http://127.0.0.1:{port}", tmp_path / "gone.sock"
-    assert_unavailable(client_over(transport, url, "token", 0.25, gone))
-
-
-def test_fails_closed_on_a_socket_file_nobody_listens_on(tmp_path: Path) -> None:
-    """What a killed OPA leaves behind until the next one replaces it."""
-    left = tmp_path / "left.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
-        dead.bind(str(left))
-    assert left.exists()
-    assert_unavailable(client_over("keep-alive/unix", "http://127.0.0.1:9", "token", 0.25, left))
+    assert_unavailable(
+        PolicyClient(f"http://127.0.0.1:{port}", "token", timeout=0.25, transport=transport)
+    )
 
 
 @TRANSPORTS
 def test_a_wrong_token_fails_closed_as_a_refusal(sidecar: OpaSidecar, transport: str) -> None:
     for token in ("not-the-token", None):
-        trace = client_over(transport, sidecar.url, token, 0.5, sidecar.unix_socket).decide(
+        trace = PolicyClient(sidecar.url, token, timeout=0.5, transport=transport).decide(
             allowed_input("read")
         )
         assert trace.allow is False
@@ -426,7 +320,7 @@ def test_fails_closed_when_opa_is_killed_and_recovers_by_itself(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, _ = private_sidecar
-    client = client_over(transport, sidecar.url, sidecar.token, 0.25, sidecar.unix_socket)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25, transport=transport)
     assert client.decide(allowed_input("read")).allow
     pid = sidecar.pid
     send_signal(sidecar, signal.SIGKILL)
@@ -444,7 +338,7 @@ def test_fails_closed_when_opa_is_paused(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, _ = private_sidecar
-    client = client_over(transport, sidecar.url, sidecar.token, 0.25, sidecar.unix_socket)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25, transport=transport)
     send_signal(sidecar, signal.SIGSTOP)
     try:
         assert_unavailable(client)  # the client's timeout answers, not a hang
@@ -472,7 +366,7 @@ def test_fails_closed_when_the_decision_is_undefined(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, policies = private_sidecar
-    client = client_over(transport, sidecar.url, sidecar.token, 0.5, sidecar.unix_socket)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5, transport=transport)
     before = client.decide(allowed_input("read"))
     _rewrite(policies / "sessionstate" / "read" / "read.rego", "decision :=", "not_the_decision :=")
     _reload(sidecar, policies)
@@ -485,7 +379,7 @@ def test_fails_closed_on_a_malformed_result(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, policies = private_sidecar
-    client = client_over(transport, sidecar.url, sidecar.token, 0.5, sidecar.unix_socket)
+    client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5, transport=transport)
     before = client.decide(allowed_input("read"))
     _rewrite(
         policies / "sessionstate" / "read" / "read.rego",

@@ -1,4 +1,4 @@
-"""The hot path's decision transport against a scripted server, on TCP and on a Unix socket.
+"""The hot path's decision transport against a scripted server.
 
 What a real OPA cannot be made to do on cue (garbage, a cut answer, a second answer, an
 answer a byte at a time, a connection closed while idle) comes from `ScriptedOpa`: it
@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import httptools
@@ -56,7 +55,7 @@ class ScriptedOpa:
     """Answers the requests it reads, on any connection, with the next of its replies;
     with none left it reads the request and closes the connection without a byte."""
 
-    def __init__(self, family: str, socket_path: Path, replies: list[Reply]) -> None:
+    def __init__(self, replies: list[Reply]) -> None:
         self.replies = list(replies)
         self.requests: list[bytes] = []
         self.connections = 0
@@ -64,26 +63,17 @@ class ScriptedOpa:
         self.changed = threading.Condition()
         self.release_late = threading.Event()
         self.late_sent = threading.Event()
-        self.unix_socket: str | None = None
-        if family == "unix":
-            self.unix_socket = str(socket_path)
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.listener.bind(self.unix_socket)
-            self.url = "http://127.0.0.1:9"  # names the Host only: the socket is asked
-        else:
-            self.listener = socket.socket()
-            self.listener.bind(("127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.listener.listen()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def transport(self, timeout: float = 1.0, token: str | None = TOKEN) -> KeepAliveTransport:
-        return KeepAliveTransport(self.url, token, timeout, unix_socket=self.unix_socket)
+        return KeepAliveTransport(self.url, token, timeout)
 
     def client(self, timeout: float = 1.0) -> PolicyClient:
-        return PolicyClient(
-            self.url, TOKEN, timeout=timeout, transport="keep-alive", unix_socket=self.unix_socket
-        )
+        return PolicyClient(self.url, TOKEN, timeout=timeout, transport="keep-alive")
 
     def wait_finished(self, count: int) -> bool:
         """Wait until count connections have ended on the server's side."""
@@ -149,16 +139,13 @@ def answer(status: str, body: bytes, *fields: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-@pytest.fixture(params=["tcp", "unix"])
-def scripted(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Callable[..., ScriptedOpa]]:
-    """Makes a scripted OPA on TCP, then on a Unix socket, with the replies given."""
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., ScriptedOpa]]:
+    """Makes a scripted OPA on a loopback port with the replies given."""
     started: list[ScriptedOpa] = []
 
     def make(*replies: Reply) -> ScriptedOpa:
-        path = tmp_path / f"scripted-opa-{len(started)}.sock"
-        server = ScriptedOpa(request.param, path, list(replies))
+        server = ScriptedOpa(list(replies))
         started.append(server)
         return server
 

@@ -157,12 +157,7 @@ class CandidateEngine:
     ) -> None:
         self.revision = candidate_revision
         self._served_revision = sidecar.policies.served.revision
-        self._transport = KeepAliveTransport(
-            sidecar.url,
-            sidecar.token,
-            QUERY_TIMEOUT_SECONDS,
-            unix_socket=sidecar.socket_path,
-        )
+        self._transport = KeepAliveTransport(sidecar.url, sidecar.token, QUERY_TIMEOUT_SECONDS)
         self._pool = ThreadPoolExecutor(connections, thread_name_prefix="impact-query")
 
     def decide(self, decisions: Sequence[LoggedDecision]) -> list[Verdict]:

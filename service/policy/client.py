@@ -49,17 +49,12 @@ class PolicyClient:
         timeout: float = 0.25,
         *,
         transport: str = "opa-python-client",
-        unix_socket: str | None = None,
     ) -> None:
-        """unix_socket: the Unix socket on which the OPA at url answers too (its sidecar's,
-        `OpaSidecar.socket_path`), which the keep-alive transport asks instead of url."""
         self.url = url
         self.timeout = timeout
         self._opa = OpaClientTransport(url, token, timeout)  # probes always use it
         self._hot: DecisionTransport = (
-            KeepAliveTransport(url, token, timeout, unix_socket=unix_socket)
-            if transport == "keep-alive"
-            else self._opa
+            KeepAliveTransport(url, token, timeout) if transport == "keep-alive" else self._opa
         )
         self._engine_version = UNKNOWN
 

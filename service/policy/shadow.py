@@ -109,18 +109,9 @@ class ShadowQuestion:
 class ShadowPolicy:
     """Asks the shadow OPA beside every live decision, on a few threads of its own."""
 
-    def __init__(
-        self, url: str, token: str | None, *, timeout_ms: int, unix_socket: str | None = None
-    ) -> None:
-        """unix_socket: the shadow sidecar's own socket, when the service started it."""
+    def __init__(self, url: str, token: str | None, *, timeout_ms: int) -> None:
         self.bound = timeout_ms / 1000
-        self.client = PolicyClient(
-            url,
-            token,
-            timeout=self.bound,
-            transport="keep-alive",
-            unix_socket=unix_socket,
-        )
+        self.client = PolicyClient(url, token, timeout=self.bound, transport="keep-alive")
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shadow")
         self._free = threading.BoundedSemaphore(THREADS)
 

@@ -1,10 +1,5 @@
 """The OPA sidecar: a locked-down `opa run --server` on loopback, supervised.
 
-- OPA listens on a free loopback port (probes, reload checks, opa-python-client)
-  and on the Unix socket `opa.sock` in the private work dir, mode 0600, which
-  whoever starts the sidecar hands to the hot path's decision queries
-  (`socket_path`). The same token and `system.authz` guard both. A work dir whose path is too long for a Unix
-  socket, or whose file system cannot hold one, gets TCP only.
 - OPA's API is locked: token authentication and the `system.authz` policy
   admit only the service's per-start secret, and only for decision queries;
   nobody can PUT or DELETE policies or data at runtime.
@@ -56,9 +51,6 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "SESSIONSTATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 BUNDLE_NAME = "sessionstate"
-UNIX_SOCKET_NAME = "opa.sock"
-# A socket's path must fit `sun_path`: 108 bytes on Linux, 104 on macOS.
-UNIX_SOCKET_PATH_MAX = 100
 
 
 class SidecarError(RuntimeError):
@@ -77,24 +69,6 @@ _LIBC = (
 def _die_with_parent() -> None:
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _unix_socket_in(work_dir: Path) -> Path | None:
-    """Where OPA listens beside its port, or None when that path cannot be a socket's."""
-    path = work_dir.absolute() / UNIX_SOCKET_NAME
-    return path if len(os.fsencode(path)) <= UNIX_SOCKET_PATH_MAX else None
-
-
-def _can_listen_at(path: Path) -> bool:
-    """A Unix socket can be made at path: OPA would otherwise stop at once."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            path.unlink(missing_ok=True)  # left by an OPA that was killed
-            probe.bind(str(path))
-        except OSError:
-            return False
-    path.unlink()
-    return True
 
 
 def _free_loopback_port() -> int:
@@ -128,7 +102,6 @@ class OpaSidecar:
         self.policy_dir = policy_dir
         self.work_dir = work_dir
         self.port = _free_loopback_port()
-        self.unix_socket = _unix_socket_in(work_dir)
         self.token = secrets.token_urlsafe(32)
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
@@ -170,11 +143,6 @@ class OpaSidecar:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def socket_path(self) -> str | None:
-        """The Unix socket OPA answers decision queries on too, once started; None: TCP only."""
-        return None if self.unix_socket is None else str(self.unix_socket)
-
-    @property
     def pid(self) -> int | None:
         process = self._process
         return None if process is None else process.pid
@@ -196,8 +164,6 @@ class OpaSidecar:
         self._loaded_at = time.time()
         self.policies.load()
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self.unix_socket is not None and not _can_listen_at(self.unix_socket):
-            self.unix_socket = None
         self._bundles.start()
         self._write_config()
         mark = 0 if self.signed is None else self.signed.board.mark()
@@ -225,8 +191,6 @@ class OpaSidecar:
         self._report(
             ReloadResult("loaded", self.policies.served.revision), self._loaded_at, started=True
         )
-        if self.unix_socket is None:
-            log.info("opa_unix_socket_unavailable")  # decisions go over TCP
         self._reloader = threading.Thread(
             target=self._reload_when_asked, name="policy-reloader", daemon=True
         )
@@ -385,19 +349,12 @@ class OpaSidecar:
         path.write_text(json.dumps(config, indent=2))
 
     def _command(self) -> list[str]:
-        # OPA replaces a socket file left by an OPA that was killed, and removes its own on exit.
-        unix = (
-            []
-            if self.unix_socket is None
-            else ["--addr", f"unix://{self.unix_socket}", "--unix-socket-perm", "600"]
-        )
         return [
             self.opa_bin,
             "run",
             "--server",
             "--addr",
             f"127.0.0.1:{self.port}",
-            *unix,
             "--authentication=token",
             "--authorization=basic",
             "--skip-version-check",

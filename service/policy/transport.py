@@ -7,11 +7,9 @@ request's hot path (readiness probes, reload checks, engine checks).
 `KeepAliveTransport` asks the same question, the same way (POST
 `/v1/data/sessionstate/<package>/decision?provenance=true`, body
 `{"input": ...}`, the sidecar's bearer token, the decision span's
-`traceparent`), over one persistent socket per thread: on the Unix socket
-it is given (the service's own sidecars listen on one: `OpaSidecar.socket_path`),
-else on TCP (TLS for an `https://` OPA). Each request is written whole in
-one send, and OPA's answer is parsed by httptools (llhttp, the C parser
-uvicorn uses).
+`traceparent`), over one persistent TCP socket per thread (TLS for an
+`https://` OPA). Each request is written whole in one send, and OPA's
+answer is parsed by httptools (llhttp, the C parser uvicorn uses).
 requests spends most of its time per call on work a loopback query to one
 fixed host never needs (proxy and netrc lookups in the environment, merging
 settings, a connection pool's bookkeeping), and http.client parses every
@@ -169,14 +167,11 @@ def _remaining(deadline: float) -> float:
 
 
 class KeepAliveTransport:
-    """One persistent socket per thread to OPA (its Unix socket, or TCP); httptools reads."""
+    """One persistent TCP socket per thread to OPA; httptools reads."""
 
-    def __init__(
-        self, url: str, token: str | None, timeout: float, *, unix_socket: str | None = None
-    ) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
         self._host, self._port, secure = _endpoint(url)
-        self._unix_socket = unix_socket
-        self._tls = ssl.create_default_context() if secure and unix_socket is None else None
+        self._tls = ssl.create_default_context() if secure else None
         self._timeout = timeout
         host = f"[{self._host}]" if ":" in self._host else self._host
         if self._port != (443 if secure else 80):
@@ -202,7 +197,7 @@ class KeepAliveTransport:
         for fresh in (False, True):
             try:
                 connection, reused = self._connection(fresh, deadline)
-            except Exception:  # refused, no socket file, a timeout: deny
+            except Exception:  # refused, a timeout: deny
                 return None
             try:
                 status, body, keep = _exchange(connection, request, deadline)
@@ -260,15 +255,6 @@ class KeepAliveTransport:
         return connection, False
 
     def _connect(self, deadline: float) -> socket.socket:
-        if self._unix_socket is not None:
-            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                connection.settimeout(_remaining(deadline))
-                connection.connect(self._unix_socket)
-            except BaseException:
-                connection.close()
-                raise
-            return connection
         connection = socket.create_connection(
             (self._host, self._port), timeout=_remaining(deadline)
         )
