@@ -60,6 +60,7 @@ class ScriptedOpa:
         self.requests: list[bytes] = []
         self.connections = 0
         self.finished = 0
+        self.transports: list[KeepAliveTransport] = []
         self.changed = threading.Condition()
         self.release_late = threading.Event()
         self.late_sent = threading.Event()
@@ -70,7 +71,10 @@ class ScriptedOpa:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def transport(self, timeout: float = 1.0, token: str | None = TOKEN) -> KeepAliveTransport:
-        return KeepAliveTransport(self.url, token, timeout)
+        """A transport to this server, closed with it."""
+        made = KeepAliveTransport(self.url, token, timeout)
+        self.transports.append(made)
+        return made
 
     def client(self, timeout: float = 1.0) -> PolicyClient:
         return PolicyClient(self.url, TOKEN, timeout=timeout, transport="keep-alive")
@@ -81,6 +85,8 @@ class ScriptedOpa:
             return self.changed.wait_for(lambda: self.finished >= count, timeout=10)
 
     def close(self) -> None:
+        for transport in self.transports:
+            transport.close()
         self.listener.close()
 
     def _accept(self) -> None:
@@ -187,10 +193,7 @@ def test_the_request_on_the_wire_is_one_well_formed_decision_query(
     document = allowed_input("write").model_dump(mode="json", by_alias=True)
     encoded = json.dumps(document, separators=(",", ":")).encode()
     transport = opa.transport(token=token)
-    try:
-        assert transport.query("write", document, encoded) == DECIDED
-    finally:
-        transport.close()
+    assert transport.query("write", document, encoded) == DECIDED
     (raw,) = opa.requests
     seen = _Seen()
     parser = httptools.HttpRequestParser(seen)
@@ -234,11 +237,8 @@ def test_401_and_403_are_a_refusal_and_keep_the_connection(
     body = b'{"code":"unauthorized","message":"the token is wrong"}'
     opa = scripted(Reply(answer(status, body)), Reply(OK))
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") == REFUSED
-        assert transport.query("read", {}, b"{}") == DECIDED
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") == REFUSED
+    assert transport.query("read", {}, b"{}") == DECIDED
     assert opa.connections == 1
     trace = scripted(Reply(answer(status, body))).client().decide(allowed_input("read"))
     assert trace.allow is False
@@ -254,10 +254,7 @@ def test_a_chunked_answer_is_read_whole(scripted: Callable[..., ScriptedOpa]) ->
     )
     opa = scripted(Reply(answer("200 OK", chunks + b"0\r\n\r\n", "Transfer-Encoding: chunked")))
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") == json.loads(body)
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") == json.loads(body)
 
 
 UNUSABLE: dict[str, Reply] = {
@@ -299,10 +296,7 @@ def test_a_trickling_answer_is_cut_at_the_deadline(scripted: Callable[..., Scrip
     """Each byte comes well within the timeout; the whole answer does not."""
     opa = scripted(Reply(OK, trickle=True))  # about 100 bytes, 20 ms apart
     transport = opa.transport(timeout=0.25)
-    try:
-        assert transport.query("read", {}, b"{}") is None
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") is None
 
 
 def test_a_server_that_never_answers_times_out(scripted: Callable[..., ScriptedOpa]) -> None:
@@ -317,10 +311,7 @@ def test_a_server_that_never_answers_times_out(scripted: Callable[..., ScriptedO
 def test_one_connection_carries_call_after_call(scripted: Callable[..., ScriptedOpa]) -> None:
     opa = scripted(*[Reply(OK)] * 5)
     transport = opa.transport()
-    try:
-        assert [transport.query("read", {}, b"{}") for _ in range(5)] == [DECIDED] * 5
-    finally:
-        transport.close()
+    assert [transport.query("read", {}, b"{}") for _ in range(5)] == [DECIDED] * 5
     assert opa.connections == 1
 
 
@@ -336,11 +327,8 @@ def test_an_answer_that_closes_the_connection_is_taken_and_the_connection_is_not
 ) -> None:
     opa = scripted(Reply(reply), Reply(OK))  # the server itself keeps the connection open
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") == DECIDED
-        assert transport.query("read", {}, b"{}") == DECIDED
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") == DECIDED
+    assert transport.query("read", {}, b"{}") == DECIDED
     assert opa.connections == 2
 
 
@@ -349,12 +337,9 @@ def test_a_connection_closed_while_idle_is_opened_again_within_the_call(
 ) -> None:
     opa = scripted(Reply(OK, then="close"), Reply(OK))
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") == DECIDED
-        assert opa.wait_finished(1)
-        assert transport.query("read", {}, b"{}") == DECIDED
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") == DECIDED
+    assert opa.wait_finished(1)
+    assert transport.query("read", {}, b"{}") == DECIDED
     assert opa.connections == 2
 
 
@@ -364,11 +349,8 @@ def test_a_reused_connection_closed_before_the_answer_is_asked_again_once(
     """Closed after the request was sent (OPA restarting): the same call asks again."""
     opa = scripted(Reply(OK), Reply(b"", then="close"), Reply(OK))
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") == DECIDED
-        assert transport.query("read", {}, b"{}") == DECIDED
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") == DECIDED
+    assert transport.query("read", {}, b"{}") == DECIDED
     assert opa.connections == 2
     assert len(opa.requests) == 3
 
@@ -378,10 +360,7 @@ def test_a_new_connection_closed_before_the_answer_is_not_asked_again(
 ) -> None:
     opa = scripted(Reply(b"", then="close"), Reply(b"", then="close"))
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") is None
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") is None
     assert opa.connections == 1
 
 
@@ -391,15 +370,12 @@ def test_bytes_arriving_after_an_answer_are_never_the_next_answer(
     stale = answer("200 OK", b'{"result":"stale"}')
     opa = scripted(Reply(OK, late=stale), Reply(OK))
     transport = opa.transport()
-    try:
-        assert transport.query("read", {}, b"{}") == DECIDED
-        opa.release_late.set()
-        assert opa.late_sent.wait(10)
-        connection = transport._local.connection  # the late answer is there to be read
-        assert select.select([connection], [], [], 10)[0] == [connection]
-        assert transport.query("read", {}, b"{}") == DECIDED
-    finally:
-        transport.close()
+    assert transport.query("read", {}, b"{}") == DECIDED
+    opa.release_late.set()
+    assert opa.late_sent.wait(10)
+    connection = transport._local.connection  # the late answer is there to be read
+    assert select.select([connection], [], [], 10)[0] == [connection]
+    assert transport.query("read", {}, b"{}") == DECIDED
     assert opa.connections == 2
 
 
