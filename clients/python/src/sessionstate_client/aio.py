@@ -255,7 +255,7 @@ class AsyncSessionStateClient:
         attempt = 0
         while True:
             attempt += 1
-            token = await self._current_token()
+            token = await resolve_token(self._token)
             request = self._http.build_request(
                 call.method,
                 call.path,
@@ -279,8 +279,10 @@ class AsyncSessionStateClient:
                     raise calls.refused(response, attempt)
             await self._sleep(wait)
 
-    async def _current_token(self) -> str | None:
-        if not callable(self._token):
-            return self._token
-        token = self._token()
-        return await token if inspect.isawaitable(token) else token
+
+async def resolve_token(source: AsyncTokenSource) -> str | None:
+    """The token `source` gives now: itself, or what calling it returns (awaited if need be)."""
+    if not callable(source):
+        return source
+    token = source()
+    return await token if inspect.isawaitable(token) else token

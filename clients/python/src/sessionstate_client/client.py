@@ -252,7 +252,7 @@ class SessionStateClient:
         attempt = 0
         while True:
             attempt += 1
-            token = self._token() if callable(self._token) else self._token
+            token = resolve_token(self._token)
             request = self._http.build_request(
                 call.method,
                 call.path,
@@ -275,3 +275,8 @@ class SessionStateClient:
                 if wait is None:
                     raise calls.refused(response, attempt)
             self._sleep(wait)
+
+
+def resolve_token(source: TokenSource) -> str | None:
+    """The token `source` gives now: itself, or what calling it returns."""
+    return source() if callable(source) else source

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,6 +63,7 @@ from sessionstate_client.replay import DEFAULT_REPLAY_INPUTS, plan_replay
 from sessionstate_client.session_tokens import AsyncSessionTokens, SessionTokens
 
 M = TypeVar("M", bound=BaseModel)
+C = TypeVar("C", SessionStateClient, AsyncSessionStateClient)
 
 
 class RuntimeRequest(BaseModel):
@@ -104,20 +105,22 @@ class CommitResult(BaseModel):
         return self.record.state_digest
 
 
-class _SessionSteps:
-    """What both flavours share: the state held, and every step but the sending."""
+class _SessionSteps(Generic[C]):
+    """What both flavours share: the client, the state held, and every step but the sending."""
 
     def __init__(
         self,
+        client: C,
         scope: TenantScope,
         template: SessionStateInput | Mapping[str, Any],
         *,
-        digest_key: DigestKey | None,
-        max_attempts: int,
-        replace_corrupt: bool,
+        digest_key: DigestKey | None = None,
+        max_attempts: int = 3,
+        replace_corrupt: bool = False,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        self.client: C = client
         self.scope = _as(TenantScope, scope)
         self.template = _as(SessionStateInput, template)
         self.digest_key = digest_key
@@ -290,7 +293,7 @@ class _SessionSteps:
         self._compacted = record.summary
 
 
-class ModelServiceSession(_SessionSteps):
+class ModelServiceSession(_SessionSteps[SessionStateClient]):
     """A model service's view of one session's state, kept in step with sessionstate.
 
     `template` is the state a new session starts from: the runtime profile the
@@ -300,25 +303,6 @@ class ModelServiceSession(_SessionSteps):
     leaves the process; without, the text is sent as `payload` and the service
     digests it under the deployment's key and drops it.
     """
-
-    def __init__(
-        self,
-        client: SessionStateClient,
-        scope: TenantScope,
-        template: SessionStateInput | Mapping[str, Any],
-        *,
-        digest_key: DigestKey | None = None,
-        max_attempts: int = 3,
-        replace_corrupt: bool = False,
-    ) -> None:
-        super().__init__(
-            scope,
-            template,
-            digest_key=digest_key,
-            max_attempts=max_attempts,
-            replace_corrupt=replace_corrupt,
-        )
-        self.client = client
 
     @classmethod
     def for_service(
@@ -410,27 +394,8 @@ class ModelServiceSession(_SessionSteps):
             return self._written(written, attempt)
 
 
-class AsyncModelServiceSession(_SessionSteps):
+class AsyncModelServiceSession(_SessionSteps[AsyncSessionStateClient]):
     """`ModelServiceSession` over an `AsyncSessionStateClient`: the same steps, awaited."""
-
-    def __init__(
-        self,
-        client: AsyncSessionStateClient,
-        scope: TenantScope,
-        template: SessionStateInput | Mapping[str, Any],
-        *,
-        digest_key: DigestKey | None = None,
-        max_attempts: int = 3,
-        replace_corrupt: bool = False,
-    ) -> None:
-        super().__init__(
-            scope,
-            template,
-            digest_key=digest_key,
-            max_attempts=max_attempts,
-            replace_corrupt=replace_corrupt,
-        )
-        self.client = client
 
     @classmethod
     def for_service(

@@ -18,13 +18,13 @@ so an identity provider's token can be renewed on its own schedule.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from sessionstate_client.aio import AsyncSessionStateClient, AsyncTokenSource
-from sessionstate_client.client import SessionStateClient, TokenSource
+from sessionstate_client.aio import resolve_token as resolve_async_token
+from sessionstate_client.client import SessionStateClient, TokenSource, resolve_token
 from sessionstate_client.models import TenantScope, TokenExchangeResponse
 
 DEFAULT_RENEW_BEFORE_SECONDS = 60.0
@@ -85,9 +85,7 @@ class SessionTokens:
             token = self._held.current()
             if token is not None:
                 return token
-            subject = (
-                self._service_token() if callable(self._service_token) else self._service_token
-            )
+            subject = resolve_token(self._service_token)
             if subject is None:
                 raise ValueError("a service token is needed to exchange for a session's")
             asked_at = self._held.clock()
@@ -110,7 +108,7 @@ class AsyncSessionTokens:
         self._client = client
         self._service_token = service_token
         self._held = _Held(renew_before, clock)
-        self._guard: asyncio.Lock | None = None  # made in the loop that first uses it
+        self._guard = asyncio.Lock()  # bound to the loop that first uses it
 
     def __repr__(self) -> str:  # never a token
         return f"AsyncSessionTokens({self.scope.tenant_id}/{self.scope.workspace_id}/{self.scope.session_id})"
@@ -120,22 +118,13 @@ class AsyncSessionTokens:
         return self._held.exchanges
 
     async def __call__(self) -> str:
-        if self._guard is None:
-            self._guard = asyncio.Lock()
         async with self._guard:
             token = self._held.current()
             if token is not None:
                 return token
-            subject = await _resolved(self._service_token)
+            subject = await resolve_async_token(self._service_token)
             if subject is None:
                 raise ValueError("a service token is needed to exchange for a session's")
             asked_at = self._held.clock()
             answer = await self._client.exchange_token(subject, self.scope)
             return self._held.keep(answer, asked_at)
-
-
-async def _resolved(source: AsyncTokenSource) -> str | None:
-    if not callable(source):
-        return source
-    token: str | Awaitable[str] = source()
-    return await token if inspect.isawaitable(token) else token
