@@ -113,14 +113,11 @@ def serve_hello_world(port: int) -> None:
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
-        executor = ThreadPoolExecutor(THREADS, thread_name_prefix="request")
-        loop.set_default_executor(executor)
+        loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        app = BoundedWSGIWrapper(
-            flask_app, executor=executor, body_timeout=settings.body_timeout_seconds
-        )
+        app = BoundedWSGIWrapper(flask_app, body_timeout=settings.body_timeout_seconds)
         config = front_config(
             bind=f"fd://{listener.detach()}",
             read_timeout=settings.read_timeout_seconds,

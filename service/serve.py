@@ -164,8 +164,7 @@ async def serve_http(
 ) -> None:
     """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several)."""
     loop = asyncio.get_running_loop()
-    executor = ThreadPoolExecutor(THREADS, thread_name_prefix="request")
-    loop.set_default_executor(executor)
+    loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -180,7 +179,6 @@ async def serve_http(
     request_tracing.instrument(flask_app)  # the request span, with OTel export configured
     app = BoundedWSGIWrapper(
         flask_app,
-        executor=executor,
         body_timeout=settings.body_timeout_seconds,
         refused=context.metrics.refused_before_app,
     )

@@ -133,10 +133,14 @@ class _Pending:
     puts: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)  # None: delete
     # Set when the entry is committed (or failed), or when the lead is handed to this request.
     wake: threading.Event = field(default_factory=threading.Event)
-    settled: bool = False  # committed (`entry`) or failed (`error`)
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
     link: SpanContext | None = None  # the request's commit span, which the batch's links to
+
+    @property
+    def settled(self) -> bool:
+        """Committed (`entry`) or failed (`error`)."""
+        return self.entry is not None or self.error is not None
 
     def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
         """The entry's outcome, built here only. Any entry but a write is applied exactly
@@ -179,6 +183,7 @@ class DecisionJournal:
         self._queue: deque[_Pending] = deque()  # entries not taken into a batch yet
         self._leading = False  # a request leads: it commits, or was handed the lead
         self._queue_guard = threading.Lock()
+        self._idle = threading.Condition(self._queue_guard)  # notified when no one leads
         self._committing = threading.Lock()  # held by the leader's commit and by recovery
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
         self._heads: dict[str, ChainHead] = {}
@@ -257,11 +262,8 @@ class DecisionJournal:
             return
         self._closed.set()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._queue_guard:
-                if not self._leading:
-                    break
-            time.sleep(0.005)
+        with self._idle:
+            self._idle.wait_for(lambda: not self._leading, timeout)
         self._recovery.join(max(0.0, deadline - time.monotonic()))
 
     def _submit(self, pending: _Pending) -> _Pending:
@@ -302,6 +304,7 @@ class DecisionJournal:
                     self._queue[0].wake.set()  # the lead passes; it is not settled yet
                 else:
                     self._leading = False
+                    self._idle.notify_all()
 
     def _recover_while_idle(self) -> None:
         """While the store is latched, try now and then to reopen it without traffic."""
@@ -417,14 +420,12 @@ class DecisionJournal:
             PARSED_RECORDS.remember(record, encoded)
         for pending, sealed in zip(batch, sealed_entries, strict=True):
             pending.entry = sealed.entry
-            pending.settled = True
             pending.wake.set()
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:
         for pending in batch:
             pending.error = error
-            pending.settled = True
             pending.wake.set()
 
     def _prepare(self, batch: list[_Pending]) -> _Prepared:

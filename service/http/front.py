@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
@@ -51,13 +50,11 @@ class BoundedWSGIWrapper(WSGIWrapper):
         self,
         app: Any,
         *,
-        executor: Executor,
         body_timeout: float,
         refused: Counter | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         super().__init__(app, max_body_bytes)
-        self.executor = executor  # the request threads
         self.body_timeout = body_timeout
         self.refused = refused
 
@@ -104,29 +101,19 @@ class BoundedWSGIWrapper(WSGIWrapper):
         # The body is whole: say how long it is, whatever the framing, so the app reads all of it.
         environ["CONTENT_LENGTH"] = str(len(body))
         environ.pop("HTTP_TRANSFER_ENCODING", None)
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[list[Any] | None] = loop.create_future()
-
-        def run() -> None:  # in a request thread
-            try:
-                last = self.run_whole(environ, partial(call_soon, _send_all, send))
-            except BaseException as error:  # handed to the loop, raised there
-                loop.call_soon_threadsafe(_settle, answered, None, error)
-            else:
-                loop.call_soon_threadsafe(_settle, answered, last, None)
-
-        self.executor.submit(run)
-        await _send_all(send, await answered or [_END])
+        last = await sync_spawn(self.run_whole, environ, partial(call_soon, _send_all, send))
+        await _send_all(send, last or [_END])
 
     def run_whole(
         self, environ: dict[str, Any], relay: Callable[[list[Any]], None]
     ) -> list[Any] | None:
         """Run the app in a request thread, as hypercorn's `run_app` does, and return what is
         left to send once it is done: the start of the answer, its last chunk and its end,
-        which the event loop sends after one hop from this thread, without this thread
-        waiting for it (hypercorn's way takes two hops and a wait). A streamed answer's
-        other chunks are relayed one hop each, waited for, so they keep their order and the
-        client's pace. None when the app gave no answer at all."""
+        which the event loop sends once the thread's work is done (one hop, the one that
+        ends the thread's work), without this thread waiting for the send (hypercorn's way
+        relays them in a hop of their own and waits). A streamed answer's other chunks are
+        relayed one hop each, waited for, so they keep their order and the client's pace.
+        None when the app gave no answer at all."""
         started: list[Any] = []
 
         def start_response(
@@ -175,19 +162,6 @@ class BoundedWSGIWrapper(WSGIWrapper):
         headers = [*_ANSWER_HEADERS, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": problem.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _settle(
-    answered: asyncio.Future[list[Any] | None],
-    last: list[Any] | None,
-    error: BaseException | None,
-) -> None:
-    if answered.done():  # the request was cancelled meanwhile (the server stops)
-        return
-    if error is not None:
-        answered.set_exception(error)
-    else:
-        answered.set_result(last)
 
 
 async def _send_all(send: ASGISendCallable, messages: list[Any]) -> None:
