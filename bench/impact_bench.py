@@ -38,6 +38,7 @@ from scale_bench import TENANT, build_chain  # noqa: E402
 
 from service.contract import DECISION_PACKAGES  # noqa: E402
 from service.decisions.reader import DecisionLogReader  # noqa: E402
+from service.settings import Settings  # noqa: E402
 from store.lanes import LaneStore  # noqa: E402
 
 POLICY_DIR = ROOT / "policies"
@@ -50,15 +51,6 @@ FLOOR_QUERY = (
 
 class BenchFailure(RuntimeError):
     """A run did not do what it must; the bench stops."""
-
-
-def opa_bin() -> str:
-    configured = os.environ.get("SESSIONSTATE_OPA_BIN")
-    if configured:
-        return configured
-    return subprocess.run(
-        [str(ROOT / "scripts" / "tools.sh"), "opa"], check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def build(data_dir: Path, entries: int) -> list[dict[str, object]]:
@@ -120,7 +112,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
     args = parser.parse_args()
-    opa = opa_bin()
+    opa = Settings().resolved_opa_bin()
     with tempfile.TemporaryDirectory(prefix="impact-bench-") as tmp:
         scratch = Path(tmp)
         started = time.perf_counter()

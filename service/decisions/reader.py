@@ -31,7 +31,7 @@ from store.evidence_chain import EvidenceChain, chain_names, parse_entry
 
 log = logging.getLogger("sessionstate.decisions")
 EVERYTHING = DecisionQuery()
-_LAST_SEQ = (1 << 64) - 1
+LAST_SEQ = (1 << 64) - 1  # the largest seq an entry key can hold: "to the end"
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class DecisionLogReader:
         """Readable entries of the window that pass the filters, with each as stored."""
         after, cursor_until = query.window()
         until = cursor_until if until is None else until
-        last = _LAST_SEQ if until is None else until
+        last = LAST_SEQ if until is None else until
         for seq, stored in self.chain(tenant).stored_entries(after_seq=after, until_seq=last):
             read = _readable(parse_entry(stored), seq)
             if read is not None and query.matches(read[0]):

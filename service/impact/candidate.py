@@ -29,14 +29,13 @@ from service.contract import DECISION_PACKAGES
 from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
 from service.policy.bundle import load_bundle
-from service.policy.client import bundle_revision
+from service.policy.client import bundle_revision, decision_result
 from service.policy.sidecar import OpaSidecar
-from service.policy.source import PolicySourceError
+from service.policy.source import PolicySourceError, check_errors
 from service.policy.transport import KeepAliveTransport
 from service.reasons import Reason
 
 QUERY_TIMEOUT_SECONDS = 30.0
-MAX_ERRORS = 5
 
 
 class CandidateBroken(ValueError):
@@ -74,27 +73,14 @@ def check(opa_bin: str, candidate: Path, live_policy_dir: Path) -> None:
     except (OSError, subprocess.TimeoutExpired):
         raise CandidateBroken("`opa check` could not run (SESSIONSTATE_OPA_BIN)") from None
     if checked.returncode != 0:
-        errors = _check_errors(checked.stdout + checked.stderr, f"{candidate}/")
+        errors = check_errors(
+            checked.stdout + checked.stderr,
+            f"{candidate}/",
+            fallback="run `opa check --strict` on it to see why",
+        )
         raise CandidateBroken(
             f"the candidate {candidate} does not pass `opa check --strict`: " + "; ".join(errors)
         )
-
-
-def _check_errors(output: str, prefix: str) -> list[str]:
-    try:
-        found = [
-            f"{error['location']['file'].removeprefix(prefix)}:{error['location']['row']}: "
-            f"{error['code']}: {error['message']}"
-            if isinstance(error.get("location"), dict)
-            else f"{error['code']}: {error['message']}"
-            for error in json.loads(output[output.find("{") :])["errors"]
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        found = ["run `opa check --strict` on it to see why"]
-    unique = list(dict.fromkeys(found))
-    if len(unique) > MAX_ERRORS:
-        unique = [*unique[:MAX_ERRORS], f"and {len(unique) - MAX_ERRORS} more"]
-    return unique
 
 
 # Served beside the candidate, never part of it: one query decides a batch of inputs, each by
@@ -188,14 +174,10 @@ class CandidateEngine:
 
 def _verdict(result: Any) -> Verdict:
     """The answer as the service would take it: anything but a decision denies."""
-    if (
-        isinstance(result, dict)
-        and isinstance(result.get("allow"), bool)
-        and isinstance(result.get("reasons"), list)
-        and all(isinstance(reason, str) for reason in result["reasons"])
-    ):
-        return Verdict(allow=result["allow"], reasons=sorted(set(result["reasons"])))
-    return Verdict(allow=False, reasons=[Reason.POLICY_ENGINE_UNAVAILABLE.value])
+    decided = decision_result(result)
+    if decided is None:
+        return Verdict(allow=False, reasons=[Reason.POLICY_ENGINE_UNAVAILABLE.value])
+    return Verdict(allow=decided[0], reasons=decided[1])
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from service.decisions.bundle import BundleSelection
-from service.decisions.reader import DecisionLogReader
+from service.decisions.reader import LAST_SEQ, DecisionLogReader
 from service.decisions.review import DataDirBusy, ReviewError
 from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
@@ -36,8 +36,6 @@ from store.backends.postgres import PostgresLaneStore
 from store.evidence_chain import chain_name, parse_entry
 from store.integrity import StoreUnavailable
 from store.lanes import LaneStore
-
-_LAST_SEQ = (1 << 64) - 1
 
 
 class ExportUnreadable(ReviewError):
@@ -119,7 +117,7 @@ def stored(store: StoreTarget, selection: BundleSelection) -> Generator[LoggedDe
             reader.chains() if selection.tenant_id is None else [chain_name(selection.tenant_id)]
         )
         for name in names:
-            for _, raw in reader.chain(name).stored_entries(until_seq=_LAST_SEQ):
+            for _, raw in reader.chain(name).stored_entries(until_seq=LAST_SEQ):
                 entry = _entry(raw)
                 if entry is None:
                     continue  # the listing's rule: an unreadable entry is skipped (verify names it)

@@ -47,6 +47,15 @@ class PolicyBundle:
         """The bundle's `.manifest`: its revision and roots."""
         return json.dumps({"revision": self.revision, "roots": list(BUNDLE_ROOTS)}).encode()
 
+    def write_to(self, root: Path) -> None:
+        """The bundle as a directory under root: `.manifest` and its files (for `opa check`
+        and `opa build`)."""
+        (root / ".manifest").write_bytes(self.manifest())
+        for name, content in self.files:
+            path = root / name.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+
     def tarball(self) -> bytes:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as archive:

@@ -108,13 +108,10 @@ def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     unavailable = (False, [failure], "local-" + uuid.uuid4().hex, UNKNOWN, UNKNOWN)
     if not isinstance(answer, dict):
         return unavailable
-    result = answer.get("result")
+    decided = decision_result(answer.get("result"))
     decision_id = answer.get("decision_id")
     if (
-        not isinstance(result, dict)
-        or not isinstance(result.get("allow"), bool)
-        or not isinstance(result.get("reasons"), list)
-        or not all(isinstance(reason, str) for reason in result["reasons"])
+        decided is None
         or not isinstance(decision_id, str)
         or not decision_id
         or len(decision_id) > 64
@@ -123,12 +120,24 @@ def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     provenance = answer.get("provenance")
     provenance = provenance if isinstance(provenance, dict) else {}
     return (
-        result["allow"],
-        sorted(set(result["reasons"])),
+        *decided,
         decision_id,
         bundle_revision(provenance),
         str(provenance.get("version") or UNKNOWN)[:64],
     )
+
+
+def decision_result(result: Any) -> tuple[bool, list[str]] | None:
+    """A decision's `{allow, reasons}` as allow and its reasons (sorted, each once), or None
+    when it is not one: then the decision denies."""
+    if (
+        not isinstance(result, dict)
+        or not isinstance(result.get("allow"), bool)
+        or not isinstance(result.get("reasons"), list)
+        or not all(isinstance(reason, str) for reason in result["reasons"])
+    ):
+        return None
+    return result["allow"], sorted(set(result["reasons"]))
 
 
 def bundle_revision(provenance: dict[str, Any]) -> str:

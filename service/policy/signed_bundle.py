@@ -61,11 +61,7 @@ def build_signed_bundle(
     bundle = PolicySource(policy_dir, opa_bin).load()  # PolicySourceError when unfit
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-build-") as tmp:
         stage = Path(tmp)
-        (stage / ".manifest").write_bytes(bundle.manifest())
-        for name, content in bundle.files:
-            path = stage / name.lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+        bundle.write_to(stage)
         try:
             built = subprocess.run(  # noqa: S603 - fixed argv, no shell
                 [
@@ -205,7 +201,6 @@ class SignedBundleSource:
         self.verdict_timeout = verdict_timeout
         self._offered: BundleFile | None = None
         self._good: BundleFile | None = None
-        self._valid = True
         self.rejections = 0
         self.rejection: str | None = None  # OPA's reason for the latest refusal, while refused
         self._reloads: Counter[ReloadOutcome] = Counter()
@@ -221,7 +216,7 @@ class SignedBundleSource:
     @property
     def valid(self) -> bool:
         """False while the latest bundle offered was refused by OPA."""
-        return self._valid
+        return self.rejection is None
 
     def reloads(self, outcome: ReloadOutcome) -> int:
         return self._reloads[outcome]
@@ -260,7 +255,7 @@ class SignedBundleSource:
                     ReloadResult("invalid", good.revision, (self._unreadable(error),))
                 )
             if candidate.etag == good.etag:
-                self._valid, self.rejection = True, None
+                self.rejection = None
                 return self._count(ReloadResult("unchanged", good.revision))
             mark = self.board.mark()
             self._offered = candidate
@@ -274,11 +269,10 @@ class SignedBundleSource:
                 )
                 self._refused(reason)
                 return self._count(ReloadResult("invalid", good.revision, (reason,)))
-            self._good, self._valid, self.rejection = candidate, True, None
+            self._good, self.rejection = candidate, None
             return self._count(ReloadResult("loaded", candidate.revision))
 
     def _refused(self, reason: str) -> None:
-        self._valid = False
         self.rejections += 1
         self.rejection = reason
 

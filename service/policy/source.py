@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from service.policy.bundle import BUNDLE_ROOTS, PolicyBundle, ServedBundle, load_bundle
-from service.policy.tenant_settings import settings_errors
+from service.policy.bundle import PolicyBundle, ServedBundle, load_bundle
+from service.policy.tenant_settings import TENANT_SETTINGS_PATH, document_errors
 
 ReloadOutcome = Literal["loaded", "unchanged", "invalid"]
 RELOAD_OUTCOMES: tuple[ReloadOutcome, ...] = ("loaded", "unchanged", "invalid")
@@ -132,19 +132,16 @@ class PolicySource:
             return empty, [f"the policy directory cannot be read ({error.strerror or 'I/O error'})"]
         if not any(name.endswith(".rego") for name, _ in bundle.files):
             return bundle, ["no .rego policy files"]
-        return bundle, settings_errors(self.policy_dir) or compile_errors(self.opa_bin, bundle)
+        # The settings as read into the bundle: what is checked is what OPA would be served.
+        settings = dict(bundle.files).get("/" + TENANT_SETTINGS_PATH.as_posix())
+        return bundle, document_errors(settings) or compile_errors(self.opa_bin, bundle)
 
 
 def compile_errors(opa_bin: str, bundle: PolicyBundle) -> list[str]:
     """`opa check --bundle` over exactly the bundle's files: "path:row: code: message" each."""
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-check-") as tmp:
         root = Path(tmp)
-        manifest = {"revision": bundle.revision, "roots": list(BUNDLE_ROOTS)}
-        (root / ".manifest").write_text(json.dumps(manifest))
-        for name, content in bundle.files:
-            path = root / name.lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+        bundle.write_to(root)
         try:
             checked = subprocess.run(  # noqa: S603 - fixed argv, no shell
                 [opa_bin, "check", "--bundle", "--format", "json", str(root)],
@@ -157,10 +154,16 @@ def compile_errors(opa_bin: str, bundle: PolicyBundle) -> list[str]:
             return ["`opa check` could not run (SESSIONSTATE_OPA_BIN)"]
         if checked.returncode == 0:
             return []
-        return _read_check_errors(checked.stdout + checked.stderr, f"{root}/")
+        return check_errors(
+            checked.stdout + checked.stderr,
+            f"{root}/",
+            fallback="`opa check` failed; run it on the policy directory to see why",
+        )
 
 
-def _read_check_errors(output: str, prefix: str) -> list[str]:
+def check_errors(output: str, prefix: str, *, fallback: str) -> list[str]:
+    """`opa check --format json`'s errors as "path:row: code: message" (path without prefix),
+    each once, at most `MAX_ERRORS` and a count of the rest; [fallback] when unreadable."""
     try:
         errors = json.loads(output[output.find("{") :])["errors"]
         found = [
@@ -171,7 +174,7 @@ def _read_check_errors(output: str, prefix: str) -> list[str]:
             for error in errors
         ]
     except (ValueError, KeyError, TypeError, AttributeError):
-        found = ["`opa check` failed; run it on the policy directory to see why"]
+        found = [fallback]
     unique = list(dict.fromkeys(found))
     if len(unique) > MAX_ERRORS:
         unique = [*unique[:MAX_ERRORS], f"and {len(unique) - MAX_ERRORS} more"]

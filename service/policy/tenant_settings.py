@@ -128,11 +128,21 @@ def settings_errors(policy_dir: Path) -> list[str]:
     path = policy_dir / TENANT_SETTINGS_PATH
     if not path.exists():
         return []
+    try:
+        content = path.read_bytes()
+    except OSError:
+        return [f"{TENANT_SETTINGS_PATH.as_posix()}: cannot be read"]
+    return document_errors(content)
+
+
+def document_errors(content: bytes | None) -> list[str]:
+    """Why a tenant settings document (its bytes; None: there is none) cannot be served, as
+    `settings_errors` says it."""
+    if content is None:
+        return []
     name = TENANT_SETTINGS_PATH.as_posix()
     try:
-        TenantSettingsDocument.model_validate_json(path.read_bytes())
-    except OSError:
-        return [f"{name}: cannot be read"]
+        TenantSettingsDocument.model_validate_json(content)
     except ValidationError as error:
         found = []
         for detail in error.errors(include_url=False, include_input=False):

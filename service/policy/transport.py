@@ -230,7 +230,8 @@ class KeepAliveTransport:
                 raise ValueError("no request can be made")
             line = f"POST /v1/data/sessionstate/{package}/decision?provenance=true HTTP/1.1\r\n"
             head = self._heads[package] = line.encode("ascii") + self._fields
-        traced = tracing.outgoing({})  # the decision span's `traceparent`, when tracing is on
+        traced: dict[str, str] = {}
+        tracing.inject(traced)  # the decision span's `traceparent`, when tracing is on
         return b"".join(
             (
                 head,
