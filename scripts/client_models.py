@@ -286,8 +286,6 @@ def _field(model: str, name: str, prop: dict[str, Any], required: bool) -> tuple
         options.append("json_schema_extra=_present_when_set")
     elif has_default:
         options.insert(0, f"default={default!r}")
-    elif required and has_default:
-        raise ValueError(f"{model}.{name}: required with a default")
     line = f"    {python_name}: {kind}"
     if options == ["default=None"]:
         line += " = None"

@@ -433,18 +433,26 @@ def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _review_lanes(settings: Settings) -> Iterator[Lanes]:
+    """The store to review: PostgreSQL read while the service runs, by its own client; a
+    LevelDB data dir only while no service holds it (`decision_review.open_lanes`)."""
+    store = configured_store(settings)
+    if not store.shared:
+        with decision_review.open_lanes(settings.data_dir) as leveldb:
+            yield leveldb
+        return
+    lanes = open_lanes(store)
+    try:
+        yield lanes
+    finally:
+        lanes.close()
+
+
 def _revisions(settings: Settings, tenant: str | None) -> int:
     """`decisions revisions`: the summaries the journal keeps, by chain (tenant)."""
-    store = configured_store(settings)
-    if store.shared:  # PostgreSQL: read while the service runs, by its own client
-        lanes = open_lanes(store)
-        try:
-            print(_revision_listing(lanes, tenant))
-        finally:
-            lanes.close()
-    else:
-        with decision_review.open_lanes(settings.data_dir) as leveldb:
-            print(_revision_listing(leveldb, tenant))
+    with _review_lanes(settings) as lanes:
+        print(_revision_listing(lanes, tenant))
     return 0
 
 
@@ -463,15 +471,8 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
         return _revisions(settings, args.tenant)
     if args.review == "verify":
         if args.all_tenants:
-            store = configured_store(settings)
-            if store.shared:  # PostgreSQL: read while the service runs, by its own client
-                lanes = open_lanes(store)
-                try:
-                    every = decision_review.every_chain_verified(lanes)
-                finally:
-                    lanes.close()
-            else:
-                every = decision_review.verify_all_tenants(data_dir)
+            with _review_lanes(settings) as lanes:
+                every = decision_review.every_chain_verified(lanes)
             print(every.model_dump_json())
             return 0 if every.ok else 1
         result = decision_review.verify(data_dir, args.checkpoint, args.public_key, args.tenant)

@@ -209,18 +209,15 @@ def check_settings(settings: Settings) -> None:
             "SESSIONSTATE_WORKERS (or --workers) above 1 needs a shared store: LevelDB admits "
             "one process; set SESSIONSTATE_STORE to a PostgreSQL database, or serve 1 worker"
         )
-    if settings.opa_url is not None:
-        try:
-            PolicyClient(settings.opa_url).close()
-        except ValueError:
-            raise ConfigurationError("SESSIONSTATE_OPA_URL must be http(s)://host:port") from None
-    if settings.shadow_opa_url is not None:
-        try:
-            PolicyClient(settings.shadow_opa_url).close()
-        except ValueError:
-            raise ConfigurationError(
-                "SESSIONSTATE_SHADOW_OPA_URL must be http(s)://host:port"
-            ) from None
+    for name, url in (
+        ("SESSIONSTATE_OPA_URL", settings.opa_url),
+        ("SESSIONSTATE_SHADOW_OPA_URL", settings.shadow_opa_url),
+    ):
+        if url is not None:
+            try:
+                PolicyClient(url).close()
+            except ValueError:
+                raise ConfigurationError(f"{name} must be http(s)://host:port") from None
 
 
 def identity_provider(settings: Settings) -> ProviderSettings:

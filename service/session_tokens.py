@@ -19,7 +19,6 @@ allowed it, so the log names the decision behind every token.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
+from jwt.utils import base64url_encode
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
@@ -87,7 +87,7 @@ class SigningKey:
         thumbprint = json.dumps(
             {"crv": "P-256", "kty": "EC", "x": x, "y": y}, separators=(",", ":"), sort_keys=True
         )
-        self.kid = _b64(hashlib.sha256(thumbprint.encode()).digest())
+        self.kid = base64url_encode(hashlib.sha256(thumbprint.encode()).digest()).decode()
         self.jwk = JsonWebKey(x=x, y=y, kid=self.kid)
 
     @classmethod
@@ -157,7 +157,3 @@ class SessionTokenIssuer:
     def verification_keys(self) -> dict[str, ec.EllipticCurvePublicKey]:
         """The public keys `TokenVerifier` accepts the service's own tokens with, by `kid`."""
         return {self.key.kid: self.key.public_key}
-
-
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")

@@ -229,10 +229,6 @@ def shutdown() -> None:
         provider.shutdown()
 
 
-def active() -> bool:
-    return _tracer is not None
-
-
 def provider() -> TracerProvider | None:
     """The tracer provider while tracing is on (`service.http.tracing` instruments Flask)."""
     return _provider
@@ -278,15 +274,6 @@ def inject(headers: MutableMapping[str, str]) -> None:
     """W3C `traceparent` (and `tracestate`) of the current span into an outgoing request."""
     if _tracer is not None:
         _W3C.inject(headers)
-
-
-def outgoing(headers: dict[str, str]) -> dict[str, str]:
-    """headers, with the current span's `traceparent` when tracing is on (a copy then)."""
-    if _tracer is None:
-        return headers
-    carrier = dict(headers)
-    _W3C.inject(carrier)
-    return carrier
 
 
 def commit_span(decision_id: str) -> AbstractContextManager[trace.Span | None]:

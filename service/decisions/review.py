@@ -121,12 +121,6 @@ def verify(
         return EvidenceChain(lanes, name).verify(checkpoint, verifier)
 
 
-def verify_all_tenants(data_dir: Path) -> AllChainsVerification:
-    """Verify every chain of the data dir (an operator's review of every tenant)."""
-    with open_lanes(data_dir) as lanes:
-        return every_chain_verified(lanes)
-
-
 def every_chain_verified(lanes: Lanes) -> AllChainsVerification:
     """Verify every chain of an open store (PostgreSQL: while the service runs)."""
     chains = verify_all(lanes)

@@ -28,7 +28,6 @@ from service.token_exchange import (
 
 bp = Blueprint("token", __name__)
 JWKS_MAX_AGE_SECONDS = 300
-UNVERIFIABLE_RETRY_AFTER = "5"
 
 
 @bp.post(EXCHANGE)
@@ -79,7 +78,8 @@ def token_error(problem: Problem) -> Response:
         status = HTTPStatus.BAD_REQUEST
         if problem.reason == UNVERIFIABLE:
             status = HTTPStatus.SERVICE_UNAVAILABLE
-            headers["Retry-After"] = UNVERIFIABLE_RETRY_AFTER
+            # The subject token's keys could not be had: the wait of any route's answer then.
+            headers["Retry-After"] = str(Reason.TOKEN_KEYS_UNAVAILABLE.retry_after)
     document = {
         **problem.document(),
         "status": status,
