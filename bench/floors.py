@@ -97,6 +97,7 @@ def serve_hello_world(port: int) -> None:
     from flask import Flask
     from hypercorn.asyncio.run import worker_serve
 
+    from service import serving_heap
     from service.http.front import BoundedWSGIWrapper, front_config
     from service.serve import GRACEFUL_SECONDS, THREADS, _listen, raise_open_file_limit
     from service.settings import Settings
@@ -124,6 +125,7 @@ def serve_hello_world(port: int) -> None:
             keep_alive_timeout=settings.keep_alive_seconds,
             graceful_timeout=GRACEFUL_SECONDS,
         )
+        serving_heap.settle()  # as the service does
         await worker_serve(app, config, shutdown_trigger=stop.wait)
 
     asyncio.run(serve())

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from hypercorn.asyncio.run import worker_serve
 
-from service import tracing
+from service import serving_heap, tracing
 from service.app import create_app
 from service.context import (
     ConfigurationError,
@@ -189,6 +189,7 @@ async def serve_http(
         keep_alive_timeout=settings.keep_alive_seconds,
         graceful_timeout=GRACEFUL_SECONDS,
     )
+    serving_heap.settle()  # what serves is built: out of the collector's way
     if on_ready is not None:
         # The socket already listens: connections wait in its backlog until hypercorn accepts.
         loop.call_soon(on_ready)

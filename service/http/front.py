@@ -78,9 +78,9 @@ class BoundedWSGIWrapper(WSGIWrapper):
         body = bytearray()
         deadline = asyncio.get_running_loop().time() + self.body_timeout
         while True:
-            remaining = deadline - asyncio.get_running_loop().time()
             try:
-                message = await asyncio.wait_for(receive(), max(remaining, 0.0))
+                async with asyncio.timeout_at(deadline):  # no task per read, as wait_for makes
+                    message = await receive()
             except TimeoutError:
                 await self._answer(send, Problem(Reason.REQUEST_TIMEOUT))
                 return
