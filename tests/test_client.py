@@ -672,6 +672,20 @@ def test_a_corrupt_record_is_raised_or_replaced_on_request(service: LiveService)
     assert result.applied is True and len(result.record.turns) == 1
 
 
+def test_a_record_gone_under_a_replay_starts_over_as_a_load_does(service: LiveService) -> None:
+    service.approve()
+    key = LaneKey(TenantResourceLane.SESSION_STATE, "tenant-a", "ws-1", "chat-1")
+    with model_client(service) as client:
+        session = ModelServiceSession(client, SCOPE, template())
+        session.commit_turns([session.turn("user", "before the reset")])
+        service.context.lanes.delete(key)  # the store is reset under the session
+        assert session.replay().allowed is True  # planned from the template: nothing stored
+        assert session.version is None
+        result = session.commit_turns([session.turn("user", "after")])
+    assert result.applied is True and result.attempts == 1  # If-None-Match: no 412 first
+    assert len(result.record.turns) == 1
+
+
 def test_an_access_refusal_is_raised_not_previewed(service: LiveService) -> None:
     with SessionStateClient(service.url, service.token(session="chat-2")) as client:
         session = ModelServiceSession(client, SCOPE, template())

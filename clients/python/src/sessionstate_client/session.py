@@ -344,8 +344,8 @@ class ModelServiceSession(_SessionSteps[SessionStateClient]):
         if self._stored:
             try:
                 answer = self.client.replay_preview(self.scope, max_inputs)
-            except NotFound:
-                self._stored = False
+            except NotFound:  # the store was reset under us: start over, as load() does
+                self._absent()
             else:
                 self.last_decision = answer.decision
                 return answer.preview
@@ -426,8 +426,8 @@ class AsyncModelServiceSession(_SessionSteps[AsyncSessionStateClient]):
         if self._stored:
             try:
                 answer = await self.client.replay_preview(self.scope, max_inputs)
-            except NotFound:
-                self._stored = False
+            except NotFound:  # the store was reset under us: start over, as load() does
+                self._absent()
             else:
                 self.last_decision = answer.decision
                 return answer.preview
