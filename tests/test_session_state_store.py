@@ -6,7 +6,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from store.reasons import CorruptionLabel
 from store.record import compute_state_digest
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
 from tests.factories import record, scope
+from tests.test_lane_store_contract import run_compare_and_set
 
 CANARY = "CORRUPT-CANARY-7f3a"
 
@@ -206,42 +206,7 @@ def test_concurrent_compare_and_set_loses_no_update(
     state_store: SessionStateStore, digest_key: DigestKey
 ) -> None:
     """8 threads append turns by compare-and-set; every success is based on what it read."""
-    writers, rounds = 8, 12
-    state_store.write(record(digest_key, turns=[]))
-    successes: list[tuple[str, str]] = []  # (version read, version written)
-    lock = threading.Lock()
-
-    def writer(n: int) -> None:
-        for r in range(rounds):
-            while True:
-                current = state_store.read(scope())
-                assert current is not None and current.record is not None
-                turns = [t.model_dump(mode="json") for t in current.record.turns]
-                turns.append({"turn_id": f"w{n}-r{r}", "role": "user", "payload": f"{n}/{r}"})
-                updated = record(digest_key, turns=turns)
-                try:
-                    state_store.write(updated, Precondition(if_match=current.record.state_digest))
-                except PreconditionFailed:
-                    continue
-                with lock:
-                    successes.append((current.record.state_digest, updated.state_digest))
-                break
-
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    final = state_store.read(scope())
-    assert final is not None and final.record is not None
-    assert len(final.record.turns) == writers * rounds
-    # The successes form one chain: no two writes were based on the same version.
-    based_on = [read for read, _ in successes]
-    assert len(set(based_on)) == len(successes) == writers * rounds
-    written = {wrote for _, wrote in successes}
-    assert set(based_on) - written == {record(digest_key, turns=[]).state_digest}
-    assert written - set(based_on) == {final.record.state_digest}
+    run_compare_and_set([state_store] * 8, digest_key, rounds=12)
 
 
 def test_synced_write_survives_close_and_reopen(tmp_path: Path, digest_key: DigestKey) -> None:

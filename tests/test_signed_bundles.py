@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -281,8 +282,6 @@ def test_an_unchanged_bundle_reloads_as_unchanged(running: tuple[OpaSidecar, Pat
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
         cwd=ROOT,
@@ -356,6 +355,20 @@ def test_policy_build_refuses_policies_that_do_not_compile(
 # --- `sessionstate serve` ----------------------------------------------------------------------
 
 
+def serve(opa_bin: str, tmp: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`sessionstate serve` on a fresh data dir with these settings, run to its end."""
+    return cli(
+        "serve",
+        env={
+            "SESSIONSTATE_DATA_DIR": str(tmp / "var"),
+            "SESSIONSTATE_PORT": "0",
+            "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
+            "SESSIONSTATE_OPA_BIN": opa_bin,
+            **settings,
+        },
+    )
+
+
 def serve_env(bundle: Path, public: Path) -> dict[str, str]:
     return {
         "SESSIONSTATE_POLICY_BUNDLE": str(bundle),
@@ -367,24 +380,7 @@ def test_serve_refuses_to_start_on_a_wrongly_signed_bundle(
     opa_bin: str, keys: Keys, signing: tuple[Path, Path], tmp_path: Path
 ) -> None:
     bundle = build(opa_bin, policies_copy(tmp_path), keys.pair("intruder")[0], tmp_path / "b.tgz")
-    import os
-
-    done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "SESSIONSTATE_DATA_DIR": str(tmp_path / "var"),
-            "SESSIONSTATE_PORT": "0",
-            "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
-            "SESSIONSTATE_OPA_BIN": opa_bin,
-            **serve_env(bundle, signing[1]),
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve(opa_bin, tmp_path, serve_env(bundle, signing[1]))
     assert done.returncode == 2, done.stderr
     assert "OPA did not activate the policy bundle" in done.stderr
     assert "verification error" in done.stderr
@@ -411,30 +407,13 @@ def test_serve_names_an_incomplete_signing_setup(
     settings: dict[str, str],
     says: str,
 ) -> None:
-    import os
-
     bundle = tmp_path / "b.tar.gz"
     bundle.write_bytes(b"")
     values = {
         name: str(bundle) if value == "B" else str(signing[1]) if value == "K" else value
         for name, value in settings.items()
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "SESSIONSTATE_DATA_DIR": str(tmp_path / "var"),
-            "SESSIONSTATE_PORT": "0",
-            "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
-            "SESSIONSTATE_OPA_BIN": opa_bin,
-            **values,
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve(opa_bin, tmp_path, values)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr
 

@@ -111,14 +111,19 @@ class Problem(Exception):
         return self.kind.detail
 
     def response(self) -> Response:
-        response = Response(
-            json.dumps(self.document()),
-            status=self.status,
-            mimetype="application/problem+json",
+        return document_response(
+            self.document(), self.status, "application/problem+json", self.headers
         )
-        for name, value in self.headers.items():
-            response.headers[name] = value
-        return response
+
+
+def document_response(
+    document: dict[str, Any], status: int, mimetype: str, headers: Mapping[str, str]
+) -> Response:
+    """An answer of a JSON document, with these headers."""
+    response = Response(json.dumps(document), status=status, mimetype=mimetype)
+    for name, value in headers.items():
+        response.headers[name] = value
+    return response
 
 
 def problem_of(error: Exception) -> Problem:

@@ -10,14 +10,13 @@ this path, whatever raised it.
 
 from __future__ import annotations
 
-import json
 from http import HTTPStatus
 
 from flask import Blueprint, Response, g, request
 
 from service.contract import EXCHANGE, JWKS
 from service.http.common import authorize, context, json_response
-from service.http.problems import Problem
+from service.http.problems import Problem, document_response
 from service.reasons import Reason
 from service.token_exchange import (
     UNVERIFIABLE,
@@ -87,8 +86,6 @@ def token_error(problem: Problem) -> Response:
         "error": oauth_error(problem.reason, status),
         "error_description": problem.detail(),
     }
-    response = Response(json.dumps(document), status=status, mimetype="application/json")
-    for name, value in headers.items():
-        response.headers[name] = value
+    response = document_response(document, status, "application/json", headers)
     response.headers["Pragma"] = "no-cache"
     return response

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -100,7 +101,7 @@ class BundleFile:
     revision: str  # from its .manifest; "" when it has none that reads
     content: bytes
 
-    @property
+    @cached_property  # asked at every poll of OPA's; the bytes never change
     def etag(self) -> str:
         return "sha256:" + hashlib.sha256(self.content).hexdigest()
 
