@@ -23,6 +23,7 @@ from service.impact.report import (
     Skipped,
     Verdict,
 )
+from service.policy.change import DecisionChange, decision_change
 from service.policy.input import PolicyInput
 from service.reasons import Reason
 
@@ -34,13 +35,6 @@ class SkipReason(StrEnum):
     INPUT_SCHEMA_OUTDATED = "input_schema_outdated"
     DECIDED_BY_SERVICE = "decided_by_service"
     ENGINE_UNAVAILABLE = "engine_unavailable"
-
-
-class Change(StrEnum):
-    UNCHANGED = "unchanged"
-    ALLOW_GAINED = "allow_gained"
-    ALLOW_LOST = "allow_lost"
-    REASONS_CHANGED = "reasons_changed"
 
 
 @dataclass(frozen=True)
@@ -75,14 +69,6 @@ def skip_reason(logged: LoggedDecision) -> SkipReason | None:
     return None
 
 
-def change(before: Verdict, after: Verdict) -> Change:
-    if before.allow != after.allow:
-        return Change.ALLOW_GAINED if after.allow else Change.ALLOW_LOST
-    if sorted(set(before.reasons)) != sorted(set(after.reasons)):
-        return Change.REASONS_CHANGED
-    return Change.UNCHANGED
-
-
 class ImpactTally:
     """Counts decisions as they are compared; `report()` is the report so far."""
 
@@ -95,9 +81,9 @@ class ImpactTally:
         skipped.total += 1
         skipped.why[why.value] = skipped.why.get(why.value, 0) + 1
 
-    def compare(self, logged: LoggedDecision, after: Verdict) -> Change:
+    def compare(self, logged: LoggedDecision, after: Verdict) -> DecisionChange:
         report = self._report
-        outcome = change(logged.before, after)
+        outcome = decision_change(logged.before, after)
         counts = [
             report.by_action.setdefault(logged.action, ChangeCounts()),
             report.by_tenant.setdefault(logged.tenant_id or "", ChangeCounts()),
@@ -105,7 +91,7 @@ class ImpactTally:
         report.evaluated += 1
         for count in counts:
             count.evaluated += 1
-        if outcome is Change.UNCHANGED:
+        if outcome is DecisionChange.UNCHANGED:
             report.unchanged += 1
             return outcome
         report.changed += 1

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.policy.change import DecisionChange, decision_change
 from service.policy.client import PolicyClient
 from service.policy.input import PolicyInput
 from service.policy.trace import DecisionTrace
@@ -40,6 +41,12 @@ SHADOW_OUTCOMES: tuple[ShadowOutcome, ...] = (
     "unavailable",
     "timeout",
 )
+_OUTCOMES: dict[DecisionChange, ShadowOutcome] = {
+    DecisionChange.UNCHANGED: "agree",
+    DecisionChange.ALLOW_GAINED: "allow_gained",
+    DecisionChange.ALLOW_LOST: "allow_lost",
+    DecisionChange.REASONS_CHANGED: "reasons_changed",
+}
 THREADS = 8
 
 
@@ -63,15 +70,7 @@ def compare(live: DecisionTrace, shadow: DecisionTrace) -> ShadowDecision:
     """The shadow's decision beside the live one."""
     if shadow.engine_unavailable:
         return _no_decision("unavailable")
-    outcome: ShadowOutcome
-    if shadow.allow and not live.allow:
-        outcome = "allow_gained"
-    elif live.allow and not shadow.allow:
-        outcome = "allow_lost"
-    elif shadow.reasons != live.reasons:
-        outcome = "reasons_changed"
-    else:
-        outcome = "agree"
+    outcome = _OUTCOMES[decision_change(live, shadow)]
     return ShadowDecision(
         outcome=outcome,
         agrees=outcome == "agree",
