@@ -156,13 +156,16 @@ def test_a_connection_lost_during_commit_is_not_retried_and_latches(
     """
     conninfo = postgres_own.create_database()
     upgrade(conninfo)
-    store = PostgresLaneStore(conninfo, timeout=2.0)
     key = LaneKey(APPROVALS, "tenant-a", name=b"k")
     outcome: list[BaseException | None] = []
+    with postgres_own.connect() as admin:
+        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+        admin.execute("SELECT pg_reload_conf()")
+        _wait_for_setting(admin, "synchronous_standby_names", "nobody")
+    # Opened only now: a backend started before the reload took effect would commit at once.
+    store = PostgresLaneStore(conninfo, timeout=2.0)
     try:
         with postgres_own.connect() as admin:
-            admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-            admin.execute("SELECT pg_reload_conf()")
 
             def write() -> None:
                 try:
@@ -191,6 +194,17 @@ def test_a_connection_lost_during_commit_is_not_retried_and_latches(
         assert store.get(key) == b"after"
     finally:
         store.close()
+
+
+def _wait_for_setting(admin: psycopg.Connection[tuple[object, ...]], name: str, value: str) -> None:
+    """Until the server runs with a reloaded setting (`pg_reload_conf` only signals it)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = admin.execute("SELECT current_setting(%s)", (name,)).fetchone()
+        if row is not None and row[0] == value:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{name} was not reloaded")
 
 
 def _wait_for_syncrep(admin: psycopg.Connection[tuple[object, ...]]) -> int:
