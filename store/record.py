@@ -164,11 +164,11 @@ class SessionStateRecord(_Record):
         return self.model_dump(mode="json", exclude={"state_digest"})
 
     def computed_state_digest(self) -> str:
-        return self.content_digest
+        """The digest of `content()`, computed once: a write checks it more than once."""
+        return self._content_digest
 
     @cached_property
-    def content_digest(self) -> str:
-        """The digest of `content()`, computed once: a write checks it more than once."""
+    def _content_digest(self) -> str:
         return compute_state_digest(self.content())
 
     def to_json(self) -> dict[str, Any]:
