@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,22 @@ PROBE = PolicyInput(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedInput:
+    """A policy input as OPA receives it: its JSON document and that document's canonical
+    bytes (sent, and digested into the trace). Made once per request, so the live and the
+    shadow decision send the same bytes."""
+
+    policy_input: PolicyInput
+    document: dict[str, Any]
+    encoded: bytes
+
+    @classmethod
+    def of(cls, policy_input: PolicyInput) -> EncodedInput:
+        document = policy_input.model_dump(mode="json", by_alias=True)
+        return cls(policy_input, document, canonical_json(document))
+
+
 class PolicyClient:
     """One HTTP round trip per decision over a reused connection (service.policy.transport)."""
 
@@ -58,24 +75,27 @@ class PolicyClient:
         )
         self._engine_version = UNKNOWN
 
-    def decide(self, policy_input: PolicyInput, *, trace_id: str | None = None) -> DecisionTrace:
+    def decide(
+        self, policy_input: PolicyInput | EncodedInput, *, trace_id: str | None = None
+    ) -> DecisionTrace:
         """The decision for policy_input, from the package that owns its action (trace_id:
         the OpenTelemetry trace it was asked in, which the trace records)."""
+        if isinstance(policy_input, PolicyInput):
+            policy_input = EncodedInput.of(policy_input)
         return self._decide(policy_input, self._hot, trace_id)
 
     def probe(self) -> DecisionTrace:
         """The decision on `PROBE`: readiness and reloads ask it which revision decides."""
-        return self._decide(PROBE, self._opa)
+        return self._decide(EncodedInput.of(PROBE), self._opa)
 
     def _decide(
-        self, policy_input: PolicyInput, transport: DecisionTransport, trace_id: str | None = None
+        self, question: EncodedInput, transport: DecisionTransport, trace_id: str | None = None
     ) -> DecisionTrace:
+        policy_input, encoded = question.policy_input, question.encoded
         package = DECISION_PACKAGES[policy_input.action]
-        document = policy_input.model_dump(mode="json", by_alias=True)
         evaluated_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        encoded = canonical_json(document)
         started = time.perf_counter()
-        answer = transport.query(package, document, encoded)
+        answer = transport.query(package, question.document, encoded)
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
         allow, reasons, decision_id, revision, version = _read_answer(answer)
         if version != UNKNOWN:

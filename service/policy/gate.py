@@ -16,7 +16,7 @@ from service import tracing
 from service.approvals import Approval
 from service.auth import Actor
 from service.metrics import ServiceMetrics
-from service.policy.client import PolicyClient
+from service.policy.client import EncodedInput, PolicyClient
 from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngineUnavailable
 from service.policy.input import (
     PolicyAction,
@@ -72,9 +72,10 @@ class PolicyGate:
             record=None if record is None else record_summary(record),
             exchange=exchange,
         )
-        question = None if self.shadow is None else self.shadow.ask(policy_input)
+        encoded = EncodedInput.of(policy_input)  # the same bytes to the live and the shadow OPA
+        question = None if self.shadow is None else self.shadow.ask(encoded)
         with tracing.decision_span(action) as span:  # OPA's own spans join it
-            trace = self.client.decide(policy_input, trace_id=tracing.trace_id(span))
+            trace = self.client.decide(encoded, trace_id=tracing.trace_id(span))
             tracing.note_decision(span, trace)
         outcome = (
             "refused"

@@ -26,8 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.policy.change import DecisionChange, decision_change
-from service.policy.client import PolicyClient
-from service.policy.input import PolicyInput
+from service.policy.client import EncodedInput, PolicyClient
 from service.policy.trace import DecisionTrace
 
 ShadowOutcome = Literal[
@@ -114,7 +113,7 @@ class ShadowPolicy:
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shadow")
         self._free = threading.BoundedSemaphore(THREADS)
 
-    def ask(self, policy_input: PolicyInput) -> ShadowQuestion:
+    def ask(self, policy_input: EncodedInput) -> ShadowQuestion:
         deadline = time.monotonic() + self.bound
         if not self._free.acquire(blocking=False):
             return ShadowQuestion(None, deadline)
@@ -125,7 +124,7 @@ class ShadowPolicy:
             return ShadowQuestion(None, deadline)
         return ShadowQuestion(future, deadline)
 
-    def _decide(self, policy_input: PolicyInput) -> DecisionTrace:
+    def _decide(self, policy_input: EncodedInput) -> DecisionTrace:
         try:
             return self.client.decide(policy_input)
         finally:
