@@ -5,6 +5,12 @@
   (`BoundedWSGIWrapper`, `front_config` with the default timeouts), the same
   pool of `service.serve.THREADS` request threads, in a process of its own
   (`python bench/floors.py hello-world PORT`).
+- `governed_floor`: the least a governed read does, served the same way: a
+  Flask route that asks the service's own `PolicyClient` (keep-alive transport)
+  for one read decision and appends one synced LevelDB put of a decision
+  entry's size before answering (`python bench/floors.py governed PORT OPA_URL
+  DIR`, the sidecar's token in `SESSIONSTATE_BENCH_OPA_TOKEN`). Nothing else of
+  a read: no token, record, chain, answer document, log line or metric.
 - `opa_sidecar`: an OPA sidecar over policies/, configured as the service's
   own, and the request of a raw read decision (POST straight at its
   /v1/data/sessionstate/read/decision with the read's allowed input, the
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import os
 import signal
 import socket
 import statistics
@@ -28,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import plyvel
 import requests
@@ -45,6 +54,8 @@ from tests.factories import record
 from tests.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent
+ENTRY_BYTES = 1200  # about a read's decision entry as the journal stores it
+TOKEN_VARIABLE = "SESSIONSTATE_BENCH_OPA_TOKEN"
 
 
 class FloorFailure(RuntimeError):
@@ -72,16 +83,20 @@ def wait_answering(url: str, process: subprocess.Popen[bytes], timeout: float = 
 
 
 @contextlib.contextmanager
-def hello_world() -> Iterator[str]:
-    """The hello-world floor in a process (and process group) of its own: its URL."""
+def served_floor(
+    what: str, kind: str, *arguments: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`floors.py KIND PORT ARGUMENTS...` in a process (and process group) of its own: its
+    URL."""
     port = free_port()
     process: subprocess.Popen[bytes] | None = None
     try:
         with held_signals():
             process = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "hello-world", str(port)],
+                [sys.executable, str(Path(__file__).resolve()), kind, str(port), *arguments],
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
+                env=None if env is None else os.environ | env,
                 start_new_session=True,
             )
         url = f"http://127.0.0.1:{port}"
@@ -89,24 +104,31 @@ def hello_world() -> Iterator[str]:
         yield url
     finally:
         if process is not None:
-            stop_group(process, 15, "hello-world floor")
+            stop_group(process, 15, what)
 
 
-def serve_hello_world(port: int) -> None:
-    """What `service.serve.serve_http` does, with a hello-world Flask app for the app."""
-    from flask import Flask
+def hello_world() -> contextlib.AbstractContextManager[str]:
+    """The hello-world floor, served: its URL."""
+    return served_floor("hello-world floor", "hello-world")
+
+
+def governed_floor(
+    opa_url: str, token: str, work_dir: Path
+) -> contextlib.AbstractContextManager[str]:
+    """The governed floor, served over the OPA at opa_url and LevelDB in work_dir: its URL."""
+    return served_floor(
+        "governed floor", "governed", opa_url, str(work_dir), env={TOKEN_VARIABLE: token}
+    )
+
+
+def serve_flask(flask_app: Any, port: int) -> None:
+    """What `service.serve.serve_http` does, with flask_app for the app."""
     from hypercorn.asyncio.run import worker_serve
 
     from service import serving_heap
     from service.http.front import BoundedWSGIWrapper, front_config
     from service.serve import GRACEFUL_SECONDS, THREADS, _listen, raise_open_file_limit
     from service.settings import Settings
-
-    flask_app = Flask("hello")
-
-    @flask_app.get("/")
-    def hello() -> str:
-        return "Hello, World!"
 
     settings = Settings()  # the defaults: the service's timeouts
     listener = _listen("127.0.0.1", port)
@@ -131,10 +153,51 @@ def serve_hello_world(port: int) -> None:
     asyncio.run(serve())
 
 
+def serve_hello_world(port: int) -> None:
+    from flask import Flask
+
+    flask_app = Flask("hello")
+
+    @flask_app.get("/")
+    def hello() -> str:
+        return "Hello, World!"
+
+    serve_flask(flask_app, port)
+
+
+def serve_governed(port: int, opa_url: str, store_dir: str) -> None:
+    """Each request: one read decision as the service asks it, then one synced append."""
+    from flask import Flask
+
+    from service.policy.client import PolicyClient
+    from service.settings import Settings
+
+    client = PolicyClient(
+        opa_url,
+        os.environ[TOKEN_VARIABLE],
+        timeout=Settings().opa_timeout_ms / 1000,
+        transport="keep-alive",
+    )
+    db = plyvel.DB(store_dir, create_if_missing=True, paranoid_checks=True, compression=None)
+    question = allowed_input("read")
+    entry = b"e" * ENTRY_BYTES
+    sequence = itertools.count(1)
+    flask_app = Flask("governed")
+
+    @flask_app.get("/")
+    def governed() -> tuple[str, int]:
+        if not client.decide(question).allow:
+            return "denied", 503
+        db.put(next(sequence).to_bytes(8, "big"), entry, sync=True)
+        return "Hello, World!", 200
+
+    serve_flask(flask_app, port)
+
+
 @contextlib.contextmanager
-def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[str, Request]]:
-    """A sidecar over policies/ (as the service starts its own); its URL and the request of
-    the raw read decision, checked once to be allowed."""
+def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[OpaSidecar, Request]]:
+    """A sidecar over policies/ (as the service starts its own), and the request of the raw
+    read decision, checked once to be allowed."""
     sidecar = OpaSidecar(opa, ROOT / "policies", work_dir)
     try:
         sidecar.start()
@@ -146,7 +209,7 @@ def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[str, Request]]:
         answer = requests.post(sidecar.url + path, data=body, headers=headers, timeout=5)
         if answer.status_code != 200 or answer.json().get("result", {}).get("allow") is not True:
             raise FloorFailure(f"raw OPA read decision: {answer.status_code}, not allowed")
-        yield sidecar.url, Request("POST", path, headers, body)
+        yield sidecar, Request("POST", path, headers, body)
     finally:
         sidecar.stop()
 
@@ -217,6 +280,9 @@ def leveldb_floor(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "hello-world":
-        sys.exit("usage: floors.py hello-world PORT")
-    serve_hello_world(int(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "hello-world":
+        serve_hello_world(int(sys.argv[2]))
+    elif len(sys.argv) == 5 and sys.argv[1] == "governed":
+        serve_governed(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    else:
+        sys.exit("usage: floors.py hello-world PORT | floors.py governed PORT OPA_URL DIR")

@@ -16,6 +16,9 @@ then stops it and measures the floors the same way, one after the other:
   /v1/data/sessionstate/read/decision, the read decision's input);
 - hello-world Flask served exactly as the service is (hypercorn, the same
   front, the same thread count and timeouts: bench/floors.py);
+- the governed floor: that hello-world route made to do the least any governed
+  read must, one read decision through the service's own `PolicyClient` and one
+  synced LevelDB append of a decision entry's size, over the raw-OPA sidecar;
 - raw LevelDB get and synced put (plyvel, in-process, a stored record's bytes,
   1 and 16 threads).
 
@@ -24,7 +27,9 @@ no socket may fail, or the run stops. It prints req/s, p50 and p99 of each at
 1 and 16, then the issue's targets beside the figures of this run (printed,
 never asserted): reads >= 0.3x hello-world req/s at 16; one-client read p50
 <= 2x (raw OPA p50 + hello-world p50); each operation's p99 at 16 <= 50 ms;
-reads and replay-previews >= 1,000 req/s, previews >= 700, writes >= 500.
+reads and replay-previews >= 1,000 req/s, previews >= 700, writes >= 500;
+then, with no target, the governed floor against hello-world and the read
+against the governed floor.
 Each figure is preceded by an unrecorded warm-up of `--warmup` seconds.
 
 Run (needs `wrk`: `make wrk` installs it as root; `make bench` runs every bench):
@@ -32,8 +37,9 @@ Run (needs `wrk`: `make wrk` installs it as root; `make bench` runs every bench)
     SESSIONSTATE_OPA_BIN=$(scripts/tools.sh opa) .venv/bin/python bench/service_bench.py \\
         [--seconds 10] [--clients 16] [--warmup 1] [--wrk-threads 1] [--json]
 
-`--json` prints one JSON document (figures, targets, settings) instead of
-the table, to copy figures into docs/performance.md.
+`--json` prints one JSON document (figures, targets, the governed floor's
+ratios, settings) instead of the table, to copy figures into
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ def operations() -> list[Operation]:
 FLOOR_LABELS = {
     "opa": "raw OPA, read decision, keep-alive",
     "hello-world": "hello-world Flask, same hypercorn settings",
+    "governed": "governed floor: hello + 1 decision + 1 fsync",
     "leveldb-get": "raw LevelDB get (in-process)",
     "leveldb-put": "raw LevelDB synced put (in-process)",
 }
@@ -178,12 +185,16 @@ def measure_service(opa: str, tmp: Path, args: argparse.Namespace) -> dict[str, 
 def measure_floors(
     opa: str, tmp: Path, args: argparse.Namespace
 ) -> tuple[dict[str, dict[int, Any]], int]:
-    found: dict[str, dict[int, Any]] = {"opa": {}, "hello-world": {}}
+    found: dict[str, dict[int, Any]] = {"opa": {}, "governed": {}, "hello-world": {}}
     counts = (1, args.clients)
-    with floors.opa_sidecar(opa, tmp / "floor-opa") as (url, decision):
+    with floors.opa_sidecar(opa, tmp / "floor-opa") as (sidecar, decision):
         for clients in counts:
-            load = wrk_load(url, decision, clients, args, f"raw OPA at {clients} connections")
+            load = wrk_load(sidecar.url, decision, clients, args, f"raw OPA at {clients}")
             found["opa"][clients] = measured(load, args.warmup).figures()
+        with floors.governed_floor(sidecar.url, sidecar.token, tmp / "floor-governed") as url:
+            for clients in counts:
+                load = wrk_load(url, Request(), clients, args, f"governed floor at {clients}")
+                found["governed"][clients] = measured(load, args.warmup).figures()
     with floors.hello_world() as hello:
         for clients in counts:
             load = wrk_load(hello, Request(), clients, args, f"hello-world at {clients}")
@@ -235,6 +246,30 @@ def targets(figures: dict[str, dict[int, Any]], clients: int) -> list[dict[str, 
     return found
 
 
+def beside_governed_floor(figures: dict[str, dict[int, Any]], clients: int) -> list[dict[str, Any]]:
+    """Where the governed floor stands against hello-world, and the read against it: no
+    targets, the room any read has on this machine."""
+
+    def ratio(key: str, floor: str, count: int, figure: str) -> float:
+        return round(float(figures[key][count][figure]) / float(figures[floor][count][figure]), 3)
+
+    rate = "requests_per_second"
+    return [
+        {
+            "figure": f"governed floor req/s / hello-world req/s, {clients} conn",
+            "value": ratio("governed", "hello-world", clients, rate),
+        },
+        {
+            "figure": f"read req/s / governed floor req/s, {clients} conn",
+            "value": ratio("read", "governed", clients, rate),
+        },
+        {
+            "figure": "read p50 / governed floor p50, 1 conn",
+            "value": ratio("read", "governed", 1, "p50_ms"),
+        },
+    ]
+
+
 def ms(value: float) -> str:
     """Milliseconds to three decimals; a figure under 10 µs to four."""
     return f"{value:.4f}" if value < 0.01 else f"{value:.3f}"
@@ -265,6 +300,9 @@ def print_report(report: dict[str, Any]) -> None:
         print(
             f"{row['target']:<52}{row['value']:>10.2f}{bound:>10}  {'yes' if row['met'] else 'no'}"
         )
+    print(f"\n{'beside the governed floor (this run, no target)':<52}{'value':>10}")
+    for row in report["beside_governed_floor"]:
+        print(f"{row['figure']:<52}{row['value']:>10.2f}")
 
 
 def main() -> None:
@@ -305,6 +343,7 @@ def main() -> None:
         },
         "figures": figures,
         "targets": targets(figures, args.clients),
+        "beside_governed_floor": beside_governed_floor(figures, args.clients),
     }
     if args.json:
         print(json.dumps(report, indent=2))

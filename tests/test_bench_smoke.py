@@ -30,6 +30,12 @@ SMALL_RUNS = {
     "service_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
     "impact_bench.py": ["--entries", "50"],
 }  # fmt: skip
+PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
+    "service_bench.py": [
+        "hello-world Flask", "governed floor: hello + 1 decision + 1 fsync",
+        "read req/s / governed floor req/s",
+    ],
+}  # fmt: skip
 
 
 def test_every_bench_script_has_a_small_run() -> None:
@@ -48,6 +54,8 @@ def test_bench_runs(script: str, args: list[str], opa_bin: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()
+    for row in PRINTED_ROWS.get(script, []):
+        assert row in done.stdout
 
 
 def bench_env(opa_bin: str, tmp_path: Path) -> dict[str, str]:
