@@ -78,8 +78,9 @@ class PolicyClient:
     def decide(
         self, policy_input: PolicyInput | EncodedInput, *, trace_id: str | None = None
     ) -> DecisionTrace:
-        """The decision for policy_input, from the package that owns its action (trace_id:
-        the OpenTelemetry trace it was asked in, which the trace records)."""
+        """The decision for policy_input (or its `EncodedInput`, when the same bytes go to a
+        shadow too), from the package that owns its action (trace_id: the OpenTelemetry trace
+        it was asked in, which the trace records)."""
         if isinstance(policy_input, PolicyInput):
             policy_input = EncodedInput.of(policy_input)
         return self._decide(policy_input, self._hot, trace_id)
