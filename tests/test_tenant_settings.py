@@ -20,8 +20,8 @@ from service.policy.source import PolicySource, PolicySourceError
 from service.policy.tenant_settings import (
     TENANT_SETTINGS_PATH,
     TenantSettingsDocument,
+    document_errors,
     render_schema,
-    settings_errors,
 )
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
@@ -180,7 +180,7 @@ def test_the_committed_document_keeps_every_default() -> None:
         (POLICY_DIR / TENANT_SETTINGS_PATH).read_bytes()
     )
     assert document.settings == []
-    assert settings_errors(POLICY_DIR) == []
+    assert document_errors((POLICY_DIR / TENANT_SETTINGS_PATH).read_bytes()) == []
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_a_broken_document_is_named_without_its_values(
     policies = tmp_path / "policies"
     (policies / TENANT_SETTINGS_PATH).parent.mkdir(parents=True)
     (policies / TENANT_SETTINGS_PATH).write_text(json.dumps(document))
-    errors = settings_errors(policies)
+    errors = document_errors((policies / TENANT_SETTINGS_PATH).read_bytes())
     assert any(error in found for found in errors), errors
     assert all(found.startswith("sessionstate/tenants/data.json: ") for found in errors)
     assert not any(secret in str(errors) for secret in ("secret-profile", "tenant-x", '"no"'))

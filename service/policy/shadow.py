@@ -113,20 +113,20 @@ class ShadowPolicy:
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shadow")
         self._free = threading.BoundedSemaphore(THREADS)
 
-    def ask(self, policy_input: EncodedInput) -> ShadowQuestion:
+    def ask(self, encoded: EncodedInput) -> ShadowQuestion:
         deadline = time.monotonic() + self.bound
         if not self._free.acquire(blocking=False):
             return ShadowQuestion(None, deadline)
         try:
-            future = self._pool.submit(self._decide, policy_input)
+            future = self._pool.submit(self._decide, encoded)
         except RuntimeError:  # shutting down
             self._free.release()
             return ShadowQuestion(None, deadline)
         return ShadowQuestion(future, deadline)
 
-    def _decide(self, policy_input: EncodedInput) -> DecisionTrace:
+    def _decide(self, encoded: EncodedInput) -> DecisionTrace:
         try:
-            return self.client.decide(policy_input)
+            return self.client.decide(encoded)
         finally:
             self._free.release()
 

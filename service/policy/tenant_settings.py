@@ -119,25 +119,13 @@ def render_schema() -> str:
     return json.dumps(tenant_settings_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def settings_errors(policy_dir: Path) -> list[str]:
-    """Why the policy directory's tenant settings cannot be served; empty when they can.
+def document_errors(content: bytes | None) -> list[str]:
+    """Why a tenant settings document (its bytes as read into the policy bundle; None: there
+    is none) cannot be served; empty when it can.
 
     Errors name the file, the entry's position and the broken rule, never a value
     (not even a tenant id).
     """
-    path = policy_dir / TENANT_SETTINGS_PATH
-    if not path.exists():
-        return []
-    try:
-        content = path.read_bytes()
-    except OSError:
-        return [f"{TENANT_SETTINGS_PATH.as_posix()}: cannot be read"]
-    return document_errors(content)
-
-
-def document_errors(content: bytes | None) -> list[str]:
-    """Why a tenant settings document (its bytes; None: there is none) cannot be served, as
-    `settings_errors` says it."""
     if content is None:
         return []
     name = TENANT_SETTINGS_PATH.as_posix()
