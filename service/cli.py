@@ -36,6 +36,7 @@ from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
 from store.backends.contract import Lanes, StoreOffline
 from store.backends.postgres_schema import SchemaMismatch
+from store.canonical import canonical_json
 from store.evidence_chain import ChainCorrupt, chain_name, chain_names
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
@@ -498,7 +499,7 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
             print(line)
     elif args.review == "tail":
         for entry in decision_review.tail(data_dir, args.n):
-            print(json.dumps(entry))
+            print(canonical_json(entry).decode("utf-8"))  # the stored form: RFC 8785
     elif args.review == "prune":
         print(json.dumps({"pruned": decision_review.prune(data_dir, args.older_than_days)}))
     return 0

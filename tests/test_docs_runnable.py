@@ -2,7 +2,12 @@
 
 A fenced block whose info string starts with `sh`, `bash`, `shell`, `python`
 or `py` is a sample; one that also says `fragment` (```sh fragment) is not run
-(docker, placeholders, `make test` itself). The samples of one document run in
+(docker, placeholders, `make test` itself). A ```text output block that is the
+next block after a sample is what that sample prints: its standard output must
+be exactly that, or the test fails (so a recipe that says "it prints True" does).
+A ```sh offline block is for a stopped service's data dir (the offline review
+commands): it runs after the page's other samples, against a service of the
+page's own, once that is stopped, with `/srv/sessionstate` read as its data dir. The samples of one document run in
 order, in one bash process, against a real `sessionstate serve` (its OPA
 sidecar, LevelDB), from a directory that looks like the repository root (a
 link to each of its entries, so files a sample writes land there and not in
@@ -18,7 +23,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,7 @@ from tests.served import ROOT, Served, start
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"sh", "bash", "shell"}
+OFFLINE_DATA_DIR = "/srv/sessionstate"  # what an offline sample calls the data dir
 PYTHON = {"python", "py"}
 FENCE = re.compile(r"^( {0,4})```([^\n`]*)\n(.*?)^\1```[ \t]*$", re.DOTALL | re.MULTILINE)
 # A plain block that looks like a command must say what it is (sample, fragment, or text).
@@ -41,6 +47,7 @@ class Sample:
     line: int
     language: str  # "sh" or "python"
     code: str
+    output: str | None = None  # what it must print (the ```text output block after it)
 
     @property
     def where(self) -> str:
@@ -56,16 +63,24 @@ def blocks(doc: Path) -> Iterator[tuple[int, str, str]]:
         yield text.count("\n", 0, match.start()) + 1, match.group(2).strip(), body
 
 
-def samples(doc: Path) -> list[Sample]:
-    found = []
+def samples(doc: Path, kind: str = "online") -> list[Sample]:
+    """A doc's samples of one kind: run against the live service (`online`), against its data
+    dir once it is stopped (```sh offline), or never (`fragment`)."""
+    found: list[Sample] = []
+    follows: Sample | None = None  # the sample the previous block was, if it was one
     for line, info, body in blocks(doc):
         words = info.split()
-        if not words or "fragment" in words:
+        if words == ["text", "output"] and follows is not None:
+            found[-1] = replace(follows, output=body)
+        follows = None
+        if not words or _kind(words) != kind:
             continue
         if words[0] in SHELL:
-            found.append(Sample(doc, line, "sh", body))
+            follows = Sample(doc, line, "sh", body)
         elif words[0] in PYTHON:
-            found.append(Sample(doc, line, "python", body))
+            follows = Sample(doc, line, "python", body)
+        if follows is not None:
+            found.append(follows)
     return found
 
 
@@ -79,16 +94,28 @@ def test_every_block_that_looks_like_a_command_says_what_it_is() -> None:
     assert unmarked == [], "mark these blocks ```sh, ```sh fragment or ```text"
 
 
-def script(doc_samples: list[Sample], port: int) -> str:
-    """One bash script of a doc's samples, each announced on stderr for the failure report."""
+def _kind(words: list[str]) -> str:
+    return next((word for word in ("fragment", "offline") if word in words), "online")
+
+
+def script(doc_samples: list[Sample], port: int, data_dir: Path | None = None) -> str:
+    """One bash script of a doc's samples, each announced on stderr for the failure report.
+    The docs' port becomes the test's, and an offline sample's data dir the stopped one's."""
     parts = ["set -euo pipefail"]
     for sample in doc_samples:
         code = sample.code.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+        if data_dir is not None:
+            code = code.replace(OFFLINE_DATA_DIR, str(data_dir))
         parts.append(f"echo {shlex.quote('::sample ' + sample.where)} >&2")
-        if sample.language == "sh":
+        if sample.language == "python":
+            code = f".venv/bin/python - <<'SESSIONSTATE_SAMPLE'\n{code}SESSIONSTATE_SAMPLE\n"
+        if sample.output is None:
             parts.append(code)
-        else:
-            parts.append(f".venv/bin/python - <<'SESSIONSTATE_SAMPLE'\n{code}SESSIONSTATE_SAMPLE")
+            continue
+        # In this shell (a variable it sets is there for the next sample), its output kept.
+        parts.append(f"{{\n{code}}} > .sample-output\ncat .sample-output")
+        expected = f"<<'SESSIONSTATE_OUTPUT'\n{sample.output}SESSIONSTATE_OUTPUT"
+        parts.append(f"diff -u - .sample-output {expected}\n")
     return "\n".join(parts) + "\n"
 
 
@@ -119,22 +146,55 @@ def test_the_samples_of_a_doc_run_as_pasted(
     doc: Path, docs_service: Served, tmp_path: Path
 ) -> None:
     port = int(docs_service.url.rsplit(":", 1)[1])
+    checkout = checkout_view(tmp_path / "checkout")
+    run_samples(script(samples(doc), port), reader_env(docs_service), checkout)
+
+
+OFFLINE_DOCS = [doc for doc in DOCS if samples(doc, "offline")]
+
+
+@pytest.mark.parametrize("doc", OFFLINE_DOCS, ids=[doc.name for doc in OFFLINE_DOCS])
+def test_the_offline_samples_of_a_doc_run_on_the_stopped_service(
+    doc: Path, opa_bin: str, tmp_path: Path
+) -> None:
+    """A page's samples against a service of its own, then, once it is stopped, its offline
+    samples (```sh offline) on that data dir, in the same directory (they use what the
+    page's samples kept, e.g. a checkpoint), as a reviewer with the data dir would."""
+    served = start(opa_bin, tmp_path / "var", tmp_path)
+    port = int(served.url.rsplit(":", 1)[1])
+    env = reader_env(served)
+    checkout = checkout_view(tmp_path / "checkout")
+    try:
+        run_samples(script(samples(doc), port), env, checkout)
+    finally:
+        served.process.terminate()
+        served.process.wait(20)
+    run_samples(script(samples(doc, "offline"), port, served.data_dir), env, checkout)
+
+
+def reader_env(served: Served) -> dict[str, str]:
+    """The shell of a reader who started the service as `served` was: its settings."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith("SESSIONSTATE_") or key == "SESSIONSTATE_OPA_BIN"
     }
-    # The reader's shell: the same settings the service was started with.
     env |= {
-        "SESSIONSTATE_DATA_DIR": str(docs_service.data_dir),
-        "SESSIONSTATE_PORT": str(port),
+        "SESSIONSTATE_DATA_DIR": str(served.data_dir),
+        "SESSIONSTATE_PORT": served.url.rsplit(":", 1)[1],
         "SESSIONSTATE_DURABLE_WRITES": "true",
     }
-    served_env = _served_env(docs_service)
-    env |= {key: value for key, value in served_env.items() if key.startswith("SESSIONSTATE_")}
+    served_env = _served_env(served)
+    return env | {
+        key: value for key, value in served_env.items() if key.startswith("SESSIONSTATE_")
+    }
+
+
+def run_samples(code: str, env: dict[str, str], where: Path) -> None:
+    """Run a samples script in `where`, a checkout view."""
     done = subprocess.run(
-        ["bash", "-c", script(samples(doc), port)],
-        cwd=checkout_view(tmp_path / "checkout"),
+        ["bash", "-c", code],
+        cwd=where,
         env=env,
         capture_output=True,
         text=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rfc8785
 
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
@@ -388,8 +389,11 @@ def test_offline_review_of_a_stopped_service(
     assert main(["decisions", "export", "--tenant", "tenant-a"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 6
     assert main(["decisions", "tail", "-n", "2"]) == 0
-    tail = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    lines = capsys.readouterr().out.splitlines()
+    tail = [json.loads(line) for line in lines]
     assert [e["decision"]["action"] for e in tail] == ["replay", "read"]
+    # As stored: each line is the entry's RFC 8785 form, byte for byte.
+    assert [rfc8785.dumps(entry).decode() for entry in tail] == lines
 
     # Truncate the tail: the chain alone still verifies, the kept checkpoint does not.
     from store.lanes import LaneStore

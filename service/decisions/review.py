@@ -143,7 +143,11 @@ def _only_chain(lanes: LaneStore) -> str:
 def public_key(data_dir: Path) -> bytes:
     """PEM of the checkpoint signing key, for reviewers to pin and keep apart."""
     if not (data_dir / SECRETS_DIR / KEY_FILE).exists():
-        raise ReviewError("no checkpoint key in the data dir yet: no checkpoint was ever signed")
+        raise ReviewError(
+            f"no checkpoint key in the data dir ({SECRETS_DIR}/{KEY_FILE}): none was made here "
+            "yet, or it was removed (a removed key may itself be evidence); verify against the "
+            "public key you pinned with --public-key"
+        )
     return CheckpointSigner.from_data_dir(data_dir).public_key_pem
 
 
