@@ -173,6 +173,7 @@ def test_an_old_edited_entry_the_resumed_verify_skips_is_found_by_the_scrub(
 ) -> None:
     data_dir = tmp_path / "var"
     with live_service(sidecar, service_settings(data_dir, decision_scrub_seconds=0)) as service:
+        assert service.context.scrub is None  # 0: no scrub
         decide(service, 5)
         first = verify(service)  # no head to resume from: the whole chain
         assert first["ok"] and first["resumed_from"] is None
