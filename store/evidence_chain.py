@@ -523,7 +523,7 @@ class EvidenceChain:
     def _resume_from(self, anchor: ChainHead | None, since: Checkpoint) -> ChainVerification:
         if anchor is None or since.seq < anchor.seq:
             return self._verify_from(anchor, None, None)
-        if since.seq == anchor.seq or not self._holds(since):
+        if since.seq == anchor.seq or not self._holds(since.seq, since.head_hash):
             return self._verify_from(anchor, since, None)
         start = ChainHead(seq=since.seq, hash=since.head_hash)
         walk = _Walk(start, verified=since.seq - anchor.seq, walked_from=since.seq)
@@ -535,8 +535,8 @@ class EvidenceChain:
         whether the walk reached the chain's end (or a problem).
 
         `after` is where the previous part stopped (its `head_seq` and `head_hash`), None
-        to begin at the anchor; when retention pruned up to it or past it meanwhile, the
-        walk begins at the anchor again. A part begins at the key of `after` itself, so a
+        to begin at the anchor; when retention pruned up to it or past it meanwhile, or the
+        entry there no longer holds (cut, or edited), the walk begins at the anchor again. A part begins at the key of `after` itself, so a
         key that is not an entry is seen wherever it sorts, as by a whole walk. `entries`
         counts from the anchor, as `verify_resumed`'s does.
         """
@@ -552,7 +552,7 @@ class EvidenceChain:
     ) -> tuple[ChainVerification, bool]:
         if anchor is None:
             return self._verify_from(anchor, None, None), True
-        if after is None or after.seq <= anchor.seq:
+        if after is None or after.seq <= anchor.seq or not self._holds(after.seq, after.hash):
             walk, stored = _Walk(anchor), self._stored()
         else:
             walk = _Walk(after, verified=after.seq - anchor.seq)
@@ -568,15 +568,15 @@ class EvidenceChain:
         outcome = walk.over(counted())
         return outcome, not outcome.ok or read < limit
 
-    def _holds(self, head: Checkpoint) -> bool:
-        """Whether the entry at head's seq is stored, reads, and hashes to head's hash."""
-        stored = self._lanes.get(entry_key(head.seq, self.name))
+    def _holds(self, seq: int, hash_: str) -> bool:
+        """Whether the entry at seq is stored, reads, and hashes to hash_."""
+        stored = self._lanes.get(entry_key(seq, self.name))
         entry = None if stored is None else parse_entry(stored)
         return (
             entry is not None
-            and entry.get("seq") == head.seq
-            and entry.get("hash") == head.head_hash
-            and _entry_hash(entry) == head.head_hash
+            and entry.get("seq") == seq
+            and entry.get("hash") == hash_
+            and _entry_hash(entry) == hash_
         )
 
     def prune(self, before: datetime) -> int:

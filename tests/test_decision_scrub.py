@@ -91,6 +91,16 @@ def test_a_pass_goes_on_where_it_stopped(chain: EvidenceChain, tmp_path: Path) -
     assert last_full_walk(chain, again.verifier()) == found
 
 
+def test_a_pass_whose_position_was_cut_begins_again(chain: EvidenceChain, tmp_path: Path) -> None:
+    signer = CheckpointSigner.from_data_dir(tmp_path)
+    assert scrub_step(chain, signer, T0, 8) is None and position(chain, signer) == 8
+    for seq in (7, 8, 9, 10):
+        chain.lanes.delete(entry_key(seq, TENANT))
+    ended = scrub_step(chain, signer, T0, 100)
+    assert ended is not None and ended.ok and ended.entries == 6
+    assert ended.checkpoint is not None and ended.checkpoint.seq == 6  # the head there is
+
+
 def test_a_forged_position_starts_the_pass_again(chain: EvidenceChain, tmp_path: Path) -> None:
     """Someone who can write the store, not read the key, moves the pass past their edit."""
     signer = CheckpointSigner.from_data_dir(tmp_path)
