@@ -20,6 +20,7 @@ from service.decisions import revisions
 from service.decisions.journal import DecisionJournal, RetentionTask
 from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
+from service.decisions.scrub import DecisionScrub
 from service.metrics import ServiceMetrics
 from service.policy.client import PolicyClient
 from service.policy.gate import PolicyGate
@@ -73,6 +74,7 @@ class ServiceContext:
     rate_limit_log: RateLimitLog
     session_tokens: SessionTokenIssuer
     retention: RetentionTask | None = None
+    scrub: DecisionScrub | None = None  # None: SESSIONSTATE_DECISION_SCRUB_SECONDS is 0
     approval_pruner: ExpiredApprovalPruner | None = None
     policy_source: PolicySnapshots | None = (
         None  # the sidecar's policy snapshot; None: external OPA
@@ -160,6 +162,17 @@ class ServiceContext:
                 if settings.decision_retention_days is None
                 else RetentionTask(lanes, settings.decision_retention_days, clock=clock)
             ),
+            scrub=(
+                None
+                if settings.decision_scrub_seconds == 0
+                else DecisionScrub(
+                    lanes,
+                    settings.data_dir,
+                    interval=settings.decision_scrub_seconds,
+                    clock=clock,
+                    metrics=metrics,
+                )
+            ),
             policy_source=policy_source,
             approval_pruner=ExpiredApprovalPruner(lanes, clock=clock),
         )
@@ -171,6 +184,8 @@ class ServiceContext:
     def close(self) -> None:
         if self.retention is not None:
             self.retention.close()
+        if self.scrub is not None:
+            self.scrub.close()
         if self.approval_pruner is not None:
             self.approval_pruner.close()
         self.rate_limit_log.close()  # its summaries go through the journal

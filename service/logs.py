@@ -35,6 +35,8 @@ FIELDS = (
     "outcome",
     "deciding",
     "errors",
+    "chain",
+    "problem",
 )
 
 

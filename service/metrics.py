@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -15,7 +15,7 @@ from store.backends.contract import Lanes
 
 class ServiceMetrics:
     """Requests by route and status, decisions by action and outcome, corrupt reads, lost log,
-    429s, the store's health."""
+    429s, the decision scrub, the store's health."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -68,6 +68,17 @@ class ServiceMetrics:
             "(body_too_large, request_timeout, request_target_too_long, "
             "request_headers_too_large, malformed_request).",
             ["reason"],
+            registry=self.registry,
+        )
+        self.decision_scrub_failures = Counter(
+            "sessionstate_decision_scrub_failures",
+            "Background whole walks of a tenant's decision chain that found a problem, or "
+            "could not read the store (the log event decision_scrub_failed says which).",
+            registry=self.registry,
+        )
+        self.decision_scrub_last_success = Gauge(
+            "sessionstate_decision_scrub_last_success_timestamp_seconds",
+            "When a scrub round last ended with every chain it walked holding (0: not yet).",
             registry=self.registry,
         )
 

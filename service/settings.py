@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     token_signing_key_file: Path | None = None
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
+    # The decision scrub (service.decisions.scrub): each tenant's chain walked whole at
+    # least this often, in the background; 0 turns it off.
+    decision_scrub_seconds: int = Field(default=86_400, ge=0, le=31_536_000)
     opa_timeout_ms: int = Field(default=250, ge=10, le=10_000)
     # How request decisions reach OPA: one kept-alive connection per thread, or
     # opa-python-client (which probes, reload checks and engine checks always use).

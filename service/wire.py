@@ -12,6 +12,7 @@ from service.decisions.revisions import RevisionSummary
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
 from store.checkpoints import Checkpoint
+from store.full_walk import FullWalk
 from store.record import SessionStateRecord
 from store.reports import SessionStateReadReport, SessionStateWriteReport
 
@@ -103,6 +104,20 @@ class DecisionVerifyResponse(_Envelope):
         "entry at its seq was checked against its hash, and every entry after it was walked; "
         "null: the whole chain was walked (full=true, or no usable head was remembered)",
     )
+    walked_from_seq: int | None = Field(
+        description="the first entry this verify read: the first after the retention anchor "
+        "for a whole walk, resumed_from's seq for a resumed one; null: it read none (the "
+        "chain holds no entry)"
+    )
+    walked_to_seq: int | None = Field(
+        description="the last entry this verify read (the head, or where the problem is); "
+        "equal to walked_from_seq when a resumed verify found nothing new; null: it read none"
+    )
+    last_full_walk: FullWalk | None = Field(
+        description="the last walk of the whole chain the service did (this one, when it "
+        "walked the whole chain; else an earlier full verify or the background scrub): what "
+        "vouches for the entries before walked_from_seq; null: none yet"
+    )
     decision: DecisionTrace
 
 
@@ -165,5 +180,7 @@ class Readiness(_Envelope):
         default_factory=list,
         description="what is wrong without stopping it from serving: policy_source_invalid, "
         "policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle "
-        "offered at the last reload)",
+        "offered at the last reload), decision_scrub_failed (the last whole walk of a "
+        "tenant's decision chain found a problem: the decision_scrub_failed log event names "
+        "the chain, the problem and the seq)",
     )

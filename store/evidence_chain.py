@@ -24,6 +24,7 @@ fixed vocabulary and a seq, and an exception carries a fixed message.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -109,6 +110,15 @@ class ChainVerification(BaseModel):
     head_seq: int = Field(default=0, ge=0, description="seq of that entry (else the anchor's)")
     first_invalid_seq: int | None = None
     problem: ChainProblem | None = None
+    walked_from_seq: int | None = Field(
+        default=None,
+        description="the first entry this walk read (the anchor's next, or the verified head it "
+        "resumed from); null: it read none (the chain holds no entry)",
+    )
+    walked_to_seq: int | None = Field(
+        default=None,
+        description="the last entry this walk read (the head, or where it stopped); null: none",
+    )
 
 
 def chain_name(tenant_id: str | None) -> str:
@@ -269,6 +279,8 @@ class _Walk:
     expected: int = field(init=False)
     prev_hash: str = field(init=False)
     verified: int = 0
+    walked_from: int | None = None  # the first entry read (preset: a resumed walk's head)
+    walked_to: int | None = None
 
     def __post_init__(self) -> None:
         self.expected = self.anchor.seq + 1
@@ -278,6 +290,8 @@ class _Walk:
         """Check the next stored key; the (seq, problem) it shows, or None when it verifies."""
         if seq is None:
             return self.expected, "entry_unreadable"
+        self.walked_from = seq if self.walked_from is None else self.walked_from
+        self.walked_to = seq
         if seq < self.expected:  # an entry retention removed is back, or the anchor moved
             return seq, "anchor_invalid"
         if seq > self.expected:
@@ -326,6 +340,8 @@ class _Walk:
             head_seq=self.expected - 1,
             first_invalid_seq=seq,
             problem=problem,
+            walked_from_seq=self.walked_from,
+            walked_to_seq=self.walked_to if self.walked_to is not None else self.walked_from,
         )
 
 
@@ -507,21 +523,60 @@ class EvidenceChain:
     def _resume_from(self, anchor: ChainHead | None, since: Checkpoint) -> ChainVerification:
         if anchor is None or since.seq < anchor.seq:
             return self._verify_from(anchor, None, None)
-        if since.seq == anchor.seq or not self._holds(since):
+        if since.seq == anchor.seq or not self._holds(since.seq, since.head_hash):
             return self._verify_from(anchor, since, None)
         start = ChainHead(seq=since.seq, hash=since.head_hash)
-        walk = _Walk(start, verified=since.seq - anchor.seq)
+        walk = _Walk(start, verified=since.seq - anchor.seq, walked_from=since.seq)
         return walk.over(self._stored(first=since.seq + 1))
 
-    def _holds(self, head: Checkpoint) -> bool:
-        """Whether the entry at head's seq is stored, reads, and hashes to head's hash."""
-        stored = self._lanes.get(entry_key(head.seq, self.name))
+    def verify_part(self, after: ChainHead | None, limit: int) -> tuple[ChainVerification, bool]:
+        """A whole walk a part at a time (`store.chain_scrub`): read at most `limit` stored
+        keys after `after` and check them as `verify` does, linking on from its hash; and
+        whether the walk reached the chain's end (or a problem).
+
+        `after` is where the previous part stopped (its `head_seq` and `head_hash`), None
+        to begin at the anchor; when retention pruned up to it or past it meanwhile, or the
+        entry there no longer holds (cut, or edited), the walk begins at the anchor again. A part begins at the key of `after` itself, so a
+        key that is not an entry is seen wherever it sorts, as by a whole walk. `entries`
+        counts from the anchor, as `verify_resumed`'s does.
+        """
+        for _ in range(_VERIFY_ATTEMPTS):
+            anchor = self._read_anchor()
+            outcome, ended = self._part_from(anchor, after, limit)
+            if outcome.ok or self._read_anchor() == anchor:
+                break
+        return outcome, ended
+
+    def _part_from(
+        self, anchor: ChainHead | None, after: ChainHead | None, limit: int
+    ) -> tuple[ChainVerification, bool]:
+        if anchor is None:
+            return self._verify_from(anchor, None, None), True
+        if after is None or after.seq <= anchor.seq or not self._holds(after.seq, after.hash):
+            walk, stored = _Walk(anchor), self._stored()
+        else:
+            walk = _Walk(after, verified=after.seq - anchor.seq)
+            stored = (item for item in self._stored(first=after.seq) if item[0] != after.seq)
+        read = 0
+
+        def counted() -> Iterator[tuple[int | None, bytes]]:
+            nonlocal read
+            for item in itertools.islice(stored, limit):
+                read += 1
+                yield item
+
+        outcome = walk.over(counted())
+        return outcome, not outcome.ok or read < limit
+
+    def _holds(self, seq: int, hash_: str) -> bool:
+        """Whether the entry at seq is stored, reads, and hashes to hash_."""
+        stored = self._lanes.get(entry_key(seq, self.name))
         entry = None if stored is None else parse_entry(stored)
         return (
             entry is not None
-            and entry.get("seq") == head.seq
-            and entry.get("hash") == head.head_hash
-            and _entry_hash(entry) == head.head_hash
+            and entry.get("seq") == seq
+            and entry.get("hash") == hash_
+            and _entry_hash(entry) == hash_
         )
 
     def prune(self, before: datetime) -> int:

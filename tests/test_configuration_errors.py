@@ -73,6 +73,7 @@ def _one_line(stderr: str) -> str:
         ("SESSIONSTATE_OPA_TIMEOUT_MS", "fast", "a whole number from 10 to 10000"),
         ("SESSIONSTATE_WATCH_POLICIES", "sometimes", "true or false"),
         ("SESSIONSTATE_DECISION_RETENTION_DAYS", "-5", "a whole number from 1 to 36500, or unset"),
+        ("SESSIONSTATE_DECISION_SCRUB_SECONDS", "-1", "a whole number from 0 to 31536000"),
     ],
 )
 def test_an_invalid_setting_is_one_line_naming_the_variable_and_what_it_accepts(

@@ -5,6 +5,7 @@ page says from where its status was walked."""
 from __future__ import annotations
 
 import json
+import re
 
 from service.contract import NEXT_CURSOR_HEADER
 from store.canonical import canonical_json
@@ -113,6 +114,13 @@ def test_the_reviewers_page_says_from_where_it_walked(service: LiveService) -> N
     first = service.call("GET", "/ui/decisions")
     assert first.status_code == 200 and "Chain verified" in first.text
     assert "walked now from the head verified at" not in first.text
+    assert "Read now: seq 1&ndash;" in first.text
+    assert "Last walk of the whole chain (a verify)" in first.text
     second = service.call("GET", "/ui/decisions")
     assert "Chain verified" in second.text
     assert "walked now from the head verified at" in second.text
+    # what it read now, and the whole walk (the first view's) that vouches for the rest
+    resumed = re.search(r"walked now from the head verified at \S+ \(seq (\d+)\)", second.text)
+    assert resumed is not None
+    assert f"Read now: seq {resumed.group(1)}&ndash;" in second.text
+    assert "Last walk of the whole chain (a verify)" in second.text

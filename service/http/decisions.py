@@ -41,6 +41,7 @@ from service.wire import (
     PolicyRevisionsResponse,
 )
 from store.checkpoints import CheckpointSigner
+from store.full_walk import FullWalk, last_full_walk, record_full_walk
 from store.signed_head import Verified, resumed_checkpoint
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
 
@@ -57,11 +58,20 @@ def _query(model: type[Q]) -> Q:
         raise Problem(Reason.VALIDATION_FAILED, errors=violations) from None
 
 
-def chain_status(tenant: str, *, full: bool = False) -> Verified:
+def chain_status(tenant: str, *, full: bool = False) -> tuple[Verified, FullWalk | None]:
     """The tenant's chain verified, from the head the last verify signed unless `full`; a
-    checkpoint of the head that verified (none for a broken chain), remembered for the next."""
+    checkpoint of the head that verified (none for a broken chain), remembered for the next.
+    And the chain's last whole walk: this one, recorded, when it walked the whole chain."""
     chain = context().decision_log.chain(tenant)
-    return resumed_checkpoint(chain, context().settings.data_dir, context().clock(), full=full)
+    data_dir, now = context().settings.data_dir, context().clock()
+    verified = resumed_checkpoint(chain, data_dir, now, full=full)
+    if verified.resumed_from is None:
+        checkpoint = verified.checkpoint
+        return verified, record_full_walk(
+            chain, verified.result, at=now, by="verify", checkpoint=checkpoint
+        )
+    # Resumed from a head the data dir's key signed: the key exists.
+    return verified, last_full_walk(chain, CheckpointSigner.from_data_dir(data_dir).verifier())
 
 
 def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace, str]:
@@ -106,7 +116,7 @@ def verify_decisions() -> Response:
     full = _query(VerifyQuery).full == "true"
     trace, tenant = audit_decision(actor)
     # A checkpoint vouches for a head that verified; a broken chain gets none.
-    verified = chain_status(tenant, full=full)
+    verified, last_walk = chain_status(tenant, full=full)
     result = verified.result
     signer = CheckpointSigner.from_data_dir(context().settings.data_dir)
     return json_response(
@@ -119,6 +129,9 @@ def verify_decisions() -> Response:
             checkpoint=verified.checkpoint,
             checkpoint_public_key=signer.public_key_pem.decode("ascii"),
             resumed_from=verified.resumed_from,
+            walked_from_seq=result.walked_from_seq,
+            walked_to_seq=result.walked_to_seq,
+            last_full_walk=last_walk,
             decision=trace,
         )
     )

@@ -26,7 +26,8 @@ def readyz() -> Response:
     A policy directory that did not compile at the last reload, or a signed
     bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
     every instance out of rotation over an edit nobody activated would turn a
-    refused change into an outage.
+    refused change into an outage. So is a decision chain the scrub found broken: the
+    entries are what they are on every instance, and a reviewer must look.
     """
     ctx = context()
     probe = ctx.gate.client.probe()
@@ -48,6 +49,8 @@ def readyz() -> Response:
     warnings = ["policy_source_invalid"] if source_valid is False else []
     if source_valid is False and isinstance(ctx.policy_source, SignedBundleSource):
         warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
+    if ctx.scrub is not None and ctx.scrub.failing:
+        warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
     ready = not reasons
     body = Readiness(
         ready=ready,

@@ -154,7 +154,7 @@ def decisions() -> Response:
         everything = decision_log.entries(tenant, query.model_copy(update={"cursor": None}))
         chart = decision_chart((e.decision.evaluated_at, e.decision.allow) for e in everything)
     # From the head the last verify signed: a view does not walk the whole log again.
-    verified = chain_status(tenant)
+    verified, last_walk = chain_status(tenant)
     lanes = context().lanes
     body = render_template(
         "ui/decisions.html",
@@ -163,6 +163,7 @@ def decisions() -> Response:
         trace=trace,
         chain=verified.result,
         resumed=verified.resumed_from,
+        last_walk=last_walk,
         filters=filters,
         actions=ACTIONS,
         problems=problems,

@@ -288,6 +288,42 @@ class DecisionListResponse(_Response):
     decision: DecisionTrace
 
 
+class FullWalk(_Response):
+    """A walk of the whole chain, from its anchor to its head (or to its first problem)."""
+
+    at: Annotated[
+        str,
+        Field(pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?Z$"),
+    ] = Field(description="when it ended, RFC 3339 UTC")
+    by: Literal["verify", "scrub"] = Field(
+        description="verify: a verify that walked the whole chain (full=true, or none before it); scrub: the service's background walk (SESSIONSTATE_DECISION_SCRUB_SECONDS)"
+    )
+    ok: bool
+    entries: Annotated[int, Field(ge=0)] = Field(
+        description="entries that verified before any problem"
+    )
+    first_invalid_seq: int | None
+    problem: (
+        Literal[
+            "entry_unreadable",
+            "seq_gap",
+            "seq_mismatch",
+            "prev_hash_mismatch",
+            "hash_mismatch",
+            "truncated_before_checkpoint",
+            "checkpoint_mismatch",
+            "checkpoint_signature_invalid",
+            "anchor_invalid",
+            "checkpoint_before_anchor",
+            "checkpoint_other_chain",
+        ]
+        | None
+    ) = Field(description="what broke at first_invalid_seq")
+    checkpoint: Checkpoint | None = Field(
+        description="the head it reached, signed at `at` (none when it found a problem)"
+    )
+
+
 class DecisionVerifyResponse(_Response):
     """`GET /v1/decisions/verify`: the chain's state, and a signed checkpoint of its head."""
 
@@ -307,6 +343,15 @@ class DecisionVerifyResponse(_Response):
     resumed_from: Checkpoint | None = Field(
         default=None,
         description="the signed head an earlier verify left, which this walk resumed from: the entry at its seq was checked against its hash, and every entry after it was walked; null: the whole chain was walked (full=true, or no usable head was remembered)",
+    )
+    walked_from_seq: int | None = Field(
+        description="the first entry this verify read: the first after the retention anchor for a whole walk, resumed_from's seq for a resumed one; null: it read none (the chain holds no entry)"
+    )
+    walked_to_seq: int | None = Field(
+        description="the last entry this verify read (the head, or where the problem is); equal to walked_from_seq when a resumed verify found nothing new; null: it read none"
+    )
+    last_full_walk: FullWalk | None = Field(
+        description="the last walk of the whole chain the service did (this one, when it walked the whole chain; else an earlier full verify or the background scrub): what vouches for the entries before walked_from_seq; null: none yet"
     )
     decision: DecisionTrace
 
@@ -422,7 +467,7 @@ class Readiness(_Response):
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload)",
+        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq)",
     )
 
 
