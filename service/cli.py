@@ -21,6 +21,7 @@ from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
 from service.decisions import revisions
+from service.decisions.bundle import VERIFIER
 from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
 from service.decisions.review import ReviewError
 from service.impact.candidate import CandidateUnavailable
@@ -132,6 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--public-key", type=Path, help="the checkpoint key's PEM, kept apart (else the data dir's)"
     )
     review.add_parser("public-key", help="print the checkpoint key's PEM, to pin and keep apart")
+    review.add_parser(
+        "verifier",
+        help="print the evidence bundles' verify.py (standard library only), to run on a "
+        "bundle instead of the one it ships",
+    )
     export = review.add_parser("export", help="NDJSON in OPA's decision log field names")
     export.add_argument("--tenant", help="only this tenant's entries")
     revisions_parser = review.add_parser(
@@ -480,6 +486,9 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     if args.review == "public-key":
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
+    elif args.review == "verifier":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(VERIFIER.read_bytes())  # byte for byte what bundles ship
     elif args.review == "checkpoint":
         print(decision_review.checkpoint(data_dir, args.tenant).model_dump_json())
     elif args.review == "bundle":

@@ -46,7 +46,8 @@ _SEED_BYTES = 32
 # What an evidence bundle's manifest says it is. The key signs manifests as well as
 # checkpoints; a manifest always carries this field, so its signed bytes are never the
 # payload of a checkpoint (four or five other fields), nor the reverse.
-BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
+# v2: the manifest lists the sha256 of every other file of the bundle (v1 did not).
+BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v2"
 
 
 class Checkpoint(BaseModel):
