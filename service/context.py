@@ -158,7 +158,12 @@ class ServiceContext:
             retention=(
                 None
                 if settings.decision_retention_days is None
-                else RetentionTask(lanes, settings.decision_retention_days, clock=clock)
+                else RetentionTask(
+                    lanes,
+                    settings.decision_retention_days,
+                    data_dir=settings.data_dir,
+                    clock=clock,
+                )
             ),
             policy_source=policy_source,
             approval_pruner=ExpiredApprovalPruner(lanes, clock=clock),

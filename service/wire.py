@@ -11,7 +11,7 @@ from service.decisions.log import DecisionLogEntry
 from service.decisions.revisions import RevisionSummary
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
-from store.checkpoints import Checkpoint
+from store.checkpoints import Checkpoint, RetentionAnchor
 from store.record import SessionStateRecord
 from store.reports import SessionStateReadReport, SessionStateWriteReport
 
@@ -102,6 +102,15 @@ class DecisionVerifyResponse(_Envelope):
         description="the signed head an earlier verify left, which this walk resumed from: the "
         "entry at its seq was checked against its hash, and every entry after it was walked; "
         "null: the whole chain was walked (full=true, or no usable head was remembered)",
+    )
+    anchor: RetentionAnchor | None = Field(
+        default=None,
+        description="the signed retention anchor the chain starts from, its signature checked "
+        "with the checkpoint key: `origin` `retention` (signed as retention pruned up to it) "
+        "or `db_upgrade` (an older release's unsigned anchor, signed by `sessionstate db "
+        "upgrade` after the chain from it verified: it vouches that the rest was intact then, "
+        "not that retention removed what went before); null: nothing was pruned, or the "
+        "anchor did not verify (`anchor_unsigned`, `anchor_signature_invalid`)",
     )
     decision: DecisionTrace
 

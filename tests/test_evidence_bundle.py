@@ -524,7 +524,12 @@ def test_after_retention_the_bundle_starts_at_the_anchor(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lanes = LaneStore(stopped / "leveldb")
-    assert EvidenceChain(lanes, "acme").prune(T0 + timedelta(minutes=6)) == 4  # minutes 1-3, 5
+    assert (
+        EvidenceChain(lanes, "acme").prune(
+            T0 + timedelta(minutes=6), CheckpointSigner.from_data_dir(stopped), T0
+        )
+        == 4
+    )  # minutes 1-3, 5
     lanes.close()
     archive = tmp_path / "acme.tar.gz"
     assert main(["decisions", "bundle", "--out", str(archive), "--tenant", "acme"]) == 0
