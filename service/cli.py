@@ -273,10 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ChainUnverified, LegacyChainUnverified) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 1
-    except ChainCorrupt:
+    except ChainCorrupt as error:  # its messages are fixed: they never quote stored bytes
         print(
-            "sessionstate: the decision log's newest entry or anchor does not read; "
-            "run `sessionstate decisions verify` to find the first bad seq",
+            f"sessionstate: the decision log cannot be extended or pruned ({error}); "
+            "run `sessionstate decisions verify` to find the first problem",
             file=sys.stderr,
         )
         return 1

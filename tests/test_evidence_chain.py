@@ -627,6 +627,120 @@ def test_the_anchor_alone_gives_the_head_of_an_emptied_lane(lanes: LaneStore) ->
     assert chain.head() == ChainHead(seq=4, hash=entries[3]["hash"])
 
 
+def forge_retention(lanes: LaneStore, entries: list[dict[str, Any]], upto: int) -> None:
+    """What an attacker who can write the store but not read the key does: delete the oldest
+    entries and store the anchor retention would have stored, as older releases stored it."""
+    for seq in range(1, upto + 1):
+        lanes.delete(entry_key(seq))
+    lanes.put(ANCHOR_KEY, canonical_json({"seq": upto, "hash": entries[upto - 1]["hash"]}))
+
+
+def test_the_anchor_retention_signs_names_its_origin_in_the_answer(lanes: LaneStore) -> None:
+    chain, _ = old_and_new(lanes)
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
+    outcome = chain.verify(verifier=VERIFIER)
+    assert outcome.ok and outcome.anchor is not None
+    assert (outcome.anchor.seq, outcome.anchor.origin) == (3, "retention")
+    assert VERIFIER.verify_anchor(outcome.anchor, NO_TENANT_CHAIN)
+
+
+def test_a_forged_unsigned_anchor_is_anchor_unsigned(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    assert_fails(chain, None, "anchor_unsigned")
+    assert chain.verify().problem == "anchor_unsigned"  # no key to check with changes nothing
+    with pytest.raises(ChainCorrupt, match=r"not signed.*db upgrade"):
+        chain.prune(T0 + timedelta(days=50), SIGNER, T0)  # retention does not vouch for it
+
+
+@pytest.mark.parametrize("forgery", ["other-key", "other-chain", "edited", "no-verifier"])
+def test_an_anchor_not_signed_for_this_chain_by_this_key_fails(
+    lanes: LaneStore, forgery: str
+) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    start = ChainHead(seq=3, hash=entries[2]["hash"])
+    signer = CheckpointSigner(b"\x06" * 32) if forgery == "other-key" else SIGNER
+    name = "tenant-b" if forgery == "other-chain" else NO_TENANT_CHAIN
+    anchor = signer.sign_anchor(name, start, "retention", T0).model_dump()
+    if forgery == "edited":
+        anchor["origin"] = "db_upgrade"
+    lanes.put(ANCHOR_KEY, canonical_json(anchor))
+    verifier = None if forgery == "no-verifier" else VERIFIER
+    outcome = chain.verify(verifier=verifier)
+    assert (outcome.ok, outcome.first_invalid_seq, outcome.problem) == (
+        False,
+        None,
+        "anchor_signature_invalid",
+    )
+    assert outcome.anchor is None
+    if forgery == "no-verifier":
+        return  # a genuine anchor, checked with no key: retention with the key goes on
+    with pytest.raises(ChainCorrupt, match="signature does not verify"):
+        chain.prune(T0 + timedelta(days=50), SIGNER, T0)
+
+
+def test_a_checkpoints_signature_never_passes_as_an_anchors(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    checkpoint = SIGNER.sign(ChainHead(seq=3, hash=entries[2]["hash"]), T0)
+    anchor = {
+        "kind": "sessionstate.retention_anchor.v1",
+        "chain": NO_TENANT_CHAIN,
+        "seq": 3,
+        "hash": entries[2]["hash"],
+        "origin": "retention",
+        "signed_at": checkpoint.issued_at,
+        "key_id": checkpoint.key_id,
+        "signature": checkpoint.signature,
+    }
+    lanes.put(ANCHOR_KEY, canonical_json(anchor))
+    assert_fails(chain, None, "anchor_signature_invalid")
+    signed = SIGNER.sign_anchor(
+        NO_TENANT_CHAIN, ChainHead(seq=3, hash=entries[2]["hash"]), "retention", T0
+    )
+    as_checkpoint = checkpoint.model_copy(update={"signature": signed.signature})
+    assert not VERIFIER.verify(as_checkpoint)
+
+
+def test_a_resumed_walk_checks_the_anchor_too(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
+    since = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
+    assert chain.verify_resumed(since, VERIFIER).ok
+    forge_retention(lanes, entries, 3)
+    assert chain.verify_resumed(since, VERIFIER).problem == "anchor_unsigned"
+
+
+def test_db_upgrade_signs_an_unsigned_anchor_once_the_chain_from_it_verifies(
+    lanes: LaneStore,
+) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)  # as an older release's retention left it
+    assert chain.sign_unsigned_anchor(SIGNER, T0 + timedelta(days=30)) is not None
+    outcome = chain.verify(verifier=VERIFIER)
+    assert outcome.ok and outcome.entries == 2
+    assert outcome.anchor is not None and outcome.anchor.origin == "db_upgrade"
+    assert chain.sign_unsigned_anchor(SIGNER, T0) is None  # nothing left to sign
+    assert chain.prune(T0 + timedelta(days=100), SIGNER, T0) == 1  # retention goes on from it
+
+
+def test_db_upgrade_leaves_unsigned_the_anchor_of_a_chain_that_does_not_verify(
+    lanes: LaneStore,
+) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    rewrite(lanes, 5, entries[4] | {"decision": "forged"})
+    walk = chain.sign_unsigned_anchor(SIGNER, T0)
+    assert walk is not None and (walk.ok, walk.problem, walk.first_invalid_seq) == (
+        False,
+        "hash_mismatch",
+        5,
+    )
+    assert lanes.get(ANCHOR_KEY) == canonical_json({"seq": 3, "hash": entries[2]["hash"]})
+    assert_fails(chain, None, "anchor_unsigned")
+
+
 # Any single edit is detected
 
 
