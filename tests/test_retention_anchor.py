@@ -13,13 +13,14 @@ import pytest
 import requests
 
 from service.cli import main
+from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import EvidenceChain, anchor_key, entry_key
+from store.evidence_chain import ChainCorrupt, EvidenceChain, anchor_key, entry_key
 from store.lanes import LaneStore
-from tests.live import LiveService
+from tests.live import LiveService, live_service, service_settings
 from tests.test_http_decisions import DECISIONS, auditor, exercise
 
 OLD = datetime.now(UTC) - timedelta(days=30)
@@ -86,6 +87,22 @@ def test_an_anchor_signed_by_the_service_key_verifies_and_says_so(service: LiveS
     assert answer["anchor"]["seq"] == 2 and answer["anchor"]["origin"] == "retention"
     assert answer["anchor"]["chain"] == "tenant-a"
     assert answer["anchor"]["key_id"] == answer["checkpoint"]["key_id"]
+
+
+def test_retention_does_not_prune_on_from_an_unsigned_anchor(
+    sidecar: OpaSidecar, tmp_path: Path
+) -> None:
+    settings = service_settings(tmp_path / "var")
+    with live_service(sidecar, settings, clock=lambda: datetime.now(UTC) - timedelta(days=10)) as old:  # fmt: skip
+        exercise(old)
+        forge_retention(old.context.lanes, "tenant-a", 2, None)  # as an older release left it
+    kept = service_settings(tmp_path / "var", decision_retention_days=7)
+    with live_service(sidecar, kept) as service:  # it starts: only verify and retention refuse
+        assert verified(service)["problem"] == "anchor_unsigned"
+        assert service.context.retention is not None
+        with pytest.raises(ChainCorrupt, match="db upgrade"):
+            service.context.retention.prune_now()  # what it logs as decision_log_prune_failed
+        assert EvidenceChain(service.context.lanes, "tenant-a").anchor().seq == 2
 
 
 # --- offline -------------------------------------------------------------------------------
