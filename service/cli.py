@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -21,7 +22,8 @@ from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review
 from service.decisions import revisions
-from service.decisions.migration import ChainMigration, LegacyChainUnverified, migrate
+from service.decisions.bundle import VERIFIER
+from service.decisions.migration import LegacyChainUnverified, migrate, sign_unsigned_anchors
 from service.decisions.review import ReviewError
 from service.impact.candidate import CandidateUnavailable
 from service.impact.report import render
@@ -133,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--public-key", type=Path, help="the checkpoint key's PEM, kept apart (else the data dir's)"
     )
     review.add_parser("public-key", help="print the checkpoint key's PEM, to pin and keep apart")
+    review.add_parser(
+        "verifier",
+        help="print the evidence bundles' verify.py (standard library only), to run on a "
+        "bundle instead of the one it ships",
+    )
     export = review.add_parser("export", help="NDJSON in OPA's decision log field names")
     export.add_argument("--tenant", help="only this tenant's entries")
     revisions_parser = review.add_parser(
@@ -267,10 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ChainUnverified, LegacyChainUnverified) as error:
         print(f"sessionstate: {error}", file=sys.stderr)
         return 1
-    except ChainCorrupt:
+    except ChainCorrupt as error:  # its messages are fixed: they never quote stored bytes
         print(
-            "sessionstate: the decision log's newest entry or anchor does not read; "
-            "run `sessionstate decisions verify` to find the first bad seq",
+            f"sessionstate: the decision log cannot be extended or pruned ({error}); "
+            "run `sessionstate decisions verify` to find the first problem",
             file=sys.stderr,
         )
         return 1
@@ -360,26 +367,34 @@ def _impact(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _upgrade(settings: Settings) -> int:
-    """`db upgrade`: the configured store brought to this release's schema, and a decision
-    log still kept as one global chain moved onto per-tenant chains."""
+    """`db upgrade`: the configured store brought to this release's schema, a decision log
+    still kept as one global chain moved onto per-tenant chains, and retention anchors
+    signed; exit 1 if a chain did not verify from its unsigned anchor (left unsigned)."""
     store = configured_store(settings)
     done = upgrade_store(store)
-    migration: ChainMigration | None = None
-    indexed: int | None = None
-    summarised: int | None = None
+    steps: dict[str, Any] = {}
     database = store.leveldb_path
     if database is not None and database.is_dir():
         with (
             _holding_data_dir(settings.data_dir, database),
             decision_review.open_lanes(settings.data_dir) as leveldb,
         ):
-            migration, indexed, summarised = _upgrade_lanes(leveldb)
+            steps = _upgrade_lanes(leveldb, settings.data_dir)
     elif store.shared:  # PostgreSQL: written by a preview before chains were per tenant?
         lanes = open_lanes(store)
         try:
-            migration, indexed, summarised = _upgrade_lanes(lanes)
+            steps = _upgrade_lanes(lanes, settings.data_dir)
         finally:
             lanes.close()
+    did = {
+        "chains_migrated": None,
+        "approvals_indexed": None,
+        "revisions_summarised": None,
+        "anchors_signed": {},
+        "anchors_unverified": {},
+        **steps,
+    }
+    changed = done.changed or any(value not in (None, {}) for value in did.values())
     print(
         json.dumps(
             {
@@ -387,30 +402,40 @@ def _upgrade(settings: Settings) -> int:
                 "target": done.target,
                 "found": done.found,
                 "now": done.now,
-                "changed": done.changed
-                or migration is not None
-                or indexed is not None
-                or summarised is not None,
-                "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
-                "approvals_indexed": indexed,
-                "revisions_summarised": summarised,
+                "changed": changed,
+                **did,
             }
         )
     )
-    return 0
+    return 1 if did["anchors_unverified"] else 0
 
 
-def _upgrade_lanes(lanes: Lanes) -> tuple[ChainMigration | None, int | None, int | None]:
+def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
     """Move an old global chain onto per-tenant chains, index approvals stored before the
-    approval index existed, and summarise the policy revisions of decisions logged before
-    the summaries existed (None for each when there was nothing to do)."""
+    approval index existed, summarise the policy revisions of decisions logged before the
+    summaries existed (None for each when there was nothing to do), and sign retention
+    anchors older releases left unsigned: by chain, the anchor's seq, or the problem of a
+    chain that did not verify from it."""
     now = datetime.now(UTC)
     migration = migrate(lanes, now)
     indexed = None
     if not (mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete()):
         indexed = index_approvals(lanes, now)
     summarised = None if revisions.complete(lanes) else revisions.rebuild(lanes)
-    return migration, indexed, summarised
+    walks = sign_unsigned_anchors(lanes, data_dir, now)
+    return {
+        "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
+        "approvals_indexed": indexed,
+        "revisions_summarised": summarised,
+        "anchors_signed": {
+            name: walk.anchor.seq for name, walk in walks.items() if walk.anchor is not None
+        },
+        "anchors_unverified": {
+            name: {"problem": walk.problem, "first_invalid_seq": walk.first_invalid_seq}
+            for name, walk in walks.items()
+            if not walk.ok
+        },
+    }
 
 
 def _repair(data_dir: Path) -> int:
@@ -418,7 +443,7 @@ def _repair(data_dir: Path) -> int:
     if not database.is_dir():
         raise FileNotFoundError(f"no sessionstate database under {data_dir}")
     with _holding_data_dir(data_dir, database):
-        report = repair(database)
+        report = repair(database, decision_review.anchor_verifier(data_dir))
     print(report.model_dump_json())
     return 0 if report.ok else 1
 
@@ -473,7 +498,8 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
     if args.review == "verify":
         if args.all_tenants:
             with _review_lanes(settings) as lanes:
-                every = decision_review.every_chain_verified(lanes)
+                verifier = decision_review.anchor_verifier(data_dir, args.public_key)
+                every = decision_review.every_chain_verified(lanes, verifier)
             print(every.model_dump_json())
             return 0 if every.ok else 1
         result = decision_review.verify(data_dir, args.checkpoint, args.public_key, args.tenant)
@@ -481,6 +507,9 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     if args.review == "public-key":
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
+    elif args.review == "verifier":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(VERIFIER.read_bytes())  # byte for byte what bundles ship
     elif args.review == "checkpoint":
         print(decision_review.checkpoint(data_dir, args.tenant).model_dump_json())
     elif args.review == "bundle":

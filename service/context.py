@@ -160,7 +160,12 @@ class ServiceContext:
             retention=(
                 None
                 if settings.decision_retention_days is None
-                else RetentionTask(lanes, settings.decision_retention_days, clock=clock)
+                else RetentionTask(
+                    lanes,
+                    settings.decision_retention_days,
+                    data_dir=settings.data_dir,
+                    clock=clock,
+                )
             ),
             scrub=(
                 None

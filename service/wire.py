@@ -11,7 +11,7 @@ from service.decisions.log import DecisionLogEntry
 from service.decisions.revisions import RevisionSummary
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
-from store.checkpoints import Checkpoint
+from store.checkpoints import Checkpoint, RetentionAnchor
 from store.full_walk import FullWalk
 from store.record import SessionStateRecord
 from store.reports import SessionStateReadReport, SessionStateWriteReport
@@ -117,6 +117,15 @@ class DecisionVerifyResponse(_Envelope):
         description="the last walk of the whole chain the service did (this one, when it "
         "walked the whole chain; else an earlier full verify or the background scrub): what "
         "vouches for the entries before walked_from_seq; null: none yet"
+    )
+    anchor: RetentionAnchor | None = Field(
+        default=None,
+        description="the signed retention anchor the chain starts from, its signature checked "
+        "with the checkpoint key: `origin` `retention` (signed as retention pruned up to it) "
+        "or `db_upgrade` (an older release's unsigned anchor, signed by `sessionstate db "
+        "upgrade` after the chain from it verified: it vouches that the rest was intact then, "
+        "not that retention removed what went before); null: nothing was pruned, or the "
+        "anchor did not verify (`anchor_unsigned`, `anchor_signature_invalid`)",
     )
     decision: DecisionTrace
 

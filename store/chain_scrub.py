@@ -51,9 +51,8 @@ def scrub_step(
     key = scrub_position_key(chain.name, signer.key_id)
     stored = chain.lanes.get(key)
     position = None if stored is None else _position(chain.name, stored, signer)
-    result, ended = chain.verify_part(
-        None if position is None else ChainHead(seq=position.seq, hash=position.head_hash), limit
-    )
+    after = None if position is None else ChainHead(seq=position.seq, hash=position.head_hash)
+    result, ended = chain.verify_part(after, limit, signer.verifier())
     began = now if position is None else parse_timestamp(position.issued_at) or now
     try:
         with chain.lanes.batch(sync=False) as batch:

@@ -6,6 +6,10 @@ entry can recompute every hash after it. A checkpoint is the chain head (seq and
 hash) signed with an Ed25519 key kept in the data dir. A reviewer who keeps
 checkpoints and the public key can later show the chain still reaches each one
 with the same hash, or that it was cut or rewritten.
+
+The same key signs evidence bundles' manifests and retention anchors (where
+retention left a chain's start). Each kind of document is told apart by its
+signed bytes, so a signature on one never passes as another.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import (
@@ -35,7 +39,7 @@ from store.chain_head import (
     ChainHead,
     format_timestamp,
 )
-from store.secrets import local_secret
+from store.secrets import SECRETS_DIR, local_secret
 
 KEY_FILE = "checkpoint.key"
 KEY_ID_PATTERN = r"^ed25519:[0-9a-f]{16}$"
@@ -45,8 +49,14 @@ _SIGNATURE_RE = re.compile(SIGNATURE_PATTERN)
 _SEED_BYTES = 32
 # What an evidence bundle's manifest says it is. The key signs manifests as well as
 # checkpoints; a manifest always carries this field, so its signed bytes are never the
-# payload of a checkpoint (four or five other fields), nor the reverse.
-BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
+# payload of a checkpoint (four or five other fields, no `kind`), nor the reverse.
+# v2: the manifest lists the sha256 of every other file of the bundle (v1 did not).
+BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v2"
+# What a retention anchor says it is: never a checkpoint's payload, nor a manifest's kind.
+RETENTION_ANCHOR_KIND: Literal["sessionstate.retention_anchor.v1"] = (
+    "sessionstate.retention_anchor.v1"
+)
+AnchorOrigin = Literal["retention", "db_upgrade"]
 
 
 class Checkpoint(BaseModel):
@@ -67,6 +77,37 @@ class Checkpoint(BaseModel):
     signature: str = Field(
         pattern=SIGNATURE_PATTERN, description="base64url Ed25519 over the checkpoint payload"
     )
+
+
+class RetentionAnchor(BaseModel):
+    """Where retention left a chain's start (the last pruned entry's seq and hash), signed,
+    naming the chain, so it cannot be forged without the key nor moved to another chain."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kind: Literal["sessionstate.retention_anchor.v1"] = RETENTION_ANCHOR_KIND
+    chain: str = Field(pattern=CHAIN_NAME_PATTERN, description="the chain (tenant) it starts")
+    seq: int = Field(ge=1, description="the last pruned entry's seq")
+    hash: str = Field(pattern=HASH_PATTERN, description="and its hash")
+    origin: AnchorOrigin = Field(
+        description="`retention`: signed as retention pruned up to it; `db_upgrade`: an anchor "
+        "an older release left unsigned, signed by `sessionstate db upgrade` after the chain "
+        "from it verified, so it vouches only that the rest was intact then, not that what "
+        "went before was removed by retention"
+    )
+    signed_at: str = Field(pattern=TIMESTAMP_PATTERN, description="RFC 3339 UTC")
+    key_id: str = Field(pattern=KEY_ID_PATTERN, description="names the signing key")
+    signature: str = Field(
+        pattern=SIGNATURE_PATTERN, description="base64url Ed25519 over the anchor's payload"
+    )
+
+    @property
+    def head(self) -> ChainHead:
+        return ChainHead(seq=self.seq, hash=self.hash)
+
+    def payload(self) -> bytes:
+        """The signed bytes: canonical JSON of every field but the signature (`kind` too)."""
+        return canonical_json(self.model_dump(exclude={"signature"}))
 
 
 def checkpoint_payload(
@@ -112,6 +153,13 @@ class CheckpointSigner:
         """The data dir's checkpoint key, created (mode 0600) on first use."""
         return cls(local_secret(data_dir, KEY_FILE, nbytes=_SEED_BYTES))
 
+    @classmethod
+    def existing(cls, data_dir: Path) -> CheckpointSigner | None:
+        """The data dir's checkpoint key if it exists; None (and none created) if not."""
+        if not (data_dir / SECRETS_DIR / KEY_FILE).exists():
+            return None
+        return cls.from_data_dir(data_dir)
+
     def sign(
         self, head: ChainHead, issued_at: datetime, tenant_id: str | None = NO_TENANT_CHAIN
     ) -> Checkpoint:
@@ -134,6 +182,22 @@ class CheckpointSigner:
         payload = canonical_json(manifest)
         return payload, self._key.sign(payload)
 
+    def sign_anchor(
+        self, chain: str, start: ChainHead, origin: AnchorOrigin, signed_at: datetime
+    ) -> RetentionAnchor:
+        """A retention anchor of `chain` at `start` (the last pruned entry), signed."""
+        fields: dict[str, object] = {
+            "kind": RETENTION_ANCHOR_KIND,
+            "chain": chain,
+            "seq": start.seq,
+            "hash": start.hash,
+            "origin": origin,
+            "signed_at": format_timestamp(signed_at),
+            "key_id": self.key_id,
+        }
+        signature = _encode(self._key.sign(canonical_json(fields)))
+        return RetentionAnchor.model_validate({**fields, "signature": signature})
+
     def verifier(self) -> CheckpointVerifier:
         return CheckpointVerifier(self.public_key_pem)
 
@@ -155,14 +219,30 @@ class CheckpointVerifier:
         try:
             # Re-validate: model_construct and model_copy let malformed values through.
             valid = Checkpoint.model_validate(dict(checkpoint))
-            signature = _decode(valid.signature)
-            if valid.key_id != self.key_id or signature is None:
-                return False
             payload = checkpoint_payload(
                 valid.seq, valid.head_hash, valid.issued_at, valid.key_id, valid.tenant_id
             )
-            self._key.verify(signature, payload)
-        except Exception:  # InvalidSignature, ValidationError: never re-raised
+        except Exception:  # ValidationError: never re-raised
+            return False
+        return self._signed(valid.key_id, valid.signature, payload)
+
+    def verify_anchor(self, anchor: RetentionAnchor, chain: str) -> bool:
+        """True only for a well-formed anchor of `chain` signed by this key; never raises."""
+        if not isinstance(anchor, RetentionAnchor):
+            return False
+        try:
+            valid = RetentionAnchor.model_validate(dict(anchor))
+        except Exception:  # ValidationError: never re-raised
+            return False
+        return valid.chain == chain and self._signed(valid.key_id, valid.signature, valid.payload())
+
+    def _signed(self, key_id: str, signature: str, payload: bytes) -> bool:
+        raw = _decode(signature)
+        if key_id != self.key_id or raw is None:
+            return False
+        try:
+            self._key.verify(raw, payload)
+        except Exception:  # InvalidSignature: never re-raised
             return False
         return True
 

@@ -16,7 +16,14 @@ signed earlier (`store.checkpoints`) shows that.
 
 The chain does not know what an entry means. Retention deletes the oldest
 entries and, in the same batch, keeps an anchor (the last deleted entry's seq
-and hash) in the `trace_meta` lane, so what remains is still provable.
+and hash) in the `trace_meta` lane, so what remains is still provable. The
+anchor is signed with the checkpoint key (`store.checkpoints.RetentionAnchor`,
+naming its chain), and every verify checks that signature with the verifier
+it is given: whoever can write the store but not read the key cannot delete
+the oldest entries and pass the rest off as retention's. Anchors older
+releases wrote unsigned fail verify (`anchor_unsigned`) until `sessionstate
+db upgrade` signs them (`sign_unsigned_anchor`); the legacy global chain's
+anchor predates signing, and is read as it is only to migrate it.
 
 Reads fail closed and never repeat stored bytes: a problem is a label from a
 fixed vocabulary and a seq, and an exception carries a fixed message.
@@ -30,6 +37,7 @@ import re
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -53,7 +61,12 @@ from store.chain_head import (
     ChainHead,
     parse_timestamp,
 )
-from store.checkpoints import Checkpoint, CheckpointVerifier
+from store.checkpoints import (
+    Checkpoint,
+    CheckpointSigner,
+    CheckpointVerifier,
+    RetentionAnchor,
+)
 from store.keys import LaneKey, TenantResourceLane
 
 __all__ = ["NO_TENANT_CHAIN", "ChainHead", "EvidenceChain", "entry_key", "seal"]
@@ -77,14 +90,20 @@ ChainProblem = Literal[
     "checkpoint_mismatch",
     "checkpoint_signature_invalid",
     "anchor_invalid",
+    "anchor_unsigned",
+    "anchor_signature_invalid",
     "checkpoint_before_anchor",
     "checkpoint_other_chain",
 ]
 _Failure = tuple[int | None, ChainProblem]  # the first invalid seq (None: not an entry's fault)
+# A stored anchor as read: signed, or a bare head (genesis when none is stored, else an
+# unsigned one older releases wrote).
+_Anchor = RetentionAnchor | ChainHead
 
 
 class ChainCorrupt(Exception):
-    """The chain cannot be extended or pruned: its newest entry or its anchor does not read."""
+    """The chain cannot be extended or pruned: its newest entry or its anchor does not read
+    (for pruning: or its anchor's signature does not hold)."""
 
 
 class SealedEntry(NamedTuple):
@@ -118,6 +137,12 @@ class ChainVerification(BaseModel):
     walked_to_seq: int | None = Field(
         default=None,
         description="the last entry this walk read (the head, or where it stopped); null: none",
+    )
+    anchor: RetentionAnchor | None = Field(
+        default=None,
+        description="the signed retention anchor the walk started from, its signature checked "
+        "(its `origin` says what it vouches for); null: the chain starts at genesis, or the "
+        "anchor did not verify",
     )
 
 
@@ -281,6 +306,7 @@ class _Walk:
     verified: int = 0
     walked_from: int | None = None  # the first entry read (preset: a resumed walk's head)
     walked_to: int | None = None
+    signed_anchor: RetentionAnchor | None = None  # the anchor's document, once it verified
 
     def __post_init__(self) -> None:
         self.expected = self.anchor.seq + 1
@@ -342,7 +368,12 @@ class _Walk:
             problem=problem,
             walked_from_seq=self.walked_from,
             walked_to_seq=self.walked_to if self.walked_to is not None else self.walked_from,
+            anchor=self.signed_anchor,
         )
+
+
+def _start(anchor: _Anchor) -> ChainHead:
+    return anchor.head if isinstance(anchor, RetentionAnchor) else anchor
 
 
 _LOCKS: weakref.WeakKeyDictionary[Lanes, threading.Lock] = weakref.WeakKeyDictionary()
@@ -387,11 +418,12 @@ class EvidenceChain:
         return ChainHead(seq=seq, hash=hash_)
 
     def anchor(self) -> ChainHead:
-        """Where retention left the chain's start; genesis if nothing was pruned."""
+        """Where retention left the chain's start; genesis if nothing was pruned. Its
+        signature is not checked here (`verify` does)."""
         anchor = self._read_anchor()
         if anchor is None:
             raise ChainCorrupt("the retention anchor does not read")
-        return anchor
+        return _start(anchor)
 
     def append(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Seal bodies after the stored head and write them in one synced batch.
@@ -453,6 +485,11 @@ class EvidenceChain:
         is its canonical digest (`hash_mismatch`). A stored anchor that does not read, or
         an entry at or below it, is `anchor_invalid`.
 
+        A stored anchor needs the verifier of the checkpoint key too: one older releases
+        wrote unsigned is `anchor_unsigned`, one whose signature does not hold under the
+        verifier (or with no verifier, or naming another chain) `anchor_signature_invalid`,
+        before the chain is read.
+
         A checkpoint needs the verifier of its key, and one whose signature does not
         verify is refused before the chain is read (`checkpoint_signature_invalid`).
         The chain must then reach the checkpoint's seq (else `truncated_before_checkpoint`
@@ -469,32 +506,54 @@ class EvidenceChain:
             raise ValueError("a checkpoint is checked only with its key's verifier")
         for _ in range(_VERIFY_ATTEMPTS):
             anchor = self._read_anchor()
-            outcome = self._verify_from(anchor, checkpoint, verifier)
+            outcome = self._verify_from(anchor, checkpoint, verifier, verifier)
             if outcome.ok or self._read_anchor() == anchor:
                 break
         return outcome
 
     def _verify_from(
         self,
-        anchor: ChainHead | None,
+        anchor: _Anchor | None,
         checkpoint: Checkpoint | None,
         verifier: CheckpointVerifier | None,
+        anchors: CheckpointVerifier | None,
     ) -> ChainVerification:
+        """The walk from anchor; `verifier` checks the checkpoint's signature (None: the caller
+        did), `anchors` the anchor's."""
         if anchor is None:
             return _Walk(GENESIS).outcome((None, "anchor_invalid"))
-        walk = _Walk(anchor, checkpoint)
+        walk = _Walk(_start(anchor), checkpoint)
+        if checkpoint is not None and verifier is not None and not verifier.verify(checkpoint):
+            return walk.outcome((None, "checkpoint_signature_invalid"))
+        problem = self._anchor_problem(anchor, anchors)
+        if problem is not None:
+            return walk.outcome((None, problem))
+        walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         if checkpoint is not None:
-            if verifier is not None and not verifier.verify(checkpoint):
-                return walk.outcome((None, "checkpoint_signature_invalid"))
+            start = walk.anchor
             if (checkpoint.tenant_id or LEGACY_CHAIN) != self.name:
                 return walk.outcome((None, "checkpoint_other_chain"))
-            if checkpoint.seq == anchor.seq and checkpoint.head_hash != anchor.hash:
-                return walk.outcome((anchor.seq, "checkpoint_mismatch"))
-            if checkpoint.seq < anchor.seq:
+            if checkpoint.seq == start.seq and checkpoint.head_hash != start.hash:
+                return walk.outcome((start.seq, "checkpoint_mismatch"))
+            if checkpoint.seq < start.seq:
                 return walk.outcome((None, "checkpoint_before_anchor"))
         return walk.over(self._stored())
 
-    def verify_resumed(self, since: Checkpoint) -> ChainVerification:
+    def _anchor_problem(
+        self, anchor: _Anchor, verifier: CheckpointVerifier | None
+    ) -> ChainProblem | None:
+        """Why the stored anchor is not one to walk from: unsigned, or not signed by the key
+        for this chain; None for a signed one that holds, genesis, or the legacy chain's."""
+        if isinstance(anchor, RetentionAnchor):
+            holds = verifier is not None and verifier.verify_anchor(anchor, self.name)
+            return None if holds else "anchor_signature_invalid"
+        if anchor.seq == 0 or self.name == LEGACY_CHAIN:  # nothing pruned; or before signing
+            return None
+        return "anchor_unsigned"
+
+    def verify_resumed(
+        self, since: Checkpoint, verifier: CheckpointVerifier | None = None
+    ) -> ChainVerification:
         """Walk only the entries after `since`, a head an earlier walk verified and signed
         (the caller checks its signature: `store.signed_head`).
 
@@ -507,7 +566,8 @@ class EvidenceChain:
         `since.seq` does not hold, the whole chain is walked against `since` as against a
         checkpoint, which names the problem (`checkpoint_mismatch`,
         `truncated_before_checkpoint`, ...). When retention pruned up to `since` or past
-        it, the walk starts at the anchor, as `verify`'s does.
+        it, the walk starts at the anchor, as `verify`'s does. The stored anchor's signature
+        is checked with `verifier` (the checkpoint key's) as `verify` checks it.
 
         `entries` counts from the anchor: those before `since` verified when it was signed.
         """
@@ -515,21 +575,34 @@ class EvidenceChain:
             raise ValueError("a verified head of another chain")
         for _ in range(_VERIFY_ATTEMPTS):
             anchor = self._read_anchor()
-            outcome = self._resume_from(anchor, since)
+            outcome = self._resume_from(anchor, since, verifier)
             if outcome.ok or self._read_anchor() == anchor:
                 break
         return outcome
 
-    def _resume_from(self, anchor: ChainHead | None, since: Checkpoint) -> ChainVerification:
-        if anchor is None or since.seq < anchor.seq:
-            return self._verify_from(anchor, None, None)
-        if since.seq == anchor.seq or not self._holds(since.seq, since.head_hash):
-            return self._verify_from(anchor, since, None)
+    def _resume_from(
+        self, anchor: _Anchor | None, since: Checkpoint, verifier: CheckpointVerifier | None
+    ) -> ChainVerification:
+        if anchor is None:
+            return self._verify_from(None, None, None, verifier)
+        first = _start(anchor)
+        if since.seq < first.seq:
+            return self._verify_from(anchor, None, None, verifier)
+        problem = self._anchor_problem(anchor, verifier)
+        if (
+            problem is not None
+            or since.seq == first.seq
+            or not self._holds(since.seq, since.head_hash)
+        ):
+            return self._verify_from(anchor, since, None, verifier)
         start = ChainHead(seq=since.seq, hash=since.head_hash)
-        walk = _Walk(start, verified=since.seq - anchor.seq, walked_from=since.seq)
+        walk = _Walk(start, verified=since.seq - first.seq, walked_from=since.seq)
+        walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         return walk.over(self._stored(first=since.seq + 1))
 
-    def verify_part(self, after: ChainHead | None, limit: int) -> tuple[ChainVerification, bool]:
+    def verify_part(
+        self, after: ChainHead | None, limit: int, verifier: CheckpointVerifier | None = None
+    ) -> tuple[ChainVerification, bool]:
         """A whole walk a part at a time (`store.chain_scrub`): read at most `limit` stored
         keys after `after` and check them as `verify` does, linking on from its hash; and
         whether the walk reached the chain's end (or a problem).
@@ -538,25 +611,32 @@ class EvidenceChain:
         to begin at the anchor; when retention pruned up to it or past it meanwhile, or the
         entry there no longer holds (cut, or edited), the walk begins at the anchor again. A part begins at the key of `after` itself, so a
         key that is not an entry is seen wherever it sorts, as by a whole walk. `entries`
-        counts from the anchor, as `verify_resumed`'s does.
+        counts from the anchor, as `verify_resumed`'s does. The stored anchor's signature is
+        checked with `verifier` as `verify` checks it, at every part.
         """
         for _ in range(_VERIFY_ATTEMPTS):
             anchor = self._read_anchor()
-            outcome, ended = self._part_from(anchor, after, limit)
+            outcome, ended = self._part_from(anchor, after, limit, verifier)
             if outcome.ok or self._read_anchor() == anchor:
                 break
         return outcome, ended
 
     def _part_from(
-        self, anchor: ChainHead | None, after: ChainHead | None, limit: int
+        self,
+        anchor: _Anchor | None,
+        after: ChainHead | None,
+        limit: int,
+        verifier: CheckpointVerifier | None,
     ) -> tuple[ChainVerification, bool]:
-        if anchor is None:
-            return self._verify_from(anchor, None, None), True
-        if after is None or after.seq <= anchor.seq or not self._holds(after.seq, after.hash):
-            walk, stored = _Walk(anchor), self._stored()
+        if anchor is None or self._anchor_problem(anchor, verifier) is not None:
+            return self._verify_from(anchor, None, None, verifier), True
+        first = _start(anchor)
+        if after is None or after.seq <= first.seq or not self._holds(after.seq, after.hash):
+            walk, stored = _Walk(first), self._stored()
         else:
-            walk = _Walk(after, verified=after.seq - anchor.seq)
+            walk = _Walk(after, verified=after.seq - first.seq)
             stored = (item for item in self._stored(first=after.seq) if item[0] != after.seq)
+        walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         read = 0
 
         def counted() -> Iterator[tuple[int | None, bytes]]:
@@ -579,19 +659,22 @@ class EvidenceChain:
             and _entry_hash(entry) == hash_
         )
 
-    def prune(self, before: datetime) -> int:
+    def prune(self, before: datetime, signer: CheckpointSigner, signed_at: datetime) -> int:
         """Retention: delete the oldest entries recorded before `before`; how many went.
 
         Stops at the first entry recorded at or after `before`, never deletes the newest
         (the head must stay provable), and never deletes past an entry that does not
         verify, so retention cannot erase evidence of tampering. The anchor (seq and
-        hash of the last deleted entry) is written in the same batch as the deletes.
+        hash of the last deleted entry, signed by `signer` at `signed_at`) is written in
+        the same batch as the deletes. Raises `ChainCorrupt` rather than prune on from an
+        anchor whose signature does not hold under `signer`'s key, or an unsigned one: a
+        new signed anchor would vouch for it.
         """
         if before.utcoffset() is None:
             raise ValueError("before must be timezone-aware")
         with self._lock:
             newest = self.head().seq
-            walk = _Walk(self.anchor())
+            walk = _Walk(self._verified_anchor(signer.verifier()))
             doomed: list[ChainHead] = []
             for seq, stored in self._stored():
                 if seq is None or seq >= newest or walk.step(seq, stored) is not None:
@@ -603,22 +686,57 @@ class EvidenceChain:
                 doomed.append(ChainHead(seq=seq, hash=walk.prev_hash))
             if not doomed:
                 return 0
+            anchor = signer.sign_anchor(self.name, doomed[-1], "retention", signed_at)
             with self._lanes.batch(sync=True) as batch:
                 for gone in doomed:
                     batch.delete(entry_key(gone.seq, self.name))
-                batch.put(anchor_key(self.name), canonical_json(doomed[-1].model_dump()))
+                batch.put(anchor_key(self.name), canonical_json(anchor.model_dump()))
         return len(doomed)
 
-    def _read_anchor(self) -> ChainHead | None:
-        """The stored anchor, genesis when none is stored, None when it does not read."""
+    def _verified_anchor(self, verifier: CheckpointVerifier) -> ChainHead:
+        """The stored anchor, if it reads and its signature holds; else `ChainCorrupt`."""
+        anchor = self._read_anchor()
+        if anchor is None:
+            raise ChainCorrupt("the retention anchor does not read")
+        problem = self._anchor_problem(anchor, verifier)
+        if problem == "anchor_unsigned":
+            raise ChainCorrupt(
+                "the retention anchor is not signed (an older release wrote it): "
+                "`sessionstate db upgrade` signs it"
+            )
+        if problem is not None:
+            raise ChainCorrupt("the retention anchor's signature does not verify")
+        return _start(anchor)
+
+    def sign_unsigned_anchor(
+        self, signer: CheckpointSigner, signed_at: datetime
+    ) -> ChainVerification | None:
+        """`db upgrade`: sign the anchor an older release left unsigned, once the whole chain
+        from it verifies (origin `db_upgrade`: it vouches that the rest was intact then,
+        not that what went before was removed by retention). None when the chain has no
+        unsigned anchor; else the walk, after which the anchor was signed only if it held.
+        """
+        with self._lock:
+            stored = self._lanes.get(anchor_key(self.name))
+            anchor = self._read_anchor()
+            if not isinstance(anchor, ChainHead) or anchor.seq == 0:
+                return None
+            outcome = _Walk(anchor).over(self._stored())
+            if not outcome.ok:
+                return outcome
+            signed = signer.sign_anchor(self.name, anchor, "db_upgrade", signed_at)
+            with self._lanes.batch(sync=True) as batch:
+                batch.expect(anchor_key(self.name), stored)
+                batch.put(anchor_key(self.name), canonical_json(signed.model_dump()))
+        return outcome.model_copy(update={"anchor": signed})
+
+    def _read_anchor(self) -> _Anchor | None:
+        """The stored anchor: signed, or bare (older releases'); genesis when none is stored,
+        None when it does not read. Its signature is not checked here."""
         stored = self._lanes.get(anchor_key(self.name))
         if stored is None:
             return GENESIS
-        try:
-            anchor = ChainHead.model_validate_json(stored)
-        except Exception:  # never re-raised: validation errors quote their input
-            return None
-        return anchor if anchor.seq > 0 else None
+        return _parse_anchor(stored)
 
     def _stored(
         self, *, reverse: bool = False, first: int | None = None, last: int | None = None
@@ -648,10 +766,22 @@ class EvidenceChain:
             raise ChainCorrupt("an evidence key does not decode") from None
 
 
-def verify_all(lanes: Lanes) -> dict[str, ChainVerification]:
+def _parse_anchor(stored: bytes) -> _Anchor | None:
+    """A stored anchor's document, signed or bare; None when it is neither, or at seq 0."""
+    anchor: _Anchor | None = None
+    for model in (RetentionAnchor, ChainHead):
+        with suppress(ValueError):  # never re-raised: validation errors quote their input
+            anchor = model.model_validate_json(stored)
+            break
+    return anchor if anchor is not None and anchor.seq > 0 else None
+
+
+def verify_all(
+    lanes: Lanes, verifier: CheckpointVerifier | None = None
+) -> dict[str, ChainVerification]:
     """Every chain's verification by name (the legacy global chain's too, as `""`, while a
-    data dir still holds one)."""
+    data dir still holds one); retention anchors checked with `verifier`."""
     names = chain_names(lanes)
     if legacy_chain_present(lanes):
         names.insert(0, LEGACY_CHAIN)
-    return {name: EvidenceChain(lanes, name).verify() for name in names}
+    return {name: EvidenceChain(lanes, name).verify(None, verifier) for name in names}

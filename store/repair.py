@@ -28,6 +28,7 @@ import plyvel
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.chain_head import GENESIS
+from store.checkpoints import CheckpointVerifier
 from store.evidence_chain import ChainVerification, verify_all
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
@@ -136,8 +137,9 @@ class RepairReport(BaseModel):
     ok: bool = Field(description="it opens and the decision chain verifies")
 
 
-def repair(path: Path) -> RepairReport:
-    """Run LevelDB's repairer on the database at path; refused (`StoreBusy`) while it is open."""
+def repair(path: Path, verifier: CheckpointVerifier | None = None) -> RepairReport:
+    """Run LevelDB's repairer on the database at path; refused (`StoreBusy`) while it is open.
+    The chains' retention anchors are checked with `verifier` (the checkpoint key's)."""
     if not path.is_dir():
         raise StoreUnavailable(path, "there is no database there")
     torn = torn_log_tail(path)
@@ -159,7 +161,7 @@ def repair(path: Path) -> RepairReport:
     else:
         try:
             after = _records(lanes)
-            chains = verify_all(lanes)
+            chains = verify_all(lanes, verifier)
             # The first chain that does not verify, else the longest one (every one holds).
             broken = [result for result in chains.values() if not result.ok]
             chain = (

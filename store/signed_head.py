@@ -25,10 +25,9 @@ from pathlib import Path
 from store.backends.contract import ExpectationFailed, StoreOffline
 from store.canonical import canonical_json
 from store.chain_head import ChainHead
-from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner
+from store.checkpoints import Checkpoint, CheckpointSigner
 from store.evidence_chain import LEGACY_CHAIN, ChainVerification, EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
-from store.secrets import SECRETS_DIR
 
 log = logging.getLogger("sessionstate.decisions")
 
@@ -73,9 +72,11 @@ def verified_checkpoint(
 
     The one rule for every checkpoint (the API's verify, the offline command, an evidence
     bundle): a checkpoint vouches for a head only after the walk up to it held. The key
-    is created on first use, and only when something is signed.
+    is created on first use, and only when something is signed; the retention anchor is
+    checked with it (no key yet: a stored anchor cannot verify).
     """
-    result = chain.verify()
+    existing = CheckpointSigner.existing(data_dir)
+    result = chain.verify(None, None if existing is None else existing.verifier())
     if not result.ok:
         return result, None
     head = ChainHead(seq=result.head_seq, hash=result.head_hash)
@@ -92,10 +93,11 @@ def resumed_checkpoint(
     remembered unless that is behind the remembered one. Only the running service calls
     this: offline review never writes to the store it reviews.
     """
-    signer = _existing_signer(data_dir)
+    signer = CheckpointSigner.existing(data_dir)
     remembered, stored = (None, None) if signer is None else _remembered(chain, signer)
     since = None if full else remembered
-    result = chain.verify() if since is None else chain.verify_resumed(since)
+    anchors = None if signer is None else signer.verifier()
+    result = chain.verify(None, anchors) if since is None else chain.verify_resumed(since, anchors)
     if not result.ok:
         return Verified(result, None, since)
     head = ChainHead(seq=result.head_seq, hash=result.head_hash)
@@ -105,13 +107,6 @@ def resumed_checkpoint(
     if remembered is None or remembered.seq <= checkpoint.seq:
         _remember(chain, checkpoint, stored)
     return Verified(result, checkpoint, since)
-
-
-def _existing_signer(data_dir: Path) -> CheckpointSigner | None:
-    """The checkpoint key when it exists (no key yet: nothing can have been remembered)."""
-    if not (data_dir / SECRETS_DIR / KEY_FILE).exists():
-        return None
-    return CheckpointSigner.from_data_dir(data_dir)
 
 
 def _remembered(

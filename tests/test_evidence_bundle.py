@@ -15,6 +15,7 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,18 +26,20 @@ import plyvel
 import pytest
 import requests
 import rfc8785
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from service.auth import mint_token
 from service.cli import main
 from service.decisions import bundle_verifier as verifier
-from service.decisions.bundle import BundleSelection
+from service.decisions.bundle import VERIFIER, BundleSelection
 from store.canonical import canonical_json
 from store.chain_head import GENESIS, format_timestamp
-from store.checkpoints import CheckpointSigner
+from store.checkpoints import KEY_FILE, CheckpointSigner
 from store.evidence_chain import EvidenceChain, chain_name, entry_key, seal
 from store.lanes import LaneStore
+from store.secrets import local_secret
 from tests.live import JWT_SECRET, LiveService
 from tests.served import Served, start
 from tests.test_http_decisions import auditor, exercise, listed
@@ -179,6 +182,15 @@ def _forge_manifest(folder: Path) -> None:
     _remove(folder)
 
 
+def _crlf(folder: Path) -> None:
+    (folder / "entries.ndjson").write_bytes(b"".join(line + b"\r\n" for line in lines_of(folder)))
+
+
+def _edit_readme(folder: Path) -> None:
+    readme = folder / "README.md"
+    readme.write_text(readme.read_text().replace("What it does not prove", "Nothing else", 1))
+
+
 def _move_checkpoint(folder: Path) -> None:
     checkpoint = json.loads((folder / "checkpoint.json").read_text())
     checkpoint["seq"] += 1
@@ -292,8 +304,18 @@ def test_a_served_process_bundle_verifies_in_a_clean_directory(
         (_edit_and_rehash, "does not link to seq 2 (prev_hash_mismatch)"),
         (_forge_manifest, "manifest.json: the signature does not verify"),
         (_move_checkpoint, "checkpoint.json: the signature does not verify"),
+        (_crlf, "entries.ndjson line 1 ends with CR LF: not the bytes stored"),
+        (_edit_readme, "README.md: its sha256 is not the one the signed manifest lists"),
     ],
-    ids=["edit-one", "remove-one", "edit-and-rehash", "forge-manifest", "move-checkpoint"],
+    ids=[
+        "edit-one",
+        "remove-one",
+        "edit-and-rehash",
+        "forge-manifest",
+        "move-checkpoint",
+        "crlf-line-ends",
+        "edit-readme",
+    ],
 )
 def test_a_tampered_bundle_fails(
     served_bundle: ServedBundle, tmp_path: Path, tamper: Any, said: str
@@ -305,6 +327,82 @@ def test_a_tampered_bundle_fails(
     (line,) = done.stderr.splitlines()
     assert line.startswith("FAILED: ") and said in line
     assert "VERIFIED" not in done.stdout
+
+
+def _verifier_obtained_separately(into: Path) -> Path:
+    """`sessionstate decisions verifier > verify.py`, in a directory of its own."""
+    into.mkdir()
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("sessionstate")), "decisions", "verifier"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    (into / "verify.py").write_bytes(done.stdout)
+    return into / "verify.py"
+
+
+@pytest.mark.parametrize("entry_edited", [False, True], ids=["verifier-only", "and-an-entry"])
+def test_a_replaced_verifier_is_caught_by_one_obtained_separately(
+    served_bundle: ServedBundle, tmp_path: Path, entry_edited: bool
+) -> None:
+    folder = unpack(served_bundle.archive, tmp_path / "clean")
+    if entry_edited:
+        _edit(folder)
+    (folder / "verify.py").write_text('print("VERIFIED")\n')
+    fooled = run_verifier(folder, "--public-key", str(served_bundle.public_key))
+    assert fooled.returncode == 0 and fooled.stdout == "VERIFIED\n"  # what a shipped one can do
+
+    own = _verifier_obtained_separately(tmp_path / "mine")
+    assert own.read_bytes() == VERIFIER.read_bytes()  # byte for byte what bundles ship
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-I", str(own), "--public-key", str(served_bundle.public_key), str(folder)],
+        cwd=tmp_path,
+        env=MINIMAL_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    said = "hash_mismatch" if entry_edited else "verify.py: its sha256 is not the one the signed manifest lists"  # fmt: skip
+    assert line.startswith("FAILED: ") and said in line
+    assert "VERIFIED" not in done.stdout
+
+
+def test_the_manifest_lists_the_sha256_of_every_other_file(
+    served_bundle: ServedBundle, tmp_path: Path
+) -> None:
+    folder = unpack(served_bundle.archive, tmp_path / "clean")
+    listed = json.loads((folder / "manifest.json").read_bytes())["sha256"]
+    others = {path.name for path in folder.iterdir()} - {"manifest.json", "manifest.sig"}
+    assert set(listed) == others == {"entries.ndjson", "checkpoint.json", "public-key.pem", "verify.py", "README.md"}  # fmt: skip
+    sums = subprocess.run(
+        ["sha256sum", *sorted(others)],
+        cwd=folder,
+        env=MINIMAL_ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert sums.stdout == "".join(f"{listed[name]}  {name}\n" for name in sorted(others))
+    # Run from elsewhere, the verifier takes the directory; it names files no signature covers.
+    (folder / "notes.txt").write_text("not part of the bundle\n")
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-I", str(folder / "verify.py"), str(folder)],
+        cwd=tmp_path,
+        env=MINIMAL_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "files      5, each with the sha256 the signed manifest lists; not in the manifest, "
+        "so covered by no signature: notes.txt\n"
+    ) in done.stdout
 
 
 def test_a_key_other_than_the_pinned_one_fails(served_bundle: ServedBundle, tmp_path: Path) -> None:
@@ -333,6 +431,7 @@ def test_the_readme_commands_by_hand_pass(served_bundle: ServedBundle, tmp_path:
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Signature Verified Successfully") == 2
     assert "entries hash correctly and are the signed list" in done.stdout
+    assert done.stdout.count("  verify.py\n") == 1  # step 4 prints each file's listed sha256
     _edit(folder)
     again = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=MINIMAL_ENV, capture_output=True, check=False)  # fmt: skip
     assert again.returncode != 0
@@ -391,6 +490,26 @@ def test_a_bundle_of_a_tenant_links_every_entry_of_its_chain(
     assert "selection  tenant_id acme\n" in done.stdout
 
 
+def test_a_bundle_made_before_the_manifest_listed_files_still_verifies_and_says_so(
+    stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive = tmp_path / "acme.tar.gz"
+    assert main(["decisions", "bundle", "--out", str(archive), "--tenant", "acme"]) == 0
+    capsys.readouterr()
+    folder = unpack(archive, tmp_path / "clean")
+    manifest = json.loads((folder / "manifest.json").read_bytes())
+    del manifest["sha256"]
+    manifest["kind"] = "sessionstate.evidence_bundle.v1"  # as releases before it signed them
+    key = Ed25519PrivateKey.from_private_bytes(local_secret(stopped, KEY_FILE, nbytes=32))
+    (folder / "manifest.json").write_bytes(rfc8785.dumps(manifest))
+    (folder / "manifest.sig").write_bytes(key.sign(rfc8785.dumps(manifest)))
+    done = run_verifier(folder)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "files      not listed in this (v1) manifest: no signature covers verify.py" in done.stdout
+    )
+
+
 def test_without_a_tenant_the_bundle_of_several_chains_is_refused(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -405,7 +524,12 @@ def test_after_retention_the_bundle_starts_at_the_anchor(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lanes = LaneStore(stopped / "leveldb")
-    assert EvidenceChain(lanes, "acme").prune(T0 + timedelta(minutes=6)) == 4  # minutes 1-3, 5
+    assert (
+        EvidenceChain(lanes, "acme").prune(
+            T0 + timedelta(minutes=6), CheckpointSigner.from_data_dir(stopped), T0
+        )
+        == 4
+    )  # minutes 1-3, 5
     lanes.close()
     archive = tmp_path / "acme.tar.gz"
     assert main(["decisions", "bundle", "--out", str(archive), "--tenant", "acme"]) == 0

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from store.canonical import Encoded, canonical_digest, canonical_json
 from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
-from store.checkpoints import CheckpointSigner
+from store.checkpoints import CheckpointSigner, RetentionAnchor
 from store.evidence_chain import (
     ANCHOR_KEY,
     NO_TENANT_CHAIN,
@@ -57,7 +57,7 @@ def rehashed(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def assert_fails(chain: EvidenceChain, seq: int | None, problem: str, **checkpoint: Any) -> None:
-    outcome = chain.verify(**checkpoint)
+    outcome = chain.verify(**({"verifier": VERIFIER} | checkpoint))
     assert (outcome.ok, outcome.first_invalid_seq, outcome.problem) == (False, seq, problem)
 
 
@@ -476,65 +476,71 @@ def old_and_new(lanes: LaneStore) -> tuple[EvidenceChain, list[dict[str, Any]]]:
 
 def test_prune_removes_old_entries_from_the_start_and_anchors_the_rest(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
-    assert chain.prune(T0 + timedelta(days=5)) == 3
+    assert chain.prune(T0 + timedelta(days=5), SIGNER, T0) == 3
     assert [entry["seq"] for entry in chain.scan()] == [4, 5]
     assert chain.anchor() == ChainHead(seq=3, hash=entries[2]["hash"])
-    assert lanes.get(ANCHOR_KEY) == canonical_json({"seq": 3, "hash": entries[2]["hash"]})
-    outcome = chain.verify()
+    stored = RetentionAnchor.model_validate_json(lanes.get(ANCHOR_KEY) or b"")
+    assert (stored.chain, stored.seq, stored.hash) == (NO_TENANT_CHAIN, 3, entries[2]["hash"])
+    assert (stored.origin, stored.signed_at, stored.key_id) == (
+        "retention",
+        format_timestamp(T0),
+        SIGNER.key_id,
+    )
+    outcome = chain.verify(verifier=VERIFIER)
     assert outcome.ok and outcome.entries == 2 and outcome.head_hash == entries[4]["hash"]
 
 
 def test_prune_with_nothing_old_deletes_nothing(lanes: LaneStore) -> None:
     chain, _ = old_and_new(lanes)
-    assert chain.prune(T0) == 0
+    assert chain.prune(T0, SIGNER, T0) == 0
     assert lanes.get(ANCHOR_KEY) is None
     assert chain.anchor() == ChainHead(seq=0, hash=GENESIS_HASH)
 
 
 def test_prune_keeps_the_newest_entry(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
-    assert chain.prune(T0 + timedelta(days=100)) == 4
+    assert chain.prune(T0 + timedelta(days=100), SIGNER, T0) == 4
     assert list(chain.scan()) == [entries[4]]
     assert chain.head() == ChainHead(seq=5, hash=entries[4]["hash"])
-    assert chain.verify().ok
-    assert chain.prune(T0 + timedelta(days=100)) == 0
+    assert chain.verify(verifier=VERIFIER).ok
+    assert chain.prune(T0 + timedelta(days=100), SIGNER, T0) == 0
 
 
 def test_prune_stops_at_the_first_entry_that_is_not_old(lanes: LaneStore) -> None:
     chain = EvidenceChain(lanes)
     day = timedelta(days=1)
     chain.append([body(1, at=T0), body(2, at=T0 + 9 * day), body(3, at=T0), body(4, at=T0)])
-    assert chain.prune(T0 + 5 * day) == 1
+    assert chain.prune(T0 + 5 * day, SIGNER, T0) == 1
     assert [entry["seq"] for entry in chain.scan()] == [2, 3, 4]
 
 
 def test_prune_deletes_and_anchors_in_one_batch(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
     with failing_after(lanes, 2), pytest.raises(OSError):
-        chain.prune(T0 + timedelta(days=5))
+        chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     assert list(chain.scan()) == entries
     assert lanes.get(ANCHOR_KEY) is None
-    assert chain.verify().ok
+    assert chain.verify(verifier=VERIFIER).ok
 
 
 def test_prune_never_erases_evidence_of_tampering(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
     rewrite(lanes, 2, entries[1] | {"decision": "forged"})
-    assert chain.prune(T0 + timedelta(days=5)) == 1
+    assert chain.prune(T0 + timedelta(days=5), SIGNER, T0) == 1
     assert_fails(chain, 2, "hash_mismatch")
 
 
 def test_prune_needs_an_aware_time(lanes: LaneStore) -> None:
     chain, _ = old_and_new(lanes)
     with pytest.raises(ValueError, match="timezone-aware"):
-        chain.prune(datetime(2030, 1, 1))
+        chain.prune(datetime(2030, 1, 1), SIGNER, T0)
 
 
 def test_a_checkpoint_from_before_pruning_still_verifies(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
     at_kept = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
     at_anchor = SIGNER.sign(ChainHead(seq=3, hash=entries[2]["hash"]), T0)
-    chain.prune(T0 + timedelta(days=5))
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     for checkpoint in (at_kept, at_anchor):
         assert chain.verify(checkpoint, VERIFIER).ok
 
@@ -542,7 +548,7 @@ def test_a_checkpoint_from_before_pruning_still_verifies(lanes: LaneStore) -> No
 def test_a_checkpoint_older_than_the_anchor_proves_nothing_and_says_so(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
     at_pruned = SIGNER.sign(ChainHead(seq=2, hash=entries[1]["hash"]), T0)
-    chain.prune(T0 + timedelta(days=5))
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     result = chain.verify(at_pruned, VERIFIER)
     assert result.ok is False
     assert result.problem == "checkpoint_before_anchor"
@@ -551,23 +557,23 @@ def test_a_checkpoint_older_than_the_anchor_proves_nothing_and_says_so(lanes: La
 
 def test_a_checkpoint_contradicting_the_anchor_fails(lanes: LaneStore) -> None:
     chain, _ = old_and_new(lanes)
-    chain.prune(T0 + timedelta(days=5))
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     wrong = SIGNER.sign(ChainHead(seq=3, hash=canonical_digest("other")), T0)
     assert_fails(chain, 3, "checkpoint_mismatch", checkpoint=wrong, verifier=VERIFIER)
 
 
 def test_a_deleted_anchor_is_a_seq_gap(lanes: LaneStore) -> None:
     chain, _ = old_and_new(lanes)
-    chain.prune(T0 + timedelta(days=5))
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     lanes.delete(ANCHOR_KEY)
     assert_fails(chain, 1, "seq_gap")
 
 
 def test_an_unreadable_anchor_is_anchor_invalid(lanes: LaneStore) -> None:
     chain, _ = old_and_new(lanes)
-    chain.prune(T0 + timedelta(days=5))
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     lanes.put(ANCHOR_KEY, b'{"seq":"' + CANARY.encode() + b'"}')
-    outcome = chain.verify()
+    outcome = chain.verify(verifier=VERIFIER)
     assert (outcome.ok, outcome.first_invalid_seq, outcome.problem) == (
         False,
         None,
@@ -575,13 +581,13 @@ def test_an_unreadable_anchor_is_anchor_invalid(lanes: LaneStore) -> None:
     )
     assert CANARY not in repr(outcome)
     with pytest.raises(ChainCorrupt) as raised:
-        chain.prune(T0 + timedelta(days=50))
+        chain.prune(T0 + timedelta(days=50), SIGNER, T0)
     assert CANARY not in str(raised.value)
 
 
 def test_a_restored_pruned_entry_contradicts_the_anchor(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
-    chain.prune(T0 + timedelta(days=5))
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     rewrite(lanes, 2, entries[1])
     assert_fails(chain, 2, "anchor_invalid")
 
@@ -597,28 +603,142 @@ def test_a_prune_landing_mid_verify_is_not_reported_as_a_gap(
     def scan_after_a_prune(*args: Any, **kwargs: Any) -> Iterator[tuple[LaneKey, bytes]]:
         if not pruned:
             pruned.append(-1)  # before pruning: prune scans too
-            pruned[0] = chain.prune(T0 + timedelta(days=5))
+            pruned[0] = chain.prune(T0 + timedelta(days=5), SIGNER, T0)
         return real_scan(*args, **kwargs)
 
     monkeypatch.setattr(lanes, "scan", scan_after_a_prune)
-    assert chain.verify().ok
+    assert chain.verify(verifier=VERIFIER).ok
     assert pruned == [3]
 
 
 def test_appending_after_pruning_continues_the_seqs(lanes: LaneStore) -> None:
     chain, entries = old_and_new(lanes)
-    chain.prune(T0 + timedelta(days=100))
+    chain.prune(T0 + timedelta(days=100), SIGNER, T0)
     appended = chain.append([body(6)])
     assert appended[0]["seq"] == 6 and appended[0]["prev_hash"] == entries[4]["hash"]
-    assert chain.verify().ok
+    assert chain.verify(verifier=VERIFIER).ok
 
 
 def test_the_anchor_alone_gives_the_head_of_an_emptied_lane(lanes: LaneStore) -> None:
     """Retention keeps the newest entry; if it is gone anyway, the anchor still places appends."""
     chain, entries = old_and_new(lanes)
-    chain.prune(T0 + timedelta(days=100))
+    chain.prune(T0 + timedelta(days=100), SIGNER, T0)
     lanes.delete(entry_key(5))
     assert chain.head() == ChainHead(seq=4, hash=entries[3]["hash"])
+
+
+def forge_retention(lanes: LaneStore, entries: list[dict[str, Any]], upto: int) -> None:
+    """What an attacker who can write the store but not read the key does: delete the oldest
+    entries and store the anchor retention would have stored, as older releases stored it."""
+    for seq in range(1, upto + 1):
+        lanes.delete(entry_key(seq))
+    lanes.put(ANCHOR_KEY, canonical_json({"seq": upto, "hash": entries[upto - 1]["hash"]}))
+
+
+def test_the_anchor_retention_signs_names_its_origin_in_the_answer(lanes: LaneStore) -> None:
+    chain, _ = old_and_new(lanes)
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
+    outcome = chain.verify(verifier=VERIFIER)
+    assert outcome.ok and outcome.anchor is not None
+    assert (outcome.anchor.seq, outcome.anchor.origin) == (3, "retention")
+    assert VERIFIER.verify_anchor(outcome.anchor, NO_TENANT_CHAIN)
+
+
+def test_a_forged_unsigned_anchor_is_anchor_unsigned(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    assert_fails(chain, None, "anchor_unsigned")
+    assert chain.verify().problem == "anchor_unsigned"  # no key to check with changes nothing
+    with pytest.raises(ChainCorrupt, match=r"not signed.*db upgrade"):
+        chain.prune(T0 + timedelta(days=50), SIGNER, T0)  # retention does not vouch for it
+
+
+@pytest.mark.parametrize("forgery", ["other-key", "other-chain", "edited", "no-verifier"])
+def test_an_anchor_not_signed_for_this_chain_by_this_key_fails(
+    lanes: LaneStore, forgery: str
+) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    start = ChainHead(seq=3, hash=entries[2]["hash"])
+    signer = CheckpointSigner(b"\x06" * 32) if forgery == "other-key" else SIGNER
+    name = "tenant-b" if forgery == "other-chain" else NO_TENANT_CHAIN
+    anchor = signer.sign_anchor(name, start, "retention", T0).model_dump()
+    if forgery == "edited":
+        anchor["origin"] = "db_upgrade"
+    lanes.put(ANCHOR_KEY, canonical_json(anchor))
+    verifier = None if forgery == "no-verifier" else VERIFIER
+    outcome = chain.verify(verifier=verifier)
+    assert (outcome.ok, outcome.first_invalid_seq, outcome.problem) == (
+        False,
+        None,
+        "anchor_signature_invalid",
+    )
+    assert outcome.anchor is None
+    if forgery == "no-verifier":
+        return  # a genuine anchor, checked with no key: retention with the key goes on
+    with pytest.raises(ChainCorrupt, match="signature does not verify"):
+        chain.prune(T0 + timedelta(days=50), SIGNER, T0)
+
+
+def test_a_checkpoints_signature_never_passes_as_an_anchors(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    checkpoint = SIGNER.sign(ChainHead(seq=3, hash=entries[2]["hash"]), T0)
+    anchor = {
+        "kind": "sessionstate.retention_anchor.v1",
+        "chain": NO_TENANT_CHAIN,
+        "seq": 3,
+        "hash": entries[2]["hash"],
+        "origin": "retention",
+        "signed_at": checkpoint.issued_at,
+        "key_id": checkpoint.key_id,
+        "signature": checkpoint.signature,
+    }
+    lanes.put(ANCHOR_KEY, canonical_json(anchor))
+    assert_fails(chain, None, "anchor_signature_invalid")
+    signed = SIGNER.sign_anchor(
+        NO_TENANT_CHAIN, ChainHead(seq=3, hash=entries[2]["hash"]), "retention", T0
+    )
+    as_checkpoint = checkpoint.model_copy(update={"signature": signed.signature})
+    assert not VERIFIER.verify(as_checkpoint)
+
+
+def test_a_resumed_walk_checks_the_anchor_too(lanes: LaneStore) -> None:
+    chain, entries = old_and_new(lanes)
+    since = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
+    chain.prune(T0 + timedelta(days=5), SIGNER, T0)
+    assert chain.verify_resumed(since, VERIFIER).ok
+    forge_retention(lanes, entries, 3)
+    assert chain.verify_resumed(since, VERIFIER).problem == "anchor_unsigned"
+
+
+def test_db_upgrade_signs_an_unsigned_anchor_once_the_chain_from_it_verifies(
+    lanes: LaneStore,
+) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)  # as an older release's retention left it
+    assert chain.sign_unsigned_anchor(SIGNER, T0 + timedelta(days=30)) is not None
+    outcome = chain.verify(verifier=VERIFIER)
+    assert outcome.ok and outcome.entries == 2
+    assert outcome.anchor is not None and outcome.anchor.origin == "db_upgrade"
+    assert chain.sign_unsigned_anchor(SIGNER, T0) is None  # nothing left to sign
+    assert chain.prune(T0 + timedelta(days=100), SIGNER, T0) == 1  # retention goes on from it
+
+
+def test_db_upgrade_leaves_unsigned_the_anchor_of_a_chain_that_does_not_verify(
+    lanes: LaneStore,
+) -> None:
+    chain, entries = old_and_new(lanes)
+    forge_retention(lanes, entries, 3)
+    rewrite(lanes, 5, entries[4] | {"decision": "forged"})
+    walk = chain.sign_unsigned_anchor(SIGNER, T0)
+    assert walk is not None and (walk.ok, walk.problem, walk.first_invalid_seq) == (
+        False,
+        "hash_mismatch",
+        5,
+    )
+    assert lanes.get(ANCHOR_KEY) == canonical_json({"seq": 3, "hash": entries[2]["hash"]})
+    assert_fails(chain, None, "anchor_unsigned")
 
 
 # Any single edit is detected

@@ -475,6 +475,8 @@ def test_retention_prunes_old_entries_and_what_remains_verifies(
         assert all(e["seq"] > anchor.seq for e in entries)
         verify = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
         assert verify["ok"] is True
+        # The anchor retention stored is signed with the checkpoint key, and verify checked it.
+        assert (verify["anchor"]["seq"], verify["anchor"]["origin"]) == (anchor.seq, "retention")
         old_id = "no-longer-kept"
         assert service.call("GET", f"{DECISIONS}/{old_id}", auditor(service)).status_code == 404
 

@@ -229,7 +229,9 @@ def test_after_retention_passed_the_head_the_walk_starts_at_the_anchor(
     chain: EvidenceChain, tmp_path: Path
 ) -> None:
     grown(chain, 11, 5)
-    assert chain.prune(T0 + timedelta(minutes=12)) == 11  # seqs 1..11 go, the anchor is 11
+    assert (
+        chain.prune(T0 + timedelta(minutes=12), CheckpointSigner.from_data_dir(tmp_path), T0) == 11
+    )  # seqs 1..11 go, the anchor is 11
     outcome = walked(chain, tmp_path)
     assert outcome.result.ok and outcome.result.entries == 4 and outcome.result.head_seq == 15
 
@@ -238,7 +240,11 @@ def test_a_remembered_head_at_the_anchor_must_match_it(
     chain: EvidenceChain, tmp_path: Path
 ) -> None:
     grown(chain, 11, 5)
-    assert chain.prune(T0 + timedelta(minutes=11)) == 10  # the anchor is seq 10: the head
-    chain.lanes.put(anchor_key(TENANT), canonical_json({"seq": 10, "hash": "sha256:" + "a" * 64}))
+    assert (
+        chain.prune(T0 + timedelta(minutes=11), CheckpointSigner.from_data_dir(tmp_path), T0) == 10
+    )  # the anchor is seq 10: the head
+    other = ChainHead(seq=10, hash="sha256:" + "a" * 64)  # signed, but not the chain's seq 10
+    forged = CheckpointSigner.from_data_dir(tmp_path).sign_anchor(TENANT, other, "retention", T0)
+    chain.lanes.put(anchor_key(TENANT), canonical_json(forged.model_dump()))
     outcome = walked(chain, tmp_path)
     assert not outcome.result.ok and outcome.result.first_invalid_seq == 10

@@ -5,9 +5,13 @@ and `tar -xzf` works on Linux, macOS and Windows 10+) holding one directory:
 
 - `entries.ndjson`: the selected entries, byte for byte as stored, in chain order;
 - `checkpoint.json`: a checkpoint of the head the whole chain verified up to;
-- `manifest.json` and `manifest.sig`: the selection, that head and the `[seq, hash]`
-  of every entry, signed with the checkpoint key;
+- `manifest.json` and `manifest.sig`: the selection, that head, the `[seq, hash]`
+  of every entry and the sha256 of every other file, signed with the checkpoint key;
 - `public-key.pem`, `verify.py` (`service.decisions.bundle_verifier`) and `README.md`.
+
+The manifest covers `verify.py` and `README.md` too, so a reviewer who runs a
+verifier obtained separately (`sessionstate decisions verifier`) sees a shipped
+one that was replaced.
 
 Each tenant's decisions are a chain of their own, so a tenant's bundle selects
 from that chain only and the checkpoint names the tenant. With no filter but the
@@ -22,6 +26,7 @@ holds a single chain.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from collections.abc import Iterator
@@ -143,20 +148,11 @@ def write_bundle(
     verified_from = result.head_seq - result.entries + 1
     with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
         listed: list[list[int | str]] = []
+        entries_digest = hashlib.sha256()
         for seq, hash_, stored in _selected(reader, chain, selection, checkpoint.seq):
             staged.write(stored + b"\n")
+            entries_digest.update(stored + b"\n")
             listed.append([seq, hash_])
-        manifest = {
-            "kind": BUNDLE_MANIFEST_KIND,
-            "key_id": signer.key_id,
-            "issued_at": checkpoint.issued_at,
-            "head": {"seq": checkpoint.seq, "hash": checkpoint.head_hash},
-            "verified_from_seq": verified_from,
-            "selection": selection.document(),
-            "entries": listed,
-        }
-        signed, signature = signer.sign_manifest(manifest)
-        name = f"sessionstate-evidence-{chain.lstrip('~')}-{checkpoint.seq}"
         readme = _README.render(
             tenant=f"`{chain}`",
             selection=_describe(selection),
@@ -170,13 +166,32 @@ def write_bundle(
             issued_at=checkpoint.issued_at,
             key_id=signer.key_id,
         )
+        contents = {
+            "README.md": readme.encode(),
+            "verify.py": VERIFIER.read_bytes(),
+            "checkpoint.json": checkpoint.model_dump_json().encode() + b"\n",
+            "public-key.pem": signer.public_key_pem,
+        }
+        digests = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
+        manifest = {
+            "kind": BUNDLE_MANIFEST_KIND,
+            "key_id": signer.key_id,
+            "issued_at": checkpoint.issued_at,
+            "head": {"seq": checkpoint.seq, "hash": checkpoint.head_hash},
+            "verified_from_seq": verified_from,
+            "selection": selection.document(),
+            "entries": listed,
+            "sha256": {**digests, "entries.ndjson": entries_digest.hexdigest()},
+        }
+        signed, signature = signer.sign_manifest(manifest)
+        name = f"sessionstate-evidence-{chain.lstrip('~')}-{checkpoint.seq}"
         files: list[tuple[str, IO[bytes], int]] = [
-            ("README.md", io.BytesIO(readme.encode()), 0o644),
-            ("verify.py", io.BytesIO(VERIFIER.read_bytes()), 0o755),
-            ("checkpoint.json", io.BytesIO(checkpoint.model_dump_json().encode() + b"\n"), 0o644),
+            (member, io.BytesIO(data), 0o755 if member == "verify.py" else 0o644)
+            for member, data in contents.items()
+        ]
+        files += [
             ("manifest.json", io.BytesIO(signed), 0o644),
             ("manifest.sig", io.BytesIO(signature), 0o644),
-            ("public-key.pem", io.BytesIO(signer.public_key_pem), 0o644),
             ("entries.ndjson", staged, 0o644),
         ]
         _pack(sink, name, files, issued_at)

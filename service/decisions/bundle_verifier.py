@@ -1,11 +1,14 @@
 """Verify a sessionstate evidence bundle with Python's standard library and openssl alone.
 
-This file is shipped in every bundle as `verify.py`. Run it where the bundle was
-unpacked, with no sessionstate installed:
+This file is shipped in every bundle as `verify.py`, and `sessionstate decisions
+verifier` prints it. Run it with no sessionstate installed, on the directory the
+bundle was unpacked to (by default, the directory this file is in):
 
-    python3 -I verify.py [BUNDLE_DIR] [--public-key YOUR-PINNED-KEY.pem]
+    python3 -I verify.py [--public-key YOUR-PINNED-KEY.pem] [BUNDLE_DIR]
 
-It checks, and says, exactly this:
+A verifier shipped inside the bundle it checks can be replaced with the bundle:
+run one you obtained separately, on the bundle's directory. It checks, and says,
+exactly this:
 
 1. `checkpoint.json` and `manifest.json` are signed by the Ed25519 key (checked by
    `openssl pkeyutl`), both name that key, the same head and the same time.
@@ -16,6 +19,10 @@ It checks, and says, exactly this:
 4. Entries with consecutive seqs link by content (`prev_hash`); an entry at seq 1
    links to the genesis hash, and one at the head's seq has the head's hash.
 5. Every entry fits the selection the manifest states (tenant, action, time range).
+6. Every other file of the bundle (`entries.ndjson`, `checkpoint.json`,
+   `public-key.pem`, `verify.py`, `README.md`) has the sha256 the signed manifest
+   lists for it: a bundle's own `verify.py` or README that was replaced fails here.
+   Files the manifest does not list are named, not refused: no signature covers them.
 
 Entries of other tenants, or outside the selection, are not in the bundle: the
 links across them cannot be recomputed here, and rest on the manifest's signature.
@@ -41,13 +48,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
+MANIFEST_KIND = "sessionstate.evidence_bundle.v2"
+# Manifests of bundles made before the manifest listed the files' sha256.
+UNHASHED_MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
+SIGNED_FILES = ("entries.ndjson", "checkpoint.json", "public-key.pem", "verify.py", "README.md")
+MANIFEST_FILES = ("manifest.json", "manifest.sig")
 GENESIS_HASH = "sha256:" + "0" * 64
 MAX_SAFE_INTEGER = 2**53 - 1  # RFC 8785 numbers are IEEE 754 doubles
 CHECKPOINT_FIELDS = ("head_hash", "issued_at", "key_id", "seq")
 # The DER of an Ed25519 SubjectPublicKeyInfo is these 12 bytes, then the 32-byte key.
 ED25519_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z")
 
 
@@ -225,9 +237,13 @@ def check_checkpoint(bundle: Path, key_file: Path, key_id: str) -> dict[str, Any
 def check_manifest(bundle: Path, key_file: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
     signed = read(bundle, "manifest.json")
     openssl_verify(key_file, signed, read(bundle, "manifest.sig"), "manifest.json")
-    manifest = parse(signed, "manifest.json")
-    if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
+    parsed = parse(signed, "manifest.json")
+    manifest: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+    kind = manifest.get("kind")
+    if kind not in (MANIFEST_KIND, UNHASHED_MANIFEST_KIND):
         raise Failed(f"manifest.json is not a {MANIFEST_KIND} manifest")
+    if kind == MANIFEST_KIND and not _lists_every_file(manifest.get("sha256")):
+        raise Failed("manifest.json's sha256 does not list every file of the bundle")
     head = manifest.get("head")
     same = (
         manifest.get("key_id") == checkpoint["key_id"]
@@ -244,6 +260,16 @@ def check_manifest(bundle: Path, key_file: Path, checkpoint: dict[str, Any]) -> 
     if type(manifest.get("verified_from_seq")) is not int:
         raise Failed("manifest.json states no verified_from_seq")
     return manifest
+
+
+def _lists_every_file(listed: Any) -> bool:
+    return (
+        isinstance(listed, dict)
+        and sorted(listed) == sorted(SIGNED_FILES)
+        and all(
+            isinstance(digest, str) and _HEX_DIGEST.fullmatch(digest) for digest in listed.values()
+        )
+    )
 
 
 def _is_link(item: Any) -> bool:
@@ -265,7 +291,11 @@ def check_entries(bundle: Path, manifest: dict[str, Any]) -> dict[str, int]:
     found: list[list[Any]] = []
     linked = 0
     previous: dict[str, Any] | None = None
-    for number, line in enumerate(data.splitlines(), start=1):
+    # Each entry is its canonical bytes and one LF: split on LF alone, so a CR is a byte
+    # of the line and fails the canonical-bytes check below.
+    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+        if line.endswith(b"\r"):
+            raise Failed(f"entries.ndjson line {number} ends with CR LF: not the bytes stored")
         entry = parse(line, f"entries.ndjson line {number}")
         if not isinstance(entry, dict):
             raise Failed(f"entries.ndjson line {number} is not an entry")
@@ -346,6 +376,28 @@ def _moment_of(text: Any) -> tuple[int, ...]:
     return value
 
 
+def check_files(bundle: Path, manifest: dict[str, Any]) -> str:
+    """Each file's sha256 against the manifest's; what the listing said, as one line."""
+    listed = manifest.get("sha256")
+    if manifest["kind"] == UNHASHED_MANIFEST_KIND or not isinstance(listed, dict):
+        return (
+            "not listed in this (v1) manifest: no signature covers verify.py or README.md; "
+            "run a verifier you obtained separately"
+        )
+    for name in SIGNED_FILES:
+        if hashlib.sha256(read(bundle, name)).hexdigest() != listed[name]:
+            raise Failed(f"{name}: its sha256 is not the one the signed manifest lists")
+    try:
+        present = sorted(path.name for path in bundle.iterdir())
+    except OSError:
+        raise CannotCheck(f"cannot list {bundle}") from None
+    unlisted = [name for name in present if name not in (*SIGNED_FILES, *MANIFEST_FILES)]
+    said = f"{len(SIGNED_FILES)}, each with the sha256 the signed manifest lists"
+    if unlisted:
+        said += "; not in the manifest, so covered by no signature: " + ", ".join(unlisted)
+    return said
+
+
 def compare(found: list[list[Any]], listed: list[list[Any]]) -> None:
     """The entries must be exactly the manifest's list: name the first difference."""
     for index in range(max(len(found), len(listed))):
@@ -367,6 +419,7 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
     checkpoint = check_checkpoint(bundle, key_file, key_id)
     manifest = check_manifest(bundle, key_file, checkpoint)
     counts = check_entries(bundle, manifest)
+    files = check_files(bundle, manifest)
     entries, linked = counts["entries"], counts["linked"]
     seqs = [item[0] for item in manifest["entries"]]
     gaps = sum(1 for index in range(1, len(seqs)) if seqs[index] != seqs[index - 1] + 1)
@@ -395,13 +448,20 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
         f"links      {linked} between consecutive seqs checked by prev_hash; {gaps} gaps cross "
         "entries not in this bundle, and rest on the manifest's signature alone",
         f"head       {tail}",
+        f"files      {files}",
     ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Verify a sessionstate evidence bundle.")
-    parser.add_argument("bundle", nargs="?", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "bundle",
+        nargs="?",
+        type=Path,
+        default=Path(__file__).resolve().parent,
+        help="the unpacked bundle's directory (default: the one this file is in)",
+    )
     parser.add_argument(
         "--public-key", type=Path, help="the checkpoint key's PEM you pinned (else the bundle's)"
     )

@@ -37,6 +37,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import SpanContext
@@ -54,6 +55,7 @@ from service.periodic import PeriodicPrune
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
+from store.checkpoints import CheckpointSigner
 from store.evidence_chain import (
     EvidenceChain,
     SealedEntry,
@@ -497,10 +499,12 @@ class RetentionTask(PeriodicPrune):
         lanes: Lanes,
         days: int,
         *,
+        data_dir: Path,
         clock: Callable[[], datetime],
         interval: float = 3600.0,
     ) -> None:
         self._lanes = lanes
+        self._data_dir = data_dir  # its checkpoint key signs the anchors
         self._age = timedelta(days=days)
         self._clock = clock
         super().__init__(
@@ -512,4 +516,6 @@ class RetentionTask(PeriodicPrune):
         )
 
     def prune_now(self) -> int:
-        return prune_log(self._lanes, self._clock() - self._age)
+        now = self._clock()
+        signer = CheckpointSigner.from_data_dir(self._data_dir)
+        return prune_log(self._lanes, now - self._age, signer, now)

@@ -29,6 +29,7 @@ from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
 from store.canonical import Encoded
+from store.checkpoints import CheckpointSigner
 from store.derived import DerivedOnce
 from store.evidence_chain import EvidenceChain, chain_name, chain_names
 from store.keys import LaneKey, TenantResourceLane
@@ -166,18 +167,18 @@ def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str
     return event
 
 
-def prune_log(lanes: Lanes, before: datetime) -> int:
+def prune_log(lanes: Lanes, before: datetime, signer: CheckpointSigner, now: datetime) -> int:
     """Retention: drop entries older than `before` from every chain, and their index keys.
 
-    Each chain keeps an anchor (seq and hash of the last dropped entry) in the
-    same batch as its deletions, so what remains still verifies. Index keys of
-    dropped entries are removed afterwards; until then they point at nothing
-    and are skipped.
+    Each chain keeps an anchor (seq and hash of the last dropped entry, signed by
+    `signer`, the checkpoint key, at `now`) in the same batch as its deletions, so
+    what remains still verifies. Index keys of dropped entries are removed
+    afterwards; until then they point at nothing and are skipped.
     """
     total = 0
     for name in chain_names(lanes):
         chain = EvidenceChain(lanes, name)
-        pruned = chain.prune(before)
+        pruned = chain.prune(before, signer, now)
         if not pruned:
             continue
         total += pruned

@@ -14,12 +14,19 @@ and must hash to its old hash, and a checkpoint signed before the upgrade
 (it names no tenant) is checked against those rebuilt entries
 (`verify_legacy_checkpoint`). The service refuses to start on a data dir that
 still holds the old chain (`journal.LegacyChainPresent`).
+
+The upgrade also signs the retention anchors older releases stored unsigned
+(`sign_unsigned_anchors`), each only after its chain verified from it; until
+then a verify of that chain fails `anchor_unsigned`. Such an anchor's origin
+is `db_upgrade`: it vouches that the chain from it was intact at the upgrade,
+not that retention removed what went before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,7 +35,7 @@ from service.decisions.log import decision_id_key, seq_name
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import Checkpoint, CheckpointVerifier
+from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import (
     CHAIN_FIELDS,
     LEGACY_CHAIN,
@@ -111,6 +118,22 @@ def migrate(lanes: Lanes, now: datetime) -> ChainMigration | None:
         )
         batch.put(MIGRATION_KEY, canonical_json(record.model_dump(mode="json")))
     return record
+
+
+def sign_unsigned_anchors(
+    lanes: Lanes, data_dir: Path, now: datetime
+) -> dict[str, ChainVerification]:
+    """Sign every chain's unsigned anchor with the data dir's checkpoint key (created if
+    need be), each once the chain from it verified; by chain, the walk of each chain that
+    had one (the anchor of one that did not verify stays unsigned)."""
+    anchored = [name for name in chain_names(lanes) if lanes.get(anchor_key(name)) is not None]
+    if not anchored:
+        return {}
+    signer = CheckpointSigner.from_data_dir(data_dir)
+    walks = {
+        name: EvidenceChain(lanes, name).sign_unsigned_anchor(signer, now) for name in anchored
+    }
+    return {name: walk for name, walk in walks.items() if walk is not None}
 
 
 def migration_record(lanes: Lanes) -> ChainMigration | None:

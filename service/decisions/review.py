@@ -95,15 +95,18 @@ def verify(
     checkpoint signed before chains were per tenant (it names none) is checked against
     the old entries rebuilt from the migrated ones (`migration.verify_legacy_checkpoint`).
     Without `public_key_file` the data dir's own key is used, which proves less: whoever
-    can edit the data dir can also re-sign. It is never created here.
+    can edit the data dir can also re-sign. It is never created here. The same key checks
+    the chain's retention anchor.
     """
-    checkpoint = verifier = None
+    checkpoint = None
     if checkpoint_file is not None:
         try:
             checkpoint = Checkpoint.model_validate_json(checkpoint_file.read_text())
         except ValueError:
             raise ReviewError(f"{checkpoint_file} is not a sessionstate checkpoint") from None
-        verifier = _verifier(data_dir, public_key_file)
+        verifier: CheckpointVerifier | None = _verifier(data_dir, public_key_file)
+    else:
+        verifier = anchor_verifier(data_dir, public_key_file)
     with open_lanes(data_dir) as lanes:
         if checkpoint is not None and verifier is not None and checkpoint.tenant_id is None:
             if not legacy_chain_present(lanes):
@@ -121,9 +124,12 @@ def verify(
         return EvidenceChain(lanes, name).verify(checkpoint, verifier)
 
 
-def every_chain_verified(lanes: Lanes) -> AllChainsVerification:
-    """Verify every chain of an open store (PostgreSQL: while the service runs)."""
-    chains = verify_all(lanes)
+def every_chain_verified(
+    lanes: Lanes, verifier: CheckpointVerifier | None
+) -> AllChainsVerification:
+    """Verify every chain of an open store (PostgreSQL: while the service runs), retention
+    anchors checked with `verifier` (`anchor_verifier`)."""
+    chains = verify_all(lanes, verifier)
     return AllChainsVerification(
         ok=all(result.ok for result in chains.values()),
         entries=sum(result.entries for result in chains.values()),
@@ -149,6 +155,17 @@ def public_key(data_dir: Path) -> bytes:
             "public key you pinned with --public-key"
         )
     return CheckpointSigner.from_data_dir(data_dir).public_key_pem
+
+
+def anchor_verifier(
+    data_dir: Path, public_key_file: Path | None = None
+) -> CheckpointVerifier | None:
+    """What checks retention anchors: the pinned key, else the data dir's if it has one (with
+    none, a stored anchor cannot verify); never created here."""
+    if public_key_file is not None:
+        return CheckpointVerifier(public_key_file.read_bytes())
+    signer = CheckpointSigner.existing(data_dir)
+    return None if signer is None else signer.verifier()
 
 
 def _verifier(data_dir: Path, public_key_file: Path | None) -> CheckpointVerifier:
@@ -239,5 +256,8 @@ def tail(data_dir: Path, count: int) -> list[dict[str, Any]]:
 
 
 def prune(data_dir: Path, older_than_days: int) -> int:
+    """Retention's rule, with anchors signed by the data dir's checkpoint key."""
+    now = datetime.now(UTC)
     with open_lanes(data_dir) as lanes:
-        return prune_log(lanes, datetime.now(UTC) - timedelta(days=older_than_days))
+        signer = CheckpointSigner.from_data_dir(data_dir)
+        return prune_log(lanes, now - timedelta(days=older_than_days), signer, now)

@@ -132,6 +132,7 @@ def verify_decisions() -> Response:
             walked_from_seq=result.walked_from_seq,
             walked_to_seq=result.walked_to_seq,
             last_full_walk=last_walk,
+            anchor=result.anchor,
             decision=trace,
         )
     )

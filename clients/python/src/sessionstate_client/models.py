@@ -314,6 +314,8 @@ class FullWalk(_Response):
             "checkpoint_mismatch",
             "checkpoint_signature_invalid",
             "anchor_invalid",
+            "anchor_unsigned",
+            "anchor_signature_invalid",
             "checkpoint_before_anchor",
             "checkpoint_other_chain",
         ]
@@ -321,6 +323,34 @@ class FullWalk(_Response):
     ) = Field(description="what broke at first_invalid_seq")
     checkpoint: Checkpoint | None = Field(
         description="the head it reached, signed at `at` (none when it found a problem)"
+    )
+
+
+class RetentionAnchor(_Response):
+    """Where retention left a chain's start (the last pruned entry's seq and hash), signed,
+    naming the chain, so it cannot be forged without the key nor moved to another chain.
+    """
+
+    kind: Literal["sessionstate.retention_anchor.v1"] = Field(
+        default="sessionstate.retention_anchor.v1"
+    )
+    chain: Annotated[str, Field(pattern="^(~no-tenant|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$")] = (
+        Field(description="the chain (tenant) it starts")
+    )
+    seq: Annotated[int, Field(ge=1)] = Field(description="the last pruned entry's seq")
+    hash: Annotated[str, Field(pattern="^sha256:[0-9a-f]{64}$")] = Field(description="and its hash")
+    origin: Literal["retention", "db_upgrade"] = Field(
+        description="`retention`: signed as retention pruned up to it; `db_upgrade`: an anchor an older release left unsigned, signed by `sessionstate db upgrade` after the chain from it verified, so it vouches only that the rest was intact then, not that what went before was removed by retention"
+    )
+    signed_at: Annotated[
+        str,
+        Field(pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?Z$"),
+    ] = Field(description="RFC 3339 UTC")
+    key_id: Annotated[str, Field(pattern="^ed25519:[0-9a-f]{16}$")] = Field(
+        description="names the signing key"
+    )
+    signature: Annotated[str, Field(pattern="^[A-Za-z0-9_-]{86}$")] = Field(
+        description="base64url Ed25519 over the anchor's payload"
     )
 
 
@@ -352,6 +382,10 @@ class DecisionVerifyResponse(_Response):
     )
     last_full_walk: FullWalk | None = Field(
         description="the last walk of the whole chain the service did (this one, when it walked the whole chain; else an earlier full verify or the background scrub): what vouches for the entries before walked_from_seq; null: none yet"
+    )
+    anchor: RetentionAnchor | None = Field(
+        default=None,
+        description="the signed retention anchor the chain starts from, its signature checked with the checkpoint key: `origin` `retention` (signed as retention pruned up to it) or `db_upgrade` (an older release's unsigned anchor, signed by `sessionstate db upgrade` after the chain from it verified: it vouches that the rest was intact then, not that retention removed what went before); null: nothing was pruned, or the anchor did not verify (`anchor_unsigned`, `anchor_signature_invalid`)",
     )
     decision: DecisionTrace
 
