@@ -180,6 +180,9 @@ def test_the_reviewer_page_shows_which_policy_decided_when(service: LiveService)
     assert "Which policy decided when" in page.text
     revision = service.call("GET", REVISIONS, auditor(service)).json()["revisions"][0]
     assert revision["policy_revision"] in page.text
+    (interval,) = revision["live"]  # live since the service started, and still
+    assert f'<time datetime="{interval["from"]}">' in page.text
+    assert "Live (UTC)" in page.text and "Failed" in page.text
     assert "not summarised yet" not in page.text
 
 

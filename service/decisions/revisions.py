@@ -52,6 +52,12 @@ SUMMARIES_COMPLETE = LaneKey(
 REBUILD_ATTEMPTS = 5
 
 
+_FAILED = (
+    "decisions that failed while it was live: OPA gave no answer or refused the service (the "
+    "entry names the revision `unknown`)"
+)
+
+
 class RevisionSummary(BaseModel):
     """One policy revision's decisions on one tenant's chain."""
 
@@ -64,12 +70,7 @@ class RevisionSummary(BaseModel):
     last_decided_at: str | None = Field(description="RFC 3339: its latest decision")
     decisions: int = Field(ge=0, description="decisions it made (pruned entries included)")
     by_action: dict[str, int] = Field(description="decisions by action")
-    failed: int = Field(
-        default=0,
-        ge=0,
-        description="decisions that failed while it was live: OPA gave no answer or refused "
-        "the service (the entry names the revision `unknown`)",
-    )
+    failed: int = Field(default=0, ge=0, description=_FAILED)  # 0 in a summary stored before
 
     def add(self, action: str, evaluated_at: str) -> None:
         self.decisions += 1
@@ -94,6 +95,8 @@ class RevisionSummary(BaseModel):
 
 class RevisionReport(RevisionSummary):
     """A revision's decisions for the tenant, beside when it was live on the deployment."""
+
+    failed: int = Field(ge=0, description=_FAILED)  # always there in an answer
 
     live: list[LiveInterval] = Field(
         description="when it was live, on each instance of the deployment, oldest first"

@@ -237,9 +237,9 @@ class OpaSidecar:
             errors=list(result.errors),
         )
         self._generation += 1
-        write_status(self.status_path, status)
         if deciding and result.outcome == "loaded" and self.on_live is not None:
-            self.on_live(result.revision)
+            self.on_live(result.revision)  # recorded before the status tells of the reload
+        write_status(self.status_path, status)
         if result.outcome != "invalid" and not started:  # a refusal was logged as an error
             log.info(
                 "policy_reloaded",
