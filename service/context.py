@@ -18,11 +18,12 @@ from service.approvals import ApprovalStore
 from service.auth import ProviderSettings, TokenVerifier
 from service.decisions import revisions
 from service.decisions.journal import DecisionJournal, RetentionTask
+from service.decisions.live import LiveRevisions, instance_id
 from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
 from service.decisions.scrub import DecisionScrub
 from service.metrics import ServiceMetrics
-from service.policy.client import PolicyClient
+from service.policy.client import UNKNOWN, PolicyClient
 from service.policy.gate import PolicyGate
 from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
@@ -73,6 +74,7 @@ class ServiceContext:
     rate_limiter: ActorRateLimiter
     rate_limit_log: RateLimitLog
     session_tokens: SessionTokenIssuer
+    live: LiveRevisions
     retention: RetentionTask | None = None
     scrub: DecisionScrub | None = None  # None: SESSIONSTATE_DECISION_SCRUB_SECONDS is 0
     approval_pruner: ExpiredApprovalPruner | None = None
@@ -92,7 +94,12 @@ class ServiceContext:
         policy_source: PolicySnapshots | None = None,
         shadow_url: str | None = None,
         shadow_token: str | None = None,
+        owns_live: bool = True,
+        observes_live: bool | None = None,
     ) -> ServiceContext:
+        """`owns_live`: this process opens and closes the data dir's live intervals (not a
+        worker of several); `observes_live`: it learns the live revision from OPA's answers
+        (by default when it is told of no local sidecar's snapshot, `policy_source`)."""
         limits = rate_limits(settings)
         session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
@@ -108,10 +115,19 @@ class ServiceContext:
             timeout=settings.opa_timeout_ms / 1000,
             transport=settings.opa_transport,
         )
+        live = LiveRevisions(lanes, instance_id(settings.data_dir), clock, owns=owns_live)
+        if owns_live:
+            live.started(
+                policy_source.served.revision
+                if policy_source is not None
+                else deciding_revision(client)
+            )
+        observes = policy_source is None if observes_live is None else observes_live
         journal = DecisionJournal(
             lanes,
             clock=clock,
             on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
+            live_revision=live.current,
         )
         if not mark_index_complete_if_empty(lanes):
             # Still correct, by reading every approval of a workspace per lookup.
@@ -138,6 +154,7 @@ class ServiceContext:
                         shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms
                     )
                 ),
+                observe=live.observe if observes else None,
             ),
             verifier=TokenVerifier(
                 jwt_secret(settings),
@@ -157,6 +174,7 @@ class ServiceContext:
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             session_tokens=session_tokens,
+            live=live,
             retention=(
                 None
                 if settings.decision_retention_days is None
@@ -195,10 +213,18 @@ class ServiceContext:
             self.approval_pruner.close()
         self.rate_limit_log.close()  # its summaries go through the journal
         self.journal.close()
+        self.live.stopped()
         self.gate.client.close()
         if self.gate.shadow is not None:
             self.gate.shadow.close()
         self.lanes.close()
+
+
+def deciding_revision(client: PolicyClient) -> str | None:
+    """The revision an OPA of the operator's decides with now; None when it does not say."""
+    probe = client.probe()
+    revision = probe.policy_revision
+    return None if probe.engine_unavailable or revision == UNKNOWN else revision
 
 
 def report_dropped_log_bytes(lanes: Lanes, metrics: ServiceMetrics) -> None:

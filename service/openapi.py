@@ -104,7 +104,7 @@ OPERATIONS = [
     Operation("get", DECISIONS, "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
     Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
-    Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions decided for the tenant: first and last decision, counts by action", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
+    Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions were live when, and what each decided for the tenant: live intervals, first and last decision, counts by action, failed decisions", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
     Operation("post", EXCHANGE, "token", "Exchange a model service's workspace token for a session token (OAuth 2.0 Token Exchange, RFC 8693)", TokenExchangeRequest, 200, TokenExchangeResponse, (400, 405, 413, 429, 503), body_media=FORM),
     Operation("get", JWKS, "ops", "The public keys of the session tokens the service issues (JWKS)", None, 200, JsonWebKeySet),

@@ -20,8 +20,9 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -34,11 +35,15 @@ from service.context import (
     ServiceContext,
     check_settings,
     configured_store,
+    deciding_revision,
+    utc_now,
 )
 from service.decisions.journal import LegacyChainPresent
+from service.decisions.live import LiveRevisions, instance_id
 from service.http import tracing as request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
+from service.policy.client import PolicyClient
 from service.policy.engine_checks import (
     external_opa_accepts_token,
     local_opa_bin,
@@ -125,7 +130,8 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             reload = _reloader(sidecar)
             if early_reload.is_set():
                 reload()
-            supervise(settings, listener, sidecar, on_ready, reload, shadow)
+            with _live_revisions(settings, sidecar, opa_url, opa_token):
+                supervise(settings, listener, sidecar, on_ready, reload, shadow)
             return
         tracing.start()  # each worker of several starts its own
         context = ServiceContext.open(
@@ -136,6 +142,8 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             shadow_url=shadow_url,
             shadow_token=shadow_token,
         )
+        if sidecar is not None:
+            sidecar.on_live = context.live.activate
         raise_open_file_limit()
         asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
     finally:
@@ -195,6 +203,33 @@ async def serve_http(
         loop.call_soon(on_ready)
     await worker_serve(app, config, shutdown_trigger=stop.wait)
     log.info("service_stopped")
+
+
+@contextmanager
+def _live_revisions(
+    settings: Settings, sidecar: OpaSidecar | None, opa_url: str, opa_token: str | None
+) -> Iterator[None]:
+    """The parent of workers owns the data dir's live intervals: it opens one at start, one
+    at each reload of its sidecar, and closes the last when it stops (the workers learn the
+    live revision from the store, or, without a sidecar, from OPA's answers)."""
+    lanes = open_lanes(configured_store(settings))
+    live = LiveRevisions(lanes, instance_id(settings.data_dir), utc_now, owns=True)
+    try:
+        if sidecar is not None:
+            live.started(sidecar.policies.served.revision)
+            sidecar.on_live = live.activate
+        else:
+            client = PolicyClient(opa_url, opa_token)
+            try:
+                live.started(deciding_revision(client))
+            finally:
+                client.close()
+        yield
+    finally:
+        if sidecar is not None:
+            sidecar.on_live = None
+        live.stopped()
+        lanes.close()
 
 
 def _reloader(sidecar: OpaSidecar | None) -> Callable[[], None]:

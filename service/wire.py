@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.approvals import Approval
 from service.decisions.log import DecisionLogEntry
-from service.decisions.revisions import RevisionSummary
+from service.decisions.revisions import RevisionReport
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
 from store.checkpoints import Checkpoint, RetentionAnchor
@@ -62,15 +62,17 @@ class DecisionListResponse(_Envelope):
 
 
 class PolicyRevisionsResponse(_Envelope):
-    """`GET /v1/decisions/policy-revisions`: which policy revisions decided for the tenant,
-    and when."""
+    """`GET /v1/decisions/policy-revisions`: which policy revisions were live on the
+    deployment and when, and what each decided (or failed to) for the tenant."""
 
     tenant_id: str
     complete: bool = Field(
         description="false on a store whose older decisions are not summarised yet "
         "(`sessionstate db upgrade` summarises them)"
     )
-    revisions: list[RevisionSummary] = Field(description="by first decision, oldest first")
+    revisions: list[RevisionReport] = Field(
+        description="by the earliest of their first live moment and first decision, oldest first"
+    )
     decision: DecisionTrace
 
 

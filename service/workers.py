@@ -60,6 +60,8 @@ class Workers:
                 "SESSIONSTATE_SHADOW_OPA_URL": shadow.url,
                 "SESSIONSTATE_SHADOW_OPA_TOKEN": shadow.token,
             }
+        # Without the parent's sidecar, a worker learns the live revision from OPA's answers.
+        self._observes = "observe" if sidecar is None else "follow"
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._started: list[float] = [0.0] * count
 
@@ -69,7 +71,7 @@ class Workers:
 
     def _spawn(self, slot: int) -> None:
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.workers", str(self._fd), str(slot)],
+            [sys.executable, "-m", "service.workers", str(self._fd), str(slot), self._observes],
             env=self._env,
             stdin=subprocess.DEVNULL,
             pass_fds=(self._fd,),
@@ -131,7 +133,7 @@ def supervise(
     log.info("service_stopped")
 
 
-def worker_main(fd: int, slot: int) -> None:
+def worker_main(fd: int, slot: int, observes: bool = False) -> None:
     """One worker: its own context on the parent's socket and sidecar, until SIGTERM."""
     from service.serve import raise_open_file_limit, serve_http
 
@@ -147,6 +149,8 @@ def worker_main(fd: int, slot: int) -> None:
         opa_token=settings.opa_token,
         shadow_url=settings.shadow_opa_url,
         shadow_token=settings.shadow_opa_token,
+        owns_live=False,  # the parent's
+        observes_live=observes,
     )
     context.worker_label = f"{slot}:{os.getpid()}"
     try:
@@ -158,4 +162,4 @@ def worker_main(fd: int, slot: int) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(int(sys.argv[1]), int(sys.argv[2]))
+    worker_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["observe"])

@@ -71,14 +71,17 @@ def _decode(stored: str) -> bytes:
     return bytes.fromhex(stored.strip().removeprefix(HEX_PREFIX))
 
 
-def local_key_file(data_dir: Path, name: str, make: Callable[[], bytes]) -> bytes:
-    """The named file's bytes (a PEM private key, a secret's text), made by `make` on first use.
+def local_key_file(
+    data_dir: Path, name: str, make: Callable[[], bytes], *, under: str = SECRETS_DIR
+) -> bytes:
+    """The named file's bytes (a PEM private key, a secret's text), made by `make` on first use
+    (in the data dir's folder `under`, its secrets folder by default).
 
     Written whole to a temporary file and linked into place (mode 0600): processes
     that start together on one data dir (`serve --workers N`) all read the one key
     the first link made, never a half-written one.
     """
-    folder = data_dir / SECRETS_DIR
+    folder = data_dir / under
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / name
     if path.exists():

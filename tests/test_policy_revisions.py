@@ -104,7 +104,11 @@ def test_the_endpoint_is_governed_like_the_log(service: LiveService) -> None:
     assert service.call("GET", REVISIONS, service.operator()).status_code == 403
     own = service.call("GET", REVISIONS, auditor(service, "tenant-b")).json()
     assert own["tenant_id"] == "tenant-b"
-    assert own["revisions"] == []  # nothing was decided about tenant-b before this read
+    # Nothing was decided about tenant-b before this read, but the revision was in force.
+    (in_force,) = own["revisions"]
+    assert (in_force["decisions"], in_force["by_action"], in_force["failed"]) == (0, {}, 0)
+    assert in_force["first_decided_at"] is None
+    assert [interval["to"] for interval in in_force["live"]] == [None]
     bad = service.call("GET", REVISIONS + "?tenant_id=..&secret-name=1", auditor(service))
     assert bad.status_code == 422
     assert "secret-name" not in bad.text
@@ -150,7 +154,10 @@ def test_db_upgrade_summarises_a_log_written_before_the_summaries(
     assert main(["decisions", "revisions"]) == 0
     emptied = json.loads(capsys.readouterr().out)
     assert emptied["complete"] is False
-    assert all(listed == [] for listed in emptied["tenants"].values())
+    # What was live is still listed (it is the deployment's, not the summaries'), deciding nothing.
+    assert all(
+        r["decisions"] == 0 and r["live"] for listed in emptied["tenants"].values() for r in listed
+    )
     assert main(["db", "upgrade"]) == 0
     upgraded = json.loads(capsys.readouterr().out)
     assert upgraded["revisions_summarised"] == 2  # tenant-a's chain: one per revision
@@ -173,6 +180,9 @@ def test_the_reviewer_page_shows_which_policy_decided_when(service: LiveService)
     assert "Which policy decided when" in page.text
     revision = service.call("GET", REVISIONS, auditor(service)).json()["revisions"][0]
     assert revision["policy_revision"] in page.text
+    (interval,) = revision["live"]  # live since the service started, and still
+    assert f'<time datetime="{interval["from"]}">' in page.text
+    assert "Live (UTC)" in page.text and "Failed" in page.text
     assert "not summarised yet" not in page.text
 
 

@@ -245,7 +245,7 @@ def test_bad_filters_show_a_message(service: LiveService, query: dict[str, str])
     answer = view(sign_in(service, auditor(service)), service, **query)
     assert answer.status_code == 422
     assert "The filters were not applied" in answer.text
-    assert "<table" not in answer.text
+    assert 'aria-label="Decisions"' not in answer.text  # no entries (the live policy is shown)
     for name in set(query) & {"since", "until", "limit"}:  # shown back as typed, escaped
         assert f'name="{name}" step="1" value="{query[name]}"' in answer.text or (
             f'name="limit" min="1" max="1000" value="{query[name]}"' in answer.text

@@ -174,6 +174,7 @@ class DecisionJournal:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         max_batch: int = MAX_BATCH,
         on_reopened: Callable[[Lanes], None] | None = None,
+        live_revision: Callable[[], str | None] | None = None,
     ) -> None:
         if legacy_chain_present(lanes):
             raise LegacyChainPresent()
@@ -190,7 +191,8 @@ class DecisionJournal:
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
         self._heads: dict[str, ChainHead] = {}
         self._heads_guard = threading.Lock()
-        self._summaries = SummaryCache(lanes)  # the leader's alone: one leads at a time
+        # The leader's alone (one leads at a time); a failed decision counts under live_revision().
+        self._summaries = SummaryCache(lanes, live_revision)
         self.conflicts = 0  # commits that lost a race to another writer and were retried
         self.batches = 0  # commits so far (entries / batches shows the grouping)
         self._closed = threading.Event()

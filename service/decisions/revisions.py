@@ -1,29 +1,38 @@
 """Which policy decided when: a small summary per tenant and policy revision.
 
 For each chain (tenant) and each policy revision OPA decided with, one key in
-the `trace_meta` lane holds the first and last decision time (`evaluated_at`)
-and the count of decisions by action. The journal updates it in the same batch
-as the entries it counts (`SummaryUpdate`), so a reader gets the list from a
-few keys instead of a walk of the log. The summary keeps what was decided:
-entries pruned by retention later still count. Decisions OPA did not make (the
-engine was unavailable, or the service decided itself: a rate limit summary)
-name no revision and are not counted.
+the `trace_meta` lane holds the first and last decision time (`evaluated_at`),
+the count of decisions by action, and the count of decisions that failed while
+it was live (OPA gave no answer, or refused the service: the entry names the
+revision `unknown`; they count under the revision live on the instance then,
+`service.decisions.live`). The journal updates it in the same batch as the
+entries it counts (`SummaryUpdate`), so a reader gets the list from a few keys
+instead of a walk of the log. The summary keeps what was decided: entries pruned
+by retention later still count. Rate limit summaries (the service decided
+them) are not counted.
+
+A reader gets each revision's summary beside its live intervals on the
+deployment (`RevisionReport`); a revision that was live but decided nothing for
+the tenant is listed with no decisions.
 
 A store written before the summaries existed is summarised by `sessionstate db
-upgrade` (`rebuild`), chain by chain, from the entries it still holds; until
+upgrade` (`rebuild`), chain by chain, from the entries it still holds (a failed
+decision counts under the revision whose live interval holds its time); until
 then `complete` is false. A new store is complete from its start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.decisions.live import LiveInterval, fits, live_at, stored
 from service.decisions.log import DecisionEntryBody
 from service.policy.client import UNKNOWN
+from service.reasons import Reason
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
 from store.evidence_chain import (
@@ -43,35 +52,55 @@ SUMMARIES_COMPLETE = LaneKey(
 REBUILD_ATTEMPTS = 5
 
 
+_FAILED = (
+    "decisions that failed while it was live: OPA gave no answer or refused the service (the "
+    "entry names the revision `unknown`)"
+)
+
+
 class RevisionSummary(BaseModel):
     """One policy revision's decisions on one tenant's chain."""
 
     model_config = ConfigDict(extra="forbid")
 
     policy_revision: str = Field(description="content hash of the policy set that decided")
-    first_decided_at: str = Field(description="RFC 3339: its earliest decision (evaluated_at)")
-    last_decided_at: str = Field(description="RFC 3339: its latest decision")
+    first_decided_at: str | None = Field(
+        description="RFC 3339: its earliest decision (evaluated_at); null: it decided nothing"
+    )
+    last_decided_at: str | None = Field(description="RFC 3339: its latest decision")
     decisions: int = Field(ge=0, description="decisions it made (pruned entries included)")
     by_action: dict[str, int] = Field(description="decisions by action")
+    failed: int = Field(default=0, ge=0, description=_FAILED)  # 0 in a summary stored before
 
     def add(self, action: str, evaluated_at: str) -> None:
         self.decisions += 1
         self.by_action[action] = self.by_action.get(action, 0) + 1
         moment = datetime.fromisoformat(evaluated_at)
-        if moment < datetime.fromisoformat(self.first_decided_at):
+        first, last = self.first_decided_at, self.last_decided_at
+        if first is None or moment < datetime.fromisoformat(first):
             self.first_decided_at = evaluated_at
-        if moment > datetime.fromisoformat(self.last_decided_at):
+        if last is None or moment > datetime.fromisoformat(last):
             self.last_decided_at = evaluated_at
 
     @classmethod
-    def first(cls, revision: str, action: str, evaluated_at: str) -> RevisionSummary:
+    def empty(cls, revision: str) -> RevisionSummary:
         return cls(
             policy_revision=revision,
-            first_decided_at=evaluated_at,
-            last_decided_at=evaluated_at,
-            decisions=1,
-            by_action={action: 1},
+            first_decided_at=None,
+            last_decided_at=None,
+            decisions=0,
+            by_action={},
         )
+
+
+class RevisionReport(RevisionSummary):
+    """A revision's decisions for the tenant, beside when it was live on the deployment."""
+
+    failed: int = Field(ge=0, description=_FAILED)  # always there in an answer
+
+    live: list[LiveInterval] = Field(
+        description="when it was live, on each instance of the deployment, oldest first"
+    )
 
 
 def summary_key(chain: str, revision: str) -> LaneKey:
@@ -79,14 +108,28 @@ def summary_key(chain: str, revision: str) -> LaneKey:
 
 
 def _counted(decision: Mapping[str, Any]) -> str | None:
-    """The revision a decision counts for, or None when OPA did not make it."""
+    """The revision a decision counts for: the one OPA decided with, or for a failed one
+    the one live then (`failed_under`); None for a rate limit summary and for an answer
+    that named no revision."""
     engine = decision.get("engine") or {}
-    revision = decision.get("policy_revision")
-    if engine.get("name", "opa") != "opa" or not isinstance(revision, str) or revision == UNKNOWN:
+    if engine.get("name", "opa") != "opa":
         return None
-    if not revision or len(_PREFIX) + len(revision.encode()) > 255:
+    if _failed(decision):
+        revision = decision.get("failed_under")
+    elif (revision := decision.get("policy_revision")) == UNKNOWN:
+        return None  # an answer that named no bundle revision: nothing to count it under
+    if not isinstance(revision, str) or not fits(revision):
         return None
     return revision
+
+
+def _failed(decision: Mapping[str, Any]) -> bool:
+    """OPA made no decision: it did not answer, answered wrongly, or refused the service."""
+    reasons = decision.get("reasons") or ()
+    return (
+        Reason.POLICY_ENGINE_UNAVAILABLE.value in reasons
+        or Reason.POLICY_ENGINE_REFUSED.value in reasons
+    )
 
 
 def _parsed(value: bytes | None) -> RevisionSummary | None:
@@ -107,15 +150,14 @@ def _summarised(
         revision = _counted(decision)
         if revision is None:
             continue
-        action, at = str(decision["action"]), str(decision["evaluated_at"])
         if revision not in summaries:
-            base = known.get(revision)
-            if base is None:
-                summaries[revision] = RevisionSummary.first(revision, action, at)
-                continue
+            base = known.get(revision) or RevisionSummary.empty(revision)
             # A copy with its own counts: `known` may be a cache's, which must stay as read.
             summaries[revision] = base.model_copy(update={"by_action": dict(base.by_action)})
-        summaries[revision].add(action, at)
+        if _failed(decision):
+            summaries[revision].failed += 1
+        else:
+            summaries[revision].add(str(decision["action"]), str(decision["evaluated_at"]))
     return summaries
 
 
@@ -125,8 +167,9 @@ class SummaryCache:
     another writer may have added to them. A stale one could not be written anyway: the
     commit expects each summary as read."""
 
-    def __init__(self, lanes: Lanes) -> None:
+    def __init__(self, lanes: Lanes, live: Callable[[], str | None] | None = None) -> None:
         self._lanes = lanes
+        self._live = live  # the revision live now, under which a failed decision counts
         self._known: dict[bytes, tuple[bytes | None, RevisionSummary | None]] = {}
         self._staged: dict[bytes, RevisionSummary] = {}  # the last `updates`, until written
 
@@ -140,14 +183,20 @@ class SummaryCache:
         """The summary puts for a batch's entries, and what the commit expects each key to
         hold (as read), so a summary is never overwritten with a count that missed some."""
         by_chain: dict[str, list[dict[str, Any]]] = {}
+        live: str | None = None
         for body in bodies:
             trace = body.decision  # the fields a summary reads, without a whole dump
+            failed = trace.engine_unavailable
+            if failed and live is None:
+                live = (self._live() if self._live is not None else None) or UNKNOWN
             by_chain.setdefault(body.chain, []).append(
                 {
                     "action": trace.action,
                     "evaluated_at": trace.evaluated_at,
                     "policy_revision": trace.policy_revision,
                     "engine": {"name": trace.engine.name},
+                    "reasons": trace.reasons if failed else (),
+                    "failed_under": live if failed else None,
                 }
             )
         puts: list[tuple[LaneKey, bytes]] = []
@@ -182,16 +231,31 @@ class SummaryCache:
         return self._known[encoded]
 
 
-def revisions(lanes: Lanes, chain: str) -> list[RevisionSummary]:
-    """The chain's revision summaries, oldest first decision first."""
-    found = [
-        summary
+def revisions(lanes: Lanes, chain: str) -> list[RevisionReport]:
+    """The chain's revision summaries, each with its live intervals on the deployment, and
+    the revisions live without deciding for it; by the earliest of their first live moment
+    and first decision, oldest first."""
+    found = {
+        summary.policy_revision: summary
         for key, value in lanes.scan(TenantResourceLane.TRACE_META, chain)
         if key.name.startswith(_PREFIX) and (summary := _parsed(value)) is not None
+    }
+    live = stored(lanes)
+    reports = [
+        RevisionReport(
+            **(found.get(revision) or RevisionSummary.empty(revision)).model_dump(),
+            live=sorted(live.get(revision, []), key=lambda i: datetime.fromisoformat(i.from_)),
+        )
+        for revision in found.keys() | live.keys()
     ]
-    return sorted(
-        found, key=lambda s: (datetime.fromisoformat(s.first_decided_at), s.policy_revision)
-    )
+    return sorted(reports, key=lambda r: (_since(r), r.policy_revision))
+
+
+def _since(report: RevisionReport) -> datetime:
+    moments = [datetime.fromisoformat(i.from_) for i in report.live]
+    if report.first_decided_at is not None:
+        moments.append(datetime.fromisoformat(report.first_decided_at))
+    return min(moments, default=datetime.max.replace(tzinfo=UTC))
 
 
 def complete(lanes: Lanes) -> bool:
@@ -227,7 +291,7 @@ def _rebuild_chain(lanes: Lanes, chain: str) -> int:
     for _ in range(REBUILD_ATTEMPTS):
         with lanes.exclusive(marker_key(chain)):
             head = EvidenceChain(lanes, chain).head()
-            summaries = _summarised(_decisions(lanes, chain, head.seq), {})
+            summaries = _summarised(_decisions(lanes, chain, head.seq, stored(lanes)), {})
             stale = [
                 key
                 for key, _ in lanes.scan(TenantResourceLane.TRACE_META, chain)
@@ -248,9 +312,15 @@ def _rebuild_chain(lanes: Lanes, chain: str) -> int:
     raise RuntimeError(f"the chain {chain} kept growing while its summaries were rebuilt")
 
 
-def _decisions(lanes: Lanes, chain: str, until: int) -> Iterator[Mapping[str, Any]]:
-    for _, stored in EvidenceChain(lanes, chain).stored_entries(until_seq=until):
-        entry = parse_entry(stored)
+def _decisions(
+    lanes: Lanes, chain: str, until: int, live: dict[str, list[LiveInterval]]
+) -> Iterator[Mapping[str, Any]]:
+    """The chain's decisions; a failed one names the revision live at its time."""
+    for _, stored_entry in EvidenceChain(lanes, chain).stored_entries(until_seq=until):
+        entry = parse_entry(stored_entry)
         decision = None if entry is None else entry.get("decision")
         if isinstance(decision, dict) and "action" in decision and "evaluated_at" in decision:
+            if _failed(decision):
+                under = live_at(live, str(decision["evaluated_at"])) or UNKNOWN
+                decision = {**decision, "failed_under": under}
             yield decision

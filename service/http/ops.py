@@ -31,6 +31,8 @@ def readyz() -> Response:
     """
     ctx = context()
     probe = ctx.gate.client.probe()
+    if ctx.gate.observe is not None:  # OPA of the operator's: its answer says what is live
+        ctx.gate.observe(probe)
     decided = not probe.engine_unavailable
     revision = probe.policy_revision if decided else None
     store_open = not ctx.lanes.closed

@@ -43,8 +43,10 @@ class PolicyGate:
         metrics: ServiceMetrics,
         clock: Callable[[], datetime],
         shadow: ShadowPolicy | None = None,
+        observe: Callable[[DecisionTrace], None] | None = None,
     ) -> None:
         self.client = client
+        self.observe = observe  # told of every decision (which revision decides now)
         self.shadow = shadow
         self.durable_writes = durable_writes
         self.metrics = metrics
@@ -77,6 +79,8 @@ class PolicyGate:
         with tracing.decision_span(action) as span:  # OPA's own spans join it
             trace = self.client.decide(encoded, trace_id=tracing.trace_id(span))
             tracing.note_decision(span, trace)
+        if self.observe is not None:
+            self.observe(trace)
         outcome = (
             "refused"
             if trace.engine_refused

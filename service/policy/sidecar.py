@@ -8,7 +8,8 @@
   taken at start and replaced only by `reload_policies()` (SIGHUP or
   `sessionstate policy reload`), or by the watcher with `watch_policies`
   (`service.policy.source`); each reload's outcome goes to
-  `policy-status.json` in the work dir.
+  `policy-status.json` in the work dir, and a revision OPA decides with
+  after a reload to `on_live` (the live intervals, `service.decisions.live`).
 - With a signed bundle file (`bundle_file` and `verification_key`), that file
   is what OPA gets, and OPA is configured to activate only a bundle whose
   signature verifies with the key (`service.policy.signed_bundle`); a bundle
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,8 @@ class OpaSidecar:
         self._reloader: threading.Thread | None = None
         self._generation = 0
         self._loaded_at = 0.0
+        # Told of each revision OPA decides with after a reload that loaded it.
+        self.on_live: Callable[[str], None] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -233,6 +237,8 @@ class OpaSidecar:
             errors=list(result.errors),
         )
         self._generation += 1
+        if deciding and result.outcome == "loaded" and self.on_live is not None:
+            self.on_live(result.revision)  # recorded before the status tells of the reload
         write_status(self.status_path, status)
         if result.outcome != "invalid" and not started:  # a refusal was logged as an error
             log.info(

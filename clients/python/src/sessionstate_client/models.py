@@ -419,28 +419,52 @@ class JsonWebKeySet(_Response):
     keys: list[JsonWebKey]
 
 
-class RevisionSummary(_Response):
-    """One policy revision's decisions on one tenant's chain."""
+class LiveInterval(_Response):
+    """One stretch of time a revision was live on one service instance."""
+
+    model_config = ConfigDict(
+        serialize_by_alias=True, validate_by_name=True, validate_by_alias=True
+    )
+    from_: str = Field(alias="from", description="RFC 3339: when it became live")
+    to: str | None = Field(description="RFC 3339: when it stopped being live; null: live now")
+    instance: str = Field(description="the service instance (data dir) it was live on")
+    ended: Literal["replaced", "stopped", "restarted"] | None = Field(
+        description="`replaced` by another revision, `stopped` with the service, `restarted`: the service did not stop cleanly and `to` is its next start; null while live"
+    )
+
+
+class RevisionReport(_Response):
+    """A revision's decisions for the tenant, beside when it was live on the deployment."""
 
     policy_revision: str = Field(description="content hash of the policy set that decided")
-    first_decided_at: str = Field(description="RFC 3339: its earliest decision (evaluated_at)")
-    last_decided_at: str = Field(description="RFC 3339: its latest decision")
+    first_decided_at: str | None = Field(
+        description="RFC 3339: its earliest decision (evaluated_at); null: it decided nothing"
+    )
+    last_decided_at: str | None = Field(description="RFC 3339: its latest decision")
     decisions: Annotated[int, Field(ge=0)] = Field(
         description="decisions it made (pruned entries included)"
     )
     by_action: dict[str, int] = Field(description="decisions by action")
+    failed: Annotated[int, Field(ge=0)] = Field(
+        description="decisions that failed while it was live: OPA gave no answer or refused the service (the entry names the revision `unknown`)"
+    )
+    live: list[LiveInterval] = Field(
+        description="when it was live, on each instance of the deployment, oldest first"
+    )
 
 
 class PolicyRevisionsResponse(_Response):
-    """`GET /v1/decisions/policy-revisions`: which policy revisions decided for the tenant,
-    and when.
+    """`GET /v1/decisions/policy-revisions`: which policy revisions were live on the
+    deployment and when, and what each decided (or failed to) for the tenant.
     """
 
     tenant_id: str
     complete: bool = Field(
         description="false on a store whose older decisions are not summarised yet (`sessionstate db upgrade` summarises them)"
     )
-    revisions: list[RevisionSummary] = Field(description="by first decision, oldest first")
+    revisions: list[RevisionReport] = Field(
+        description="by the earliest of their first live moment and first decision, oldest first"
+    )
     decision: DecisionTrace
 
 
