@@ -11,6 +11,7 @@ from service.decisions.log import DecisionLogEntry
 from service.decisions.revisions import RevisionSummary
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
+from store.chain_loss import RecordedLoss
 from store.checkpoints import Checkpoint
 from store.record import SessionStateRecord
 from store.reports import SessionStateReadReport, SessionStateWriteReport
@@ -103,6 +104,13 @@ class DecisionVerifyResponse(_Envelope):
         "entry at its seq was checked against its hash, and every entry after it was walked; "
         "null: the whole chain was walked (full=true, or no usable head was remembered)",
     )
+    recorded_losses: list[RecordedLoss] = Field(
+        default_factory=list,
+        description="the recorded losses this walk went over (`sessionstate decisions "
+        "record-loss`): seqs a signed head covered that are gone, which the chain accepts "
+        "only because an entry of its own says so; a walk from the whole chain "
+        "(full=true) lists every one",
+    )
     decision: DecisionTrace
 
 
@@ -157,6 +165,13 @@ class Readiness(_Envelope):
         description="false after a failed write (a full disk, say) until the store is reopened"
     )
     store: StoreReadiness
+    chains_behind_signed_head: int = Field(
+        default=0,
+        ge=0,
+        description="tenants' decision logs found behind the head the service signed for them "
+        "since it started (read when a decision first goes on one): their requests answer 503 "
+        "decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
+    )
     reasons: list[str] = Field(
         description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, "
         "store_closed, store_unreachable, store_unwritable; empty when ready"
@@ -165,5 +180,6 @@ class Readiness(_Envelope):
         default_factory=list,
         description="what is wrong without stopping it from serving: policy_source_invalid, "
         "policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle "
-        "offered at the last reload)",
+        "offered at the last reload), decision_log_behind_signed_head (see "
+        "chains_behind_signed_head)",
     )

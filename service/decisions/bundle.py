@@ -140,7 +140,7 @@ def write_bundle(
     if checkpoint is None:
         raise ChainUnverified.of(result, "evidence bundle")
     signer = CheckpointSigner.from_data_dir(data_dir)
-    verified_from = result.head_seq - result.entries + 1
+    verified_from = result.head_seq - result.entries - result.seqs_lost + 1
     with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
         listed: list[list[int | str]] = []
         for seq, hash_, stored in _selected(reader, chain, selection, checkpoint.seq):

@@ -27,6 +27,9 @@ def readyz() -> Response:
     bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
     every instance out of rotation over an edit nobody activated would turn a
     refused change into an outage.
+    So is a tenant's decision log found behind the head the service signed for it:
+    that tenant's requests answer 503 until its loss is recorded, the others' are
+    served, and taking the instance out of rotation would stop them too.
     """
     ctx = context()
     probe = ctx.gate.client.probe()
@@ -48,6 +51,9 @@ def readyz() -> Response:
     warnings = ["policy_source_invalid"] if source_valid is False else []
     if source_valid is False and isinstance(ctx.policy_source, SignedBundleSource):
         warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
+    behind = ctx.journal.chains_behind_signed_head()
+    if behind:  # those tenants' requests fail; the others' are served
+        warnings.append("decision_log_behind_signed_head")
     ready = not reasons
     body = Readiness(
         ready=ready,
@@ -58,6 +64,7 @@ def readyz() -> Response:
         policy_source_valid=source_valid,
         store_open=store_open,
         store_writable=store_writable,
+        chains_behind_signed_head=behind,
         store=StoreReadiness(
             kind=ctx.store.kind.value, target=ctx.store.target, reachable=store_reachable
         ),

@@ -288,6 +288,18 @@ class DecisionListResponse(_Response):
     decision: DecisionTrace
 
 
+class RecordedLoss(_Response):
+    """A loss entry a walk went over, as verify reports it."""
+
+    seq: Annotated[int, Field(ge=1)] = Field(description="the loss entry's seq")
+    follows_seq: Annotated[int, Field(ge=0)] = Field(description="the last entry stored before it")
+    lost_from_seq: int | None = Field(
+        description="the first seq gone; null: seqs up to lost_to_seq had been re-used"
+    )
+    lost_to_seq: int = Field(description="the last seq gone: the signed head's")
+    signed_head_hash: str = Field(description="the hash the signed head had at lost_to_seq")
+
+
 class DecisionVerifyResponse(_Response):
     """`GET /v1/decisions/verify`: the chain's state, and a signed checkpoint of its head."""
 
@@ -307,6 +319,10 @@ class DecisionVerifyResponse(_Response):
     resumed_from: Checkpoint | None = Field(
         default=None,
         description="the signed head an earlier verify left, which this walk resumed from: the entry at its seq was checked against its hash, and every entry after it was walked; null: the whole chain was walked (full=true, or no usable head was remembered)",
+    )
+    recorded_losses: list[RecordedLoss] = Field(
+        default_factory=list,
+        description="the recorded losses this walk went over (`sessionstate decisions record-loss`): seqs a signed head covered that are gone, which the chain accepts only because an entry of its own says so; a walk from the whole chain (full=true) lists every one",
     )
     decision: DecisionTrace
 
@@ -417,12 +433,16 @@ class Readiness(_Response):
         description="false after a failed write (a full disk, say) until the store is reopened"
     )
     store: StoreReadiness
+    chains_behind_signed_head: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="tenants' decision logs found behind the head the service signed for them since it started (read when a decision first goes on one): their requests answer 503 decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
+    )
     reasons: list[str] = Field(
         description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, store_closed, store_unreachable, store_unwritable; empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload)",
+        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_log_behind_signed_head (see chains_behind_signed_head)",
     )
 
 
