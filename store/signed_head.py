@@ -1,7 +1,9 @@
-"""The one rule for every checkpoint: sign a chain's head only after the walk up to it held.
+"""The one rule for every signature: sign a chain's head only after the walk up to it held,
+and the chain reached the signed head the service remembers for it, with the same hash.
 
-The API's verify, the offline `checkpoint` command and evidence bundles all go
-through here, so none of them can vouch for a broken chain.
+The API's verify, the reviewer's page (its bundle download), the offline `checkpoint`
+and `bundle` commands all go through here, so none of them can vouch for a broken
+chain, nor for a cut one whose seqs were since used again.
 
 The API's verify and the reviewer's page also remember the head they signed,
 so the next verify walks only what was appended since (`resumed_checkpoint`). The remembered head is a checkpoint like any other, kept
@@ -12,7 +14,12 @@ a verify skip anything. A remembered head whose signature does not hold, or
 that names another chain, is ignored (the walk then covers the whole chain and
 says so) and logged as `verified_head_rejected`; a genuine but older one only
 makes the walk longer. A whole walk stays available (`verified_checkpoint`, or
-`full=True`): the CLI, checkpoints, bundles, `GET /v1/decisions/verify?full=true`.
+`full=True`): the CLI, checkpoints, bundles, `GET /v1/decisions/verify?full=true`;
+it is held against the remembered head too, which is what shows a cut tail.
+
+The same remembered head tells the journal not to extend a chain that no longer
+reaches it (`SignedHeads.behind`), until `record_loss` writes the entry that says
+what is gone (`store.chain_loss`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Nothing is signed for a chain that no longer reaches its remembered signed head, and a cut
-chain takes entries again only after its loss is recorded, as an entry the walk accepts,
-and reports, while any other gap still fails. On LevelDB and on PostgreSQL."""
+chain takes entries again (from the journal) only after its loss is recorded, as an entry
+the walk accepts, and reports, while any other gap still fails. On LevelDB and on
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from typing import Any
 
 import pytest
 
+from service.decisions.journal import ChainBehindSignedHead, DecisionJournal
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner
+from store.digests import DigestKey
 from store.evidence_chain import EvidenceChain, entry_key, parse_entry
+from store.session_state import Precondition, state_key
 from store.signed_head import (
     NothingLost,
     SignedHeads,
@@ -23,6 +27,7 @@ from store.signed_head import (
     verified_checkpoint,
     verified_head_key,
 )
+from tests.factories import decision_entry_body, record, scope
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 TENANT = "tenant-a"
@@ -198,3 +203,36 @@ def test_without_a_remembered_head_there_is_nothing_to_record(lanes: Lanes, tmp_
     with pytest.raises(NothingLost):
         record_loss(chain, tmp_path, loss_members())
     assert not SignedHeads(tmp_path).behind(chain)
+
+
+def test_the_journal_takes_nothing_on_a_chain_behind_its_signed_head_until_the_loss_is_recorded(
+    chain: EvidenceChain, tmp_path: Path
+) -> None:
+    """Other chains go on; the chain's write stores nothing; on PostgreSQL the loss is
+    recorded while the journal runs, and its next entry is taken after the loss entry."""
+    cut(chain, 8, 10)
+    journal = DecisionJournal(chain.lanes, signed_heads=SignedHeads(tmp_path))
+    try:
+        with pytest.raises(ChainBehindSignedHead):
+            journal.record(decision_entry_body("decision-a1", TENANT), status=200)
+        target = scope(tenant=TENANT)
+        written = record(DigestKey(b"k" * 32), target)
+        with pytest.raises(ChainBehindSignedHead):
+            journal.record_write(
+                decision_entry_body("decision-a2", TENANT),
+                written,
+                Precondition(if_none_match_any=True),
+            )
+        assert chain.lanes.get(state_key(target)) is None
+        assert chain.head().seq == 7
+        other = journal.record(decision_entry_body("decision-b1", "tenant-b"), status=200)
+        assert other["seq"] == 1
+        assert journal.chains_behind_signed_head() == 1
+
+        record_loss(chain, tmp_path, loss_members())
+        taken = journal.record(decision_entry_body("decision-a3", TENANT), status=200)
+        assert taken["seq"] == 12  # after the loss entry (11), which follows the signed head
+        assert journal.chains_behind_signed_head() == 0
+        assert chain.verify().ok
+    finally:
+        journal.close()

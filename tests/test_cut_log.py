@@ -52,6 +52,7 @@ def refused_as_behind(answer: requests.Response) -> None:
     assert answer.status_code == 503, answer.text
     assert answer.headers["Content-Type"] == "application/problem+json"
     assert answer.json()["reason"] == BEHIND
+    assert answer.headers["Retry-After"] == "60"  # not an outage that passes by itself
 
 
 def cut_tail(data_dir: Path, tenant: str, from_seq: int) -> int:
