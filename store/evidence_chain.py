@@ -112,7 +112,7 @@ class ChainVerification(BaseModel):
     head_seq: int = Field(default=0, ge=0, description="seq of that entry (else the anchor's)")
     first_invalid_seq: int | None = None
     problem: ChainProblem | None = None
-    losses: tuple[RecordedLoss, ...] = Field(
+    recorded_losses: tuple[RecordedLoss, ...] = Field(
         default=(),
         description="the recorded losses walked over (`sessionstate decisions record-loss`): "
         "each a gap the chain accepts because an entry of its own says what is gone",
@@ -123,7 +123,7 @@ class ChainVerification(BaseModel):
         """How many seqs the recorded losses walked over left unused (the gaps they cover)."""
         return sum(
             loss.lost_to_seq - loss.follows_seq
-            for loss in self.losses
+            for loss in self.recorded_losses
             if loss.lost_from_seq is not None
         )
 
@@ -380,7 +380,7 @@ class _Walk:
             head_seq=self.expected - 1,
             first_invalid_seq=seq,
             problem=problem,
-            losses=tuple(self.losses),
+            recorded_losses=tuple(self.losses),
         )
 
 

@@ -119,7 +119,7 @@ def verify_decisions() -> Response:
             checkpoint=verified.checkpoint,
             checkpoint_public_key=signer.public_key_pem.decode("ascii"),
             resumed_from=verified.resumed_from,
-            recorded_losses=list(result.losses),
+            recorded_losses=list(result.recorded_losses),
             decision=trace,
         )
     )
