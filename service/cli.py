@@ -162,6 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     bundle.add_argument("--tenant", help="only this tenant's entries (else every tenant's)")
     bundle.add_argument("--since", help="evaluated at or after this RFC 3339 time (with a zone)")
     bundle.add_argument("--until", help="evaluated before this RFC 3339 time (with a zone)")
+    loss = review.add_parser(
+        "record-loss",
+        help="record, as an entry, which entries of a tenant's chain are gone under the head the "
+        "service signed for it, so the service takes that tenant's decisions again; print the "
+        "entry (docs/operators.md: a cut decision log)",
+    )
+    loss.add_argument(
+        "--tenant", required=True, help="the tenant whose chain is cut (~no-tenant: no tenant's)"
+    )
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
     )
@@ -529,6 +538,10 @@ def _review(settings: Settings, args: argparse.Namespace) -> int:
     elif args.review == "tail":
         for entry in decision_review.tail(data_dir, args.n):
             print(canonical_json(entry).decode("utf-8"))  # the stored form: RFC 8785
+    elif args.review == "record-loss":
+        with _review_lanes(settings) as lanes:
+            entry = decision_review.record_loss(lanes, data_dir, args.tenant)
+        print(canonical_json(entry).decode())
     elif args.review == "prune":
         print(json.dumps({"pruned": decision_review.prune(data_dir, args.older_than_days)}))
     return 0

@@ -43,6 +43,7 @@ from store.digests import DigestKey
 from store.lanes import LaneStore
 from store.secrets import decode_secret, encode_secret, local_secret, stored_secret
 from store.session_state import SessionStateStore
+from store.signed_head import SignedHeads
 
 MIN_SECRET_BYTES = 32
 log = logging.getLogger("sessionstate.store")
@@ -128,6 +129,7 @@ class ServiceContext:
             clock=clock,
             on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
             live_revision=live.current,
+            signed_heads=SignedHeads(settings.data_dir),
         )
         if not mark_index_complete_if_empty(lanes):
             # Still correct, by reading every approval of a workspace per lookup.

@@ -190,6 +190,15 @@ class Reason(StrEnum):
         503,
         "The decision could not be kept in the decision log; nothing was done.",
     )
+    # Not an outage that passes either: retrying ends at once (as POLICY_ENGINE_REFUSED).
+    DECISION_LOG_BEHIND_SIGNED_HEAD = (
+        "decision_log_behind_signed_head",
+        503,
+        "This tenant's decision log no longer reaches the head the service signed for it, "
+        "so it takes no decision (it would re-use seqs that head covered); nothing was done. "
+        "An operator must record the loss (`sessionstate decisions record-loss`).",
+        60,
+    )
     STORE_UNAVAILABLE = (
         "store_unavailable",
         503,

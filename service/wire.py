@@ -11,6 +11,7 @@ from service.decisions.log import DecisionLogEntry
 from service.decisions.revisions import RevisionReport
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
+from store.chain_loss import RecordedLoss
 from store.checkpoints import Checkpoint, RetentionAnchor
 from store.full_walk import FullWalk
 from store.record import SessionStateRecord
@@ -129,6 +130,13 @@ class DecisionVerifyResponse(_Envelope):
         "not that retention removed what went before); null: nothing was pruned, or the "
         "anchor did not verify (`anchor_unsigned`, `anchor_signature_invalid`)",
     )
+    recorded_losses: list[RecordedLoss] = Field(
+        default_factory=list,
+        description="the recorded losses this walk went over (`sessionstate decisions "
+        "record-loss`): seqs a signed head covered that are gone, which the chain accepts "
+        "only because an entry of its own says so; a walk from the whole chain "
+        "(full=true) lists every one",
+    )
     decision: DecisionTrace
 
 
@@ -183,6 +191,13 @@ class Readiness(_Envelope):
         description="false after a failed write (a full disk, say) until the store is reopened"
     )
     store: StoreReadiness
+    chains_behind_signed_head: int = Field(
+        default=0,
+        ge=0,
+        description="tenants' decision logs found behind the head the service signed for them "
+        "since it started (read when a decision first goes on one): their requests answer 503 "
+        "decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
+    )
     reasons: list[str] = Field(
         description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, "
         "store_closed, store_unreachable, store_unwritable; empty when ready"
@@ -193,5 +208,6 @@ class Readiness(_Envelope):
         "policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle "
         "offered at the last reload), decision_scrub_failed (the last whole walk of a "
         "tenant's decision chain found a problem: the decision_scrub_failed log event names "
-        "the chain, the problem and the seq)",
+        "the chain, the problem and the seq), decision_log_behind_signed_head (see "
+        "chains_behind_signed_head)",
     )

@@ -61,6 +61,7 @@ from store.chain_head import (
     ChainHead,
     parse_timestamp,
 )
+from store.chain_loss import LOSS_MEMBER, RecordedLoss, loss_of
 from store.checkpoints import (
     Checkpoint,
     CheckpointSigner,
@@ -94,6 +95,8 @@ ChainProblem = Literal[
     "anchor_signature_invalid",
     "checkpoint_before_anchor",
     "checkpoint_other_chain",
+    "checkpoint_in_recorded_loss",
+    "loss_invalid",
 ]
 _Failure = tuple[int | None, ChainProblem]  # the first invalid seq (None: not an entry's fault)
 # A stored anchor as read: signed, or a bare head (genesis when none is stored, else an
@@ -144,6 +147,20 @@ class ChainVerification(BaseModel):
         "(its `origin` says what it vouches for); null: the chain starts at genesis, or the "
         "anchor did not verify",
     )
+    recorded_losses: tuple[RecordedLoss, ...] = Field(
+        default=(),
+        description="the recorded losses walked over (`sessionstate decisions record-loss`): "
+        "each a gap the chain accepts because an entry of its own says what is gone",
+    )
+
+    @property
+    def seqs_lost(self) -> int:
+        """How many seqs the recorded losses walked over left unused (the gaps they cover)."""
+        return sum(
+            loss.lost_to_seq - loss.follows_seq
+            for loss in self.recorded_losses
+            if loss.lost_from_seq is not None
+        )
 
 
 def chain_name(tenant_id: str | None) -> str:
@@ -283,6 +300,11 @@ def _entry_hash(entry: Mapping[str, Any]) -> str | None:
         return None
 
 
+def _holds(entry: Mapping[str, Any] | None, seq: int) -> bool:
+    """Whether entry is entry seq and hashes to its `hash`."""
+    return entry is not None and entry.get("seq") == seq and entry.get("hash") == _entry_hash(entry)
+
+
 def _link_problem(entry: Mapping[str, Any], seq: int, prev_hash: str) -> ChainProblem | None:
     stored_seq = entry.get("seq")
     if not isinstance(stored_seq, int) or isinstance(stored_seq, bool) or stored_seq != seq:
@@ -307,6 +329,7 @@ class _Walk:
     walked_from: int | None = None  # the first entry read (preset: a resumed walk's head)
     walked_to: int | None = None
     signed_anchor: RetentionAnchor | None = None  # the anchor's document, once it verified
+    losses: list[RecordedLoss] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.expected = self.anchor.seq + 1
@@ -320,17 +343,48 @@ class _Walk:
         self.walked_to = seq
         if seq < self.expected:  # an entry retention removed is back, or the anchor moved
             return seq, "anchor_invalid"
-        if seq > self.expected:
-            return self.expected, "seq_gap"
         entry = parse_entry(stored)
+        if seq > self.expected:
+            crossed = self._cross_gap(seq, entry)
+            if crossed is not None:
+                return crossed
         if entry is None:
             return seq, "entry_unreadable"
         problem = _link_problem(entry, seq, self.prev_hash)
         if problem is None and self._contradicts_checkpoint(seq, entry["hash"]):
             problem = "checkpoint_mismatch"
+        if problem is None and LOSS_MEMBER in entry:
+            problem = self._note_loss(seq, entry)
         if problem is not None:
             return seq, problem
         self.expected, self.prev_hash, self.verified = seq + 1, entry["hash"], self.verified + 1
+        return None
+
+    def _cross_gap(self, seq: int, entry: dict[str, Any] | None) -> _Failure | None:
+        """Go over the seqs before seq only when entry records them as lost: it follows the
+        last entry walked and takes the seq after the signed head it names (its link to that
+        head's hash is then checked as any link is). Any other gap is `seq_gap`."""
+        loss = None if entry is None else loss_of(entry)
+        walked = ChainHead(seq=self.expected - 1, hash=self.prev_hash)
+        if loss is None or not loss.gap or loss.seq != seq or loss.follows != walked:
+            return self.expected, "seq_gap"
+        signed = loss.links_to
+        checkpoint = self.checkpoint
+        if checkpoint is not None and self.expected <= checkpoint.seq < seq:
+            # A checkpoint of a lost seq can no longer be checked; the signed head can.
+            if checkpoint.seq != signed.seq:
+                return checkpoint.seq, "checkpoint_in_recorded_loss"
+            if checkpoint.head_hash != signed.hash:
+                return checkpoint.seq, "checkpoint_mismatch"
+        self.expected, self.prev_hash = seq, signed.hash
+        return None
+
+    def _note_loss(self, seq: int, entry: dict[str, Any]) -> ChainProblem | None:
+        """A loss entry that linked: it must say what it links to (`loss_invalid` if not)."""
+        loss = loss_of(entry)
+        if loss is None or loss.seq != seq or loss.links_to.hash != self.prev_hash:
+            return "loss_invalid"
+        self.losses.append(RecordedLoss.at(seq, loss))
         return None
 
     def over(self, stored: Iterator[tuple[int | None, bytes]]) -> ChainVerification:
@@ -369,6 +423,7 @@ class _Walk:
             walked_from_seq=self.walked_from,
             walked_to_seq=self.walked_to if self.walked_to is not None else self.walked_from,
             anchor=self.signed_anchor,
+            recorded_losses=tuple(self.losses),
         )
 
 
@@ -483,7 +538,10 @@ class EvidenceChain:
         JSON object (`entry_unreadable`) whose `seq` is its key's (`seq_mismatch`), whose
         `prev_hash` is the previous entry's `hash` (`prev_hash_mismatch`) and whose `hash`
         is its canonical digest (`hash_mismatch`). A stored anchor that does not read, or
-        an entry at or below it, is `anchor_invalid`.
+        an entry at or below it, is `anchor_invalid`. The one gap accepted is a recorded
+        loss (`store.chain_loss`): an entry after the gap that follows the last entry
+        walked and links to the signed head it names; it is reported in `losses`, and a
+        loss entry that does not say what it links to is `loss_invalid`.
 
         A stored anchor needs the verifier of the checkpoint key too: one older releases
         wrote unsigned is `anchor_unsigned`, one whose signature does not hold under the
@@ -496,7 +554,8 @@ class EvidenceChain:
         at the first missing seq) with the same hash there, or at the anchor when the
         checkpoint is at the anchor's seq (`checkpoint_mismatch`). A checkpoint below the
         anchor fails (`checkpoint_before_anchor`): retention removed the evidence it
-        could be checked against, so it proves nothing, and a reviewer must hear that.
+        could be checked against, so it proves nothing, and a reviewer must hear that; so
+        does one of a seq a recorded loss says is gone (`checkpoint_in_recorded_loss`).
 
         Runs without the write lock, so appends go on meanwhile. A LevelDB iterator reads
         a snapshot, but the anchor is read apart from it: a walk that fails while a prune
@@ -589,13 +648,9 @@ class EvidenceChain:
         if since.seq < first.seq:
             return self._verify_from(anchor, None, None, verifier)
         problem = self._anchor_problem(anchor, verifier)
-        if (
-            problem is not None
-            or since.seq == first.seq
-            or not self._holds(since.seq, since.head_hash)
-        ):
-            return self._verify_from(anchor, since, None, verifier)
         start = ChainHead(seq=since.seq, hash=since.head_hash)
+        if problem is not None or since.seq == first.seq or not self.reaches(start):
+            return self._verify_from(anchor, since, None, verifier)
         walk = _Walk(start, verified=since.seq - first.seq, walked_from=since.seq)
         walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         return walk.over(self._stored(first=since.seq + 1))
@@ -631,7 +686,7 @@ class EvidenceChain:
         if anchor is None or self._anchor_problem(anchor, verifier) is not None:
             return self._verify_from(anchor, None, None, verifier), True
         first = _start(anchor)
-        if after is None or after.seq <= first.seq or not self._holds(after.seq, after.hash):
+        if after is None or after.seq <= first.seq or not self.reaches(after):
             walk, stored = _Walk(first), self._stored()
         else:
             walk = _Walk(after, verified=after.seq - first.seq)
@@ -648,15 +703,23 @@ class EvidenceChain:
         outcome = walk.over(counted())
         return outcome, not outcome.ok or read < limit
 
-    def _holds(self, seq: int, hash_: str) -> bool:
-        """Whether the entry at seq is stored, reads, and hashes to hash_."""
-        stored = self._lanes.get(entry_key(seq, self.name))
-        entry = None if stored is None else parse_entry(stored)
+    def reaches(self, head: ChainHead) -> bool:
+        """Whether the chain still holds head: the entry at its seq is stored, reads, and
+        hashes to its hash; or nothing is stored at that seq and the entry after it is a
+        recorded loss of head, linking to its hash. One or two reads, no walk."""
+        stored = self._lanes.get(entry_key(head.seq, self.name))
+        if stored is not None:
+            entry = parse_entry(stored)
+            return _holds(entry, head.seq) and entry is not None and entry["hash"] == head.hash
+        after = self.get(head.seq + 1)
+        loss = None if after is None else loss_of(after)
         return (
-            entry is not None
-            and entry.get("seq") == seq
-            and entry.get("hash") == hash_
-            and _entry_hash(entry) == hash_
+            after is not None
+            and _holds(after, head.seq + 1)
+            and loss is not None
+            and loss.gap
+            and loss.links_to == head
+            and after.get("prev_hash") == head.hash
         )
 
     def prune(self, before: datetime, signer: CheckpointSigner, signed_at: datetime) -> int:

@@ -1,7 +1,9 @@
-"""The one rule for every checkpoint: sign a chain's head only after the walk up to it held.
+"""The one rule for every signature: sign a chain's head only after the walk up to it held,
+and the chain reached the signed head the service remembers for it, with the same hash.
 
-The API's verify, the offline `checkpoint` command and evidence bundles all go
-through here, so none of them can vouch for a broken chain.
+The API's verify, the reviewer's page (its bundle download), the offline `checkpoint`
+and `bundle` commands all go through here, so none of them can vouch for a broken
+chain, nor for a cut one whose seqs were since used again.
 
 The API's verify and the reviewer's page also remember the head they signed,
 so the next verify walks only what was appended since (`resumed_checkpoint`). The remembered head is a checkpoint like any other, kept
@@ -12,21 +14,37 @@ a verify skip anything. A remembered head whose signature does not hold, or
 that names another chain, is ignored (the walk then covers the whole chain and
 says so) and logged as `verified_head_rejected`; a genuine but older one only
 makes the walk longer. A whole walk stays available (`verified_checkpoint`, or
-`full=True`): the CLI, checkpoints, bundles, `GET /v1/decisions/verify?full=true`.
+`full=True`): the CLI, checkpoints, bundles, `GET /v1/decisions/verify?full=true`;
+it is held against the remembered head too, which is what shows a cut tail.
+
+The same remembered head tells the journal not to extend a chain that no longer
+reaches it (`SignedHeads.behind`), until `record_loss` writes the entry that says
+what is gone (`store.chain_loss`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from store.backends.contract import ExpectationFailed, StoreOffline
 from store.canonical import canonical_json
 from store.chain_head import ChainHead
+from store.chain_loss import LOSS_MEMBER, ChainLoss
 from store.checkpoints import Checkpoint, CheckpointSigner
-from store.evidence_chain import LEGACY_CHAIN, ChainVerification, EvidenceChain
+from store.evidence_chain import (
+    LEGACY_CHAIN,
+    ChainCorrupt,
+    ChainVerification,
+    EvidenceChain,
+    entry_key,
+    marker_key,
+    seal,
+)
 from store.keys import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
@@ -67,20 +85,22 @@ def verified_head_key(chain: str, key_id: str) -> LaneKey:
 def verified_checkpoint(
     chain: EvidenceChain, data_dir: Path, issued_at: datetime
 ) -> tuple[ChainVerification, Checkpoint | None]:
-    """Walk the whole chain; when it holds, sign the head that verified (naming the chain's
-    tenant), else sign nothing.
+    """Walk the whole chain, against the head the service remembers for it; when both hold,
+    sign the head that verified (naming the chain's tenant), else sign nothing.
 
     The one rule for every checkpoint (the API's verify, the offline command, an evidence
-    bundle): a checkpoint vouches for a head only after the walk up to it held. The key
-    is created on first use, and only when something is signed; the retention anchor is
-    checked with it (no key yet: a stored anchor cannot verify).
+    bundle): a checkpoint vouches for a head only after the walk up to it held and the chain
+    reached the signed head remembered for it, with the same hash. The key is created on
+    first use, and only when something is signed; the retention anchor is checked with it
+    (no key yet: a stored anchor cannot verify).
     """
-    existing = CheckpointSigner.existing(data_dir)
-    result = chain.verify(None, None if existing is None else existing.verifier())
+    signer = CheckpointSigner.existing(data_dir)
+    remembered = None if signer is None else _remembered(chain, signer)[0]
+    result = _walked(chain, remembered, signer)
     if not result.ok:
         return result, None
     head = ChainHead(seq=result.head_seq, hash=result.head_hash)
-    signer = CheckpointSigner.from_data_dir(data_dir)
+    signer = signer or CheckpointSigner.from_data_dir(data_dir)
     return result, signer.sign(head, issued_at, chain.name or None)
 
 
@@ -89,24 +109,127 @@ def resumed_checkpoint(
 ) -> Verified:
     """`verified_checkpoint`, resuming from the head the last such walk remembered, if its
     signature holds (`EvidenceChain.verify_resumed` says what that covers); the head signed
-    now is remembered for the next one. With `full`, the whole chain is walked, and its head
-    remembered unless that is behind the remembered one. Only the running service calls
+    now is remembered for the next one. With `full`, the whole chain is walked (still
+    against the remembered head), and its head remembered. Only the running service calls
     this: offline review never writes to the store it reviews.
     """
     signer = CheckpointSigner.existing(data_dir)
     remembered, stored = (None, None) if signer is None else _remembered(chain, signer)
     since = None if full else remembered
     anchors = None if signer is None else signer.verifier()
-    result = chain.verify(None, anchors) if since is None else chain.verify_resumed(since, anchors)
+    result = (
+        _walked(chain, remembered, signer)
+        if since is None
+        else chain.verify_resumed(since, anchors)
+    )
     if not result.ok:
         return Verified(result, None, since)
     head = ChainHead(seq=result.head_seq, hash=result.head_hash)
     signer = signer or CheckpointSigner.from_data_dir(data_dir)
     checkpoint = signer.sign(head, issued_at, chain.name or None)
-    # Never backwards: a shorter chain than one verified before goes on showing as cut.
-    if remembered is None or remembered.seq <= checkpoint.seq:
+    if remembered is None or remembered.seq <= checkpoint.seq:  # never backwards
         _remember(chain, checkpoint, stored)
     return Verified(result, checkpoint, since)
+
+
+def _walked(
+    chain: EvidenceChain, remembered: Checkpoint | None, signer: CheckpointSigner | None
+) -> ChainVerification:
+    """The whole walk, against the remembered head unless retention pruned past it."""
+    anchors = None if signer is None else signer.verifier()
+    if remembered is None or anchors is None or _pruned_past(chain, remembered):
+        return chain.verify(None, anchors)
+    return chain.verify(remembered, anchors)
+
+
+def _pruned_past(chain: EvidenceChain, head: Checkpoint) -> bool:
+    """Retention deleted the entries up to beyond head: nothing is left to hold it against."""
+    try:
+        return head.seq < chain.anchor().seq
+    except ChainCorrupt:
+        return False  # the walk names the anchor's problem
+
+
+class NothingLost(Exception):
+    """No loss to record: no signed head is remembered for the chain, or it still holds it."""
+
+
+def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]) -> dict[str, Any]:
+    """Append the entry that records what a chain lost under its remembered signed head
+    (`store.chain_loss`), with `members` (`recorded_at`, ...) beside its `loss`; the entry
+    as written. Raises `NothingLost` when there is nothing to record.
+
+    Across a cut tail the entry takes the seq after the signed head, which stays
+    remembered: the chain reaches it again, through the entry. When the seq was re-used
+    instead, the entry follows the stored head, and the remembered head it now holds is
+    forgotten (the next verify walks the whole chain and remembers what it signs). One
+    synced batch, expecting the chain's next seq free and the remembered head as read.
+    """
+    signer = CheckpointSigner.existing(data_dir)
+    if signer is None:
+        raise NothingLost("no checkpoint key in the data dir: no head was ever remembered")
+    key = verified_head_key(chain.name, signer.key_id)
+    lanes = chain.lanes
+    with lanes.exclusive(marker_key(chain.name)):
+        remembered, stored = _remembered(chain, signer)
+        if remembered is None:
+            raise NothingLost("no signed head is remembered for this chain: nothing to record")
+        if reaches(chain, remembered):
+            raise NothingLost(
+                f"the chain still reaches its signed head (seq {remembered.seq}): nothing is lost"
+            )
+        head = chain.head()
+        loss = ChainLoss.of(remembered, head)
+        body = {**members, LOSS_MEMBER: loss.model_dump(mode="json")}
+        (sealed,), _ = seal([body], loss.links_to, chain.name)
+        with lanes.batch(sync=True) as batch:
+            for free in {entry_key(head.seq + 1, chain.name), sealed.key}:
+                batch.expect(free, None)
+            batch.expect(key, stored)
+            if lanes.get(marker_key(chain.name)) is None:  # never rewrite the row held
+                batch.put(marker_key(chain.name), b"")
+            if not loss.gap:
+                batch.delete(key)
+            batch.put(sealed.key, sealed.value)
+    log.warning("decision_log_loss_recorded", extra={"chain": chain.name, "seq": sealed.seq})
+    return sealed.entry
+
+
+class SignedHeads:
+    """The signed head the service remembers for each chain, under the data dir's key, for
+    the journal to check a chain's head against before it extends it (`behind`)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._data_dir = data_dir
+        self._signer: CheckpointSigner | None = None
+
+    def remembered(self, chain: EvidenceChain) -> Checkpoint | None:
+        """The head remembered for chain, if its signature holds."""
+        if self._signer is None:
+            self._signer = CheckpointSigner.existing(
+                self._data_dir
+            )  # no key: nothing remembered yet
+        return None if self._signer is None else _remembered(chain, self._signer)[0]
+
+    def behind(self, chain: EvidenceChain) -> bool:
+        """Whether the stored chain no longer reaches its remembered signed head: it ends
+        below it, or holds another entry at its seq. Extending it would re-use seqs that
+        head covered."""
+        head = self.remembered(chain)
+        return head is not None and not reaches(chain, head)
+
+
+def reaches(chain: EvidenceChain, head: Checkpoint) -> bool:
+    """Whether the stored chain holds the signed head (or retention pruned past it)."""
+    if _pruned_past(chain, head):
+        return True
+    try:
+        anchor = chain.anchor()
+    except ChainCorrupt:
+        return False
+    if head.seq == anchor.seq:
+        return head.head_hash == anchor.hash
+    return chain.reaches(ChainHead(seq=head.seq, hash=head.head_hash))
 
 
 def _remembered(

@@ -146,9 +146,10 @@ def test_a_tail_cut_below_the_remembered_head_is_found(
         "truncated_before_checkpoint",
         9,
     )
-    # a whole walk alone cannot see a cut tail: the remembered head is what shows it, and a
-    # whole walk does not move it back
-    assert walked(chain, tmp_path, full=True).result.ok
+    # a whole walk alone cannot see a cut tail: the remembered head is what shows it, so a
+    # whole walk is held against it too, and signs nothing
+    whole = walked(chain, tmp_path, full=True)
+    assert (whole.result.problem, whole.checkpoint) == ("truncated_before_checkpoint", None)
     assert walked(chain, tmp_path).result.problem == "truncated_before_checkpoint"
 
 

@@ -145,7 +145,7 @@ def write_bundle(
     if checkpoint is None:
         raise ChainUnverified.of(result, "evidence bundle")
     signer = CheckpointSigner.from_data_dir(data_dir)
-    verified_from = result.head_seq - result.entries + 1
+    verified_from = result.head_seq - result.entries - result.seqs_lost + 1
     with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
         listed: list[list[int | str]] = []
         entries_digest = hashlib.sha256()

@@ -23,6 +23,15 @@ journal then reads those chains' heads again, decides and seals the batch
 again, and retries after a short random pause (at most `COMMIT_ATTEMPTS` times; then the batch fails and
 no request of it is answered as committed). On a store that wants one tenant
 per transaction (PostgreSQL), each chain's part of a batch commits on its own.
+
+A chain whose stored entries no longer reach the head the service signed and
+remembers for it (`store.signed_head.SignedHeads`: its tail was cut, or the
+entry at that seq is another) takes no entry: extending it would re-use seqs
+that signed head covered. Every entry for it fails with `ChainBehindSignedHead`
+(nothing of it is stored), other chains are committed as usual, and the chain
+is logged once as `decision_log_behind_signed_head`. It is checked whenever the
+journal reads a chain's head, and read again at each entry for it until an
+operator records the loss (`sessionstate decisions record-loss`).
 """
 
 from __future__ import annotations
@@ -75,6 +84,7 @@ from store.session_state import (
     state_key,
     stored_version,
 )
+from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
@@ -111,6 +121,17 @@ class LegacyChainPresent(RuntimeError):
         super().__init__(
             "the decision log is the single global chain of an older sessionstate; stop the "
             "service and run `sessionstate db upgrade` to move it onto per-tenant chains"
+        )
+
+
+class ChainBehindSignedHead(JournalClosed):
+    """The chain no longer reaches the signed head the service remembers for it: nothing of
+    the request was stored, and nothing will be on that chain until its loss is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the decision log's chain is behind the head the service signed for it; "
+            "`sessionstate decisions record-loss` records the loss"
         )
 
 
@@ -175,6 +196,7 @@ class DecisionJournal:
         max_batch: int = MAX_BATCH,
         on_reopened: Callable[[Lanes], None] | None = None,
         live_revision: Callable[[], str | None] | None = None,
+        signed_heads: SignedHeads | None = None,
     ) -> None:
         if legacy_chain_present(lanes):
             raise LegacyChainPresent()
@@ -191,6 +213,8 @@ class DecisionJournal:
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
         self._heads: dict[str, ChainHead] = {}
         self._heads_guard = threading.Lock()
+        self._signed_heads = signed_heads
+        self._behind: set[str] = set()  # chains behind their signed head, as last read
         # The leader's alone (one leads at a time); a failed decision counts under live_revision().
         self._summaries = SummaryCache(lanes, live_revision)
         self.conflicts = 0  # commits that lost a race to another writer and were retried
@@ -212,10 +236,29 @@ class DecisionJournal:
         return known if known is not None else self._read_head(name)
 
     def _read_head(self, name: str) -> ChainHead:
-        head = EvidenceChain(self._lanes, name).head()
+        """The stored head of chain `name`, checked against its signed head (a chain behind
+        it is never kept as known, so it is read again next time)."""
+        chain = EvidenceChain(self._lanes, name)
+        head = chain.head()
+        behind = self._signed_heads is not None and self._signed_heads.behind(chain)
         with self._heads_guard:
-            self._heads[name] = head
+            newly = behind and name not in self._behind
+            if behind:
+                self._behind.add(name)
+                self._heads.pop(name, None)
+            else:
+                self._behind.discard(name)
+                self._heads[name] = head
+        if newly:
+            log.error("decision_log_behind_signed_head", extra={"chain": name})
+        if behind:
+            raise ChainBehindSignedHead()
         return head
+
+    def chains_behind_signed_head(self) -> int:
+        """How many chains were found behind their signed head when last read (`/readyz`)."""
+        with self._heads_guard:
+            return len(self._behind)
 
     def record(self, body: DecisionEntryBody, *, status: int) -> dict[str, Any]:
         """Append one decision entry that changed nothing; returns it sealed, once on disk."""
@@ -287,6 +330,8 @@ class DecisionJournal:
             tracing.note_commit(span, pending.entry, pending.error is not None)
         if isinstance(pending.error, StoreOffline):
             raise JournalStoreUnavailable("the store cannot write now") from pending.error
+        if isinstance(pending.error, ChainBehindSignedHead):
+            raise ChainBehindSignedHead() from pending.error
         if pending.error is not None:
             raise JournalClosed("the decision entry could not be committed") from pending.error
         return pending
@@ -368,6 +413,9 @@ class DecisionJournal:
         replicas) take turns. After losing a race, read the heads again and seal again while
         still holding it, so the next attempt cannot lose to another journal."""
         try:
+            batch = self._refuse_behind(batch)
+            if not batch:
+                return
             prepared = self._prepare(batch)
             with hold():
                 for attempt in range(COMMIT_ATTEMPTS):
@@ -425,6 +473,17 @@ class DecisionJournal:
         for pending, sealed in zip(batch, sealed_entries, strict=True):
             pending.entry = sealed.entry
             pending.wake.set()
+
+    def _refuse_behind(self, batch: list[_Pending]) -> list[_Pending]:
+        """Fail the entries of chains behind their signed head; the others, to commit."""
+        behind: set[str] = set()
+        for name in {pending.body.chain for pending in batch}:
+            try:
+                self.head(name)
+            except ChainBehindSignedHead:
+                behind.add(name)
+        self._fail([p for p in batch if p.body.chain in behind], ChainBehindSignedHead())
+        return [pending for pending in batch if pending.body.chain not in behind]
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:

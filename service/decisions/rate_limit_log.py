@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor
-from service.decisions.journal import DecisionJournal, JournalClosed
+from service.decisions.journal import ChainBehindSignedHead, DecisionJournal, JournalClosed
 from service.decisions.log import DecisionEntryBody
 from service.policy.input import PolicyAction, PolicyActor, PolicyTarget
 from service.policy.trace import DecisionEngine, DecisionTrace
@@ -153,10 +153,14 @@ class RateLimitLog:
             due = self._due + [self._open.pop(key) for key in ended]
             self._due = []
         kept = 0
+        held: list[_Episode] = []  # of chains behind their signed head: kept, the rest go on
         for number, episode in enumerate(due):
             try:
                 body = summary_entry_body(episode.summary(self._limits))
                 self._journal.record(body, status=Reason.RATE_LIMITED.status)
+            except ChainBehindSignedHead:
+                held.append(episode)
+                continue
             except JournalClosed:
                 # Tried again at the next tick; only close gives up on them.
                 with self._lock:
@@ -164,6 +168,8 @@ class RateLimitLog:
                 log.error("rate_limit_summary_not_kept", extra={"summaries": len(due) - number})
                 break
             kept += 1
+        with self._lock:
+            self._due.extend(held)
         return kept
 
     def close(self) -> None:

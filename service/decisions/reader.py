@@ -27,6 +27,7 @@ from service.decisions.log import DecisionLogEntry, decision_id_key, opa_event
 from service.decisions.query import DecisionQuery, encode_cursor
 from store.backends.contract import Lanes
 from store.chain_head import ChainHead
+from store.chain_loss import LOSS_MEMBER
 from store.evidence_chain import EvidenceChain, chain_names, parse_entry
 
 log = logging.getLogger("sessionstate.decisions")
@@ -148,7 +149,7 @@ def _readable(
     stored: dict[str, Any] | None, seq: int
 ) -> tuple[DecisionLogEntry, dict[str, Any]] | None:
     """The entry, and what was stored, when it has the shape of an entry; else None."""
-    if stored is None:
+    if stored is None or LOSS_MEMBER in stored:  # a recorded loss is no decision (verify says)
         return None
     try:
         return DecisionLogEntry.model_validate(stored), stored

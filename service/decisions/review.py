@@ -1,4 +1,5 @@
-"""Offline review of a data dir's decision log: verify, export, tail, checkpoint, prune.
+"""Offline review of a data dir's decision log: verify, export, tail, checkpoint, prune, and
+recording what a cut chain lost (`record_loss`).
 
 These open the LevelDB directly, so the service must be stopped (LevelDB
 admits one process); they never need OPA or the network. They read every
@@ -22,7 +23,9 @@ from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bund
 from service.decisions.log import prune_log
 from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
-from store.backends.contract import Lanes
+from store import signed_head
+from store.backends.contract import ExpectationFailed, Lanes
+from store.chain_head import format_timestamp
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import (
     LEGACY_CHAIN,
@@ -30,6 +33,7 @@ from store.evidence_chain import (
     ChainVerification,
     EvidenceChain,
     chain_names,
+    is_chain_name,
     legacy_chain_present,
     verify_all,
 )
@@ -253,6 +257,25 @@ def tail(data_dir: Path, count: int) -> list[dict[str, Any]]:
     """The newest `count` entries, oldest first."""
     with open_lanes(data_dir) as lanes:
         return DecisionLogReader(lanes).newest(count)
+
+
+def record_loss(lanes: Lanes, data_dir: Path, chain: str) -> dict[str, Any]:
+    """Record, as an entry of its own, what `chain` lost under the signed head the service
+    remembers for it (`store.signed_head.record_loss`), so the service takes entries on it
+    again; the entry as written. The data dir holds the checkpoint key the head is checked
+    with; `lanes` is its LevelDB (the service stopped) or the configured PostgreSQL."""
+    if not is_chain_name(chain):
+        raise ReviewError("--tenant: a tenant id (or ~no-tenant)")
+    members = {
+        "recorded_at": format_timestamp(datetime.now(UTC)),
+        "target": {"tenant_id": None if chain == NO_TENANT_CHAIN else chain},
+    }
+    try:
+        return signed_head.record_loss(EvidenceChain(lanes, chain), data_dir, members)
+    except signed_head.NothingLost as nothing:
+        raise ReviewError(str(nothing)) from None
+    except ExpectationFailed:
+        raise ReviewError("the chain changed while the loss was recorded: run it again") from None
 
 
 def prune(data_dir: Path, older_than_days: int) -> int:

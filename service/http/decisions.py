@@ -133,6 +133,7 @@ def verify_decisions() -> Response:
             walked_to_seq=result.walked_to_seq,
             last_full_walk=last_walk,
             anchor=result.anchor,
+            recorded_losses=list(result.recorded_losses),
             decision=trace,
         )
     )

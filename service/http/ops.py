@@ -27,7 +27,10 @@ def readyz() -> Response:
     bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
     every instance out of rotation over an edit nobody activated would turn a
     refused change into an outage. So is a decision chain the scrub found broken: the
-    entries are what they are on every instance, and a reviewer must look.
+    entries are what they are on every instance, and a reviewer must look. So is a
+    tenant's decision log found behind the head the service signed for it: that
+    tenant's requests answer 503 until its loss is recorded, the others' are served,
+    and taking the instance out of rotation would stop them too.
     """
     ctx = context()
     probe = ctx.gate.client.probe()
@@ -53,6 +56,9 @@ def readyz() -> Response:
         warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
+    behind = ctx.journal.chains_behind_signed_head()
+    if behind:  # those tenants' requests fail; the others' are served
+        warnings.append("decision_log_behind_signed_head")
     ready = not reasons
     body = Readiness(
         ready=ready,
@@ -63,6 +69,7 @@ def readyz() -> Response:
         policy_source_valid=source_valid,
         store_open=store_open,
         store_writable=store_writable,
+        chains_behind_signed_head=behind,
         store=StoreReadiness(
             kind=ctx.store.kind.value, target=ctx.store.target, reachable=store_reachable
         ),

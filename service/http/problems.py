@@ -20,7 +20,7 @@ from flask import Response
 from werkzeug.exceptions import HTTPException
 
 from service.auth import AuthenticationFailed
-from service.decisions.journal import JournalClosed
+from service.decisions.journal import ChainBehindSignedHead, JournalClosed
 from service.policy.errors import (
     PolicyDenied,
     PolicyEngineRefused,
@@ -141,6 +141,8 @@ def problem_of(error: Exception) -> Problem:
         return Problem(error.reason)  # the provider's keys could not be had: 503, Retry-After
     if isinstance(error, StoreOffline):  # before JournalClosed: the journal's may be both
         return Problem(Reason.STORE_UNAVAILABLE)
+    if isinstance(error, ChainBehindSignedHead):
+        return Problem(Reason.DECISION_LOG_BEHIND_SIGNED_HEAD)
     if isinstance(error, JournalClosed):
         return Problem(Reason.DECISION_LOG_UNAVAILABLE)
     if isinstance(error, HTTPException):

@@ -17,6 +17,7 @@ from sessionstate_client.digests import DigestKey, estimate_tokens
 from sessionstate_client.errors import (
     AuthenticationFailed,
     CorruptState,
+    DecisionLogBehindSignedHead,
     DecisionLogUnavailable,
     InvalidRequest,
     NotFound,
@@ -56,6 +57,7 @@ __all__ = [
     "CommitResult",
     "CorruptState",
     "DecisionFilters",
+    "DecisionLogBehindSignedHead",
     "DecisionLogUnavailable",
     "DigestKey",
     "GrantBody",

@@ -165,6 +165,12 @@ class DecisionLogUnavailable(SessionStateError):
     """503 `decision_log_unavailable`: the decision could not be logged; nothing was done."""
 
 
+class DecisionLogBehindSignedHead(DecisionLogUnavailable):
+    """503 `decision_log_behind_signed_head`: the tenant's decision log was cut below the head
+    the service signed for it, so none of the tenant's decisions is taken until an operator
+    records the loss; nothing was done. Not retried (its `Retry-After` is 60 s)."""
+
+
 class StoreUnavailable(SessionStateError):
     """503 `store_unavailable`: the store cannot write or be reached now; nothing was stored."""
 
@@ -206,6 +212,7 @@ BY_503_REASON: dict[str, type[SessionStateError]] = {
     "policy_engine_unavailable": PolicyEngineUnavailable,
     "policy_engine_refused": PolicyEngineRefused,
     "decision_log_unavailable": DecisionLogUnavailable,
+    "decision_log_behind_signed_head": DecisionLogBehindSignedHead,
     "store_unavailable": StoreUnavailable,
     "token_keys_unavailable": TokenKeysUnavailable,
 }

@@ -318,12 +318,26 @@ class FullWalk(_Response):
             "anchor_signature_invalid",
             "checkpoint_before_anchor",
             "checkpoint_other_chain",
+            "checkpoint_in_recorded_loss",
+            "loss_invalid",
         ]
         | None
     ) = Field(description="what broke at first_invalid_seq")
     checkpoint: Checkpoint | None = Field(
         description="the head it reached, signed at `at` (none when it found a problem)"
     )
+
+
+class RecordedLoss(_Response):
+    """A loss entry a walk went over, as verify reports it."""
+
+    seq: Annotated[int, Field(ge=1)] = Field(description="the loss entry's seq")
+    follows_seq: Annotated[int, Field(ge=0)] = Field(description="the last entry stored before it")
+    lost_from_seq: int | None = Field(
+        description="the first seq gone; null: seqs up to lost_to_seq had been re-used"
+    )
+    lost_to_seq: int = Field(description="the last seq gone: the signed head's")
+    signed_head_hash: str = Field(description="the hash the signed head had at lost_to_seq")
 
 
 class RetentionAnchor(_Response):
@@ -386,6 +400,10 @@ class DecisionVerifyResponse(_Response):
     anchor: RetentionAnchor | None = Field(
         default=None,
         description="the signed retention anchor the chain starts from, its signature checked with the checkpoint key: `origin` `retention` (signed as retention pruned up to it) or `db_upgrade` (an older release's unsigned anchor, signed by `sessionstate db upgrade` after the chain from it verified: it vouches that the rest was intact then, not that retention removed what went before); null: nothing was pruned, or the anchor did not verify (`anchor_unsigned`, `anchor_signature_invalid`)",
+    )
+    recorded_losses: list[RecordedLoss] = Field(
+        default_factory=list,
+        description="the recorded losses this walk went over (`sessionstate decisions record-loss`): seqs a signed head covered that are gone, which the chain accepts only because an entry of its own says so; a walk from the whole chain (full=true) lists every one",
     )
     decision: DecisionTrace
 
@@ -520,12 +538,16 @@ class Readiness(_Response):
         description="false after a failed write (a full disk, say) until the store is reopened"
     )
     store: StoreReadiness
+    chains_behind_signed_head: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="tenants' decision logs found behind the head the service signed for them since it started (read when a decision first goes on one): their requests answer 503 decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
+    )
     reasons: list[str] = Field(
         description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, store_closed, store_unreachable, store_unwritable; empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq)",
+        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head)",
     )
 
 
