@@ -101,7 +101,7 @@ OPERATIONS = [
     Operation("post", APPROVALS, "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
     Operation("get", APPROVALS, "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),
     Operation("delete", APPROVAL, "approvals", "Revoke an approval at once", None, 204, None, (*AUTHED, 404)),
-    Operation("get", DECISIONS, "decisions", "List the decision log of the auditor's tenant, in chain order", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
+    Operation("get", DECISIONS, "decisions", "List the decision log of the auditor's tenant, oldest (or newest) first, each entry as stored", None, 200, DecisionListResponse, (*AUTHED, 422), DecisionQuery),
     Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
     Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions were live when, and what each decided for the tenant: live intervals, first and last decision, counts by action, failed decisions", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),

@@ -55,7 +55,7 @@ class ApprovalListResponse(_Envelope):
 
 
 class DecisionListResponse(_Envelope):
-    """`GET /v1/decisions`: a page of the auditor's tenant's entries, in chain order."""
+    """`GET /v1/decisions`: a page of the auditor's tenant's entries, each as stored."""
 
     decisions: list[DecisionLogEntry]
     next_cursor: str | None
@@ -78,9 +78,14 @@ class PolicyRevisionsResponse(_Envelope):
 
 
 class DecisionEntryResponse(_Envelope):
-    """`GET /v1/decisions/{decision_id}`."""
+    """`GET /v1/decisions/{decision_id}`: one entry as stored, and whether it holds there."""
 
     entry: DecisionLogEntry
+    hash_ok: bool = Field(
+        description="true when the entry's hash is its content's digest and its prev_hash is "
+        "the previous entry's hash (or the retention anchor's, or genesis, for the first); "
+        "the rest of the chain is not read: verify walks it"
+    )
     decision: DecisionTrace
 
 

@@ -517,17 +517,39 @@ class EvidenceChain:
             if entry is not None:
                 yield entry
 
-    def stored_entries(self, *, until_seq: int, after_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+    def stored_entries(
+        self, *, until_seq: int, after_seq: int = 0, reverse: bool = False
+    ) -> Iterator[tuple[int, bytes]]:
         """(seq, bytes exactly as stored) of each entry after after_seq up to until_seq, oldest
-        first. Seeks to the first: a deep page costs what a first one does.
+        first (newest first when reverse). Seeks to the first: a deep page costs what a first
+        one does.
 
         For evidence that is re-hashed elsewhere; `verify` says whether the bytes hold.
         """
         if until_seq <= after_seq:
             return
-        for seq, stored in self._stored(first=after_seq + 1, last=until_seq):
+        for seq, stored in self._stored(reverse=reverse, first=after_seq + 1, last=until_seq):
             if seq is not None:
                 yield seq, stored
+
+    def links(self, seq: int, entry: Mapping[str, Any]) -> bool:
+        """Whether `entry`, read at seq, holds where it is: its `seq` is seq, its `hash` is its
+        content's digest, and its `prev_hash` is the stored `hash` of entry seq - 1 (of the
+        anchor, or genesis, for the first entry after it). The rest of the chain is not read:
+        `verify` walks it. A prune that moves the anchor meanwhile is looked at again."""
+        for _ in range(_VERIFY_ATTEMPTS):
+            anchor = self._read_anchor()
+            holds = anchor is not None and self._links_after(_start(anchor), seq, entry)
+            if holds or self._read_anchor() == anchor:
+                break
+        return holds
+
+    def _links_after(self, anchor: ChainHead, seq: int, entry: Mapping[str, Any]) -> bool:
+        if seq <= anchor.seq:  # an entry retention removed, or the anchor moved past it
+            return False
+        previous = {"hash": anchor.hash} if seq == anchor.seq + 1 else self.get(seq - 1)
+        prev_hash = None if previous is None else previous.get("hash")
+        return isinstance(prev_hash, str) and _link_problem(entry, seq, prev_hash) is None
 
     def verify(
         self, checkpoint: Checkpoint | None = None, verifier: CheckpointVerifier | None = None

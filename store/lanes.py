@@ -20,6 +20,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +148,14 @@ class LaneStore:
                 low, high = key_range(prefix, start, stop)
                 if high is not None and low >= high:
                     return
-                iterator = db.iterator(start=low, stop=high, reverse=reverse)
+                # plyvel (1.5) yields nothing from a reverse iterator whose first key is its
+                # `start`: a range of one key would read as empty. So a reverse scan is
+                # bounded by `stop` alone, and ends at the first key below `low`.
+                iterator = (
+                    takewhile(lambda item: item[0] >= low, db.iterator(stop=high, reverse=True))
+                    if reverse
+                    else db.iterator(start=low, stop=high)
+                )
             for raw_key, value in iterator:
                 yield decode_key(raw_key), value
 

@@ -100,10 +100,20 @@ def service_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 @contextmanager
 def live_service(
-    sidecar: OpaSidecar, settings: Settings, *, clock: Callable[[], datetime] = utc_now
+    sidecar: OpaSidecar,
+    settings: Settings,
+    *,
+    clock: Callable[[], datetime] = utc_now,
+    shadow: OpaSidecar | None = None,
 ) -> Iterator[LiveService]:
+    """The service over HTTP in this process; with `shadow`, that OPA is its shadow policy set."""
     context = ServiceContext.open(
-        settings, opa_url=sidecar.url, opa_token=sidecar.token, clock=clock
+        settings,
+        opa_url=sidecar.url,
+        opa_token=sidecar.token,
+        clock=clock,
+        shadow_url=None if shadow is None else shadow.url,
+        shadow_token=None if shadow is None else shadow.token,
     )
     server = make_server("127.0.0.1", 0, create_app(context), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

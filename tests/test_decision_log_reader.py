@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody
@@ -70,6 +71,44 @@ def test_pages_follow_cursors_to_the_head_the_first_page_saw(
     assert second.next_cursor is None
 
 
+def test_newest_first_pages_follow_cursors_down_from_the_head_the_first_page_saw(
+    journal: DecisionJournal, lanes: LaneStore
+) -> None:
+    reader = DecisionLogReader(lanes, head=journal.head)
+    first = reader.page("tenant-a", DecisionQuery(order="desc", limit=3))
+    assert [entry.seq for entry in first.entries] == [4, 3, 2]
+    assert first.next_cursor is not None
+    journal.record(body(9, "tenant-a"), status=200)  # after the first page: not shown
+    second = reader.page("tenant-a", DecisionQuery(order="desc", limit=3, cursor=first.next_cursor))
+    assert [entry.seq for entry in second.entries] == [1]
+    assert second.next_cursor is None
+    with pytest.raises(ValidationError):  # a cursor goes on in the order that issued it
+        DecisionQuery(limit=3, cursor=first.next_cursor)
+    asc = reader.page("tenant-a", DecisionQuery(limit=1)).next_cursor
+    with pytest.raises(ValidationError):
+        DecisionQuery(order="desc", cursor=asc)
+    newest = reader.page("tenant-a", DecisionQuery(order="desc", limit=1)).entries
+    assert [entry.decision.decision_id for entry in newest] == ["decision-9"]
+
+
+def test_one_entry_holds_by_its_own_hash_and_its_link_to_the_one_before(
+    journal: DecisionJournal, lanes: LaneStore
+) -> None:
+    reader = DecisionLogReader(lanes)
+    first = reader.get("tenant-a", "decision-1")
+    assert first is not None and first.hash_ok  # links to genesis
+    stored = journal.chain("tenant-a").get(2)
+    assert stored is not None
+    lanes.put(entry_key(2, "tenant-a"), canonical_json(stored | {"input": {"n": 0}}))
+    edited, after = reader.get("tenant-a", "decision-3"), reader.get("tenant-a", "decision-5")
+    assert edited is not None and not edited.hash_ok  # its hash no longer holds
+    assert edited.entry.input == {"n": 0}  # shown as edited
+    assert after is not None and after.hash_ok  # links to entry 2's stored hash, unchanged
+    lanes.put(entry_key(2, "tenant-a"), canonical_json(stored | {"hash": "sha256:" + "f" * 64}))
+    after = reader.get("tenant-a", "decision-5")
+    assert after is not None and not after.hash_ok  # entry 2's hash is not its prev_hash
+
+
 def test_filters_select_by_decision(journal: DecisionJournal, lanes: LaneStore) -> None:
     reader = DecisionLogReader(lanes)
     denied = list(reader.entries("tenant-a", DecisionQuery(allow="false")))
@@ -82,9 +121,14 @@ def test_filters_select_by_decision(journal: DecisionJournal, lanes: LaneStore) 
 def test_one_entry_by_decision_id(journal: DecisionJournal, lanes: LaneStore) -> None:
     reader = DecisionLogReader(lanes)
     found = reader.get("tenant-b", "decision-4")
-    assert found is not None and (found.seq, found.target.tenant_id) == (2, "tenant-b")
+    assert found is not None and found.hash_ok
+    entry = found.entry
+    assert (entry.seq, entry.target.tenant_id) == (2, "tenant-b")
     assert reader.get("tenant-a", "decision-4") is None  # another tenant's id: as unknown
-    assert found.outcome.status == 200 and not found.outcome.applied
+    assert entry.outcome.status == 200 and not entry.outcome.applied
+    # as stored: no member the entry lacks (no `shadow`, no `legacy`), 2 stays 2
+    assert entry.model_dump(mode="json") == journal.find("tenant-b", "decision-4")
+    assert '"latency_ms":2,' in entry.model_dump_json()
     assert reader.get("tenant-b", "decision-404") is None
     assert reader.get("tenant-b", "no/such id") is None  # not a decision id at all
 

@@ -240,6 +240,20 @@ def test_a_scan_seeks_to_its_start_and_stops_before_its_stop(lanes: Lanes) -> No
                 assert [k for k, _ in backwards] == expected[::-1], (scope_, start, stop)
 
 
+def test_a_scan_whose_range_holds_only_its_start_finds_it_in_either_direction(
+    lanes: Lanes,
+) -> None:
+    keys = [key(name=bytes([n])) for n in range(1, 5)]
+    with lanes.batch() as batch:
+        for each in keys:
+            batch.put(each, b"v")
+    for index, start in enumerate(keys):
+        stop = keys[index + 1] if index + 1 < len(keys) else None
+        for reverse in (False, True):
+            got = lanes.scan(APPROVALS, "tenant-a", reverse=reverse, start=start, stop=stop)
+            assert [k for k, _ in got] == [start], (index, reverse)
+
+
 def test_a_long_scan_from_a_start_pages_on_from_it(lanes: Lanes) -> None:
     keys = [key(name=n.to_bytes(2, "big")) for n in range(1500)]
     with lanes.batch() as batch:

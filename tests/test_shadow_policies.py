@@ -23,6 +23,7 @@ import requests
 from service.auth import mint_token
 from tests.conftest import POLICY_DIR
 from tests.factories import state_input
+from tests.hash_recipe import hashes_as_the_recipe_says
 from tests.live import JWT_SECRET
 from tests.served import Served, processes_using, start
 
@@ -100,6 +101,7 @@ def _entries(served: Served, query: str = "") -> list[dict[str, Any]]:
     answer = _call(served, "GET", "/v1/decisions" + query, AUDITOR)
     assert answer.status_code == 200, answer.text
     entries: list[dict[str, Any]] = answer.json()["decisions"]
+    assert all(map(hashes_as_the_recipe_says, entries))  # shadow and all, as stored
     return entries
 
 

@@ -35,6 +35,7 @@ from service import tracing
 from service.auth import mint_token
 from service.policy.trace import DecisionEngine, DecisionTrace
 from service.policy.transport import KeepAliveTransport, OpaClientTransport
+from tests.hash_recipe import hashes_as_the_recipe_says
 from tests.live import JWT_SECRET
 from tests.served import Served, start
 
@@ -174,7 +175,10 @@ def entry_of(served: Served, decision_id: str) -> dict[str, Any]:
         timeout=10,
     )
     assert answer.status_code == 200
+    assert answer.json()["hash_ok"] is True
     entry: dict[str, Any] = answer.json()["entry"]
+    # with a trace id or without, as stored: the recipe of docs/compliance.md holds
+    assert hashes_as_the_recipe_says(entry)
     return entry
 
 

@@ -11,7 +11,8 @@ the entry: a decision id is only ever looked up within one tenant's chain.
 
 An entry is a `DecisionEntryBody` from the moment a request builds it until
 the journal gives it its outcome and the chain seals it; what the chain holds
-reads back as a `DecisionLogEntry` (`service.decisions.reader`).
+reads back as a `DecisionLogEntry` (`service.decisions.reader`), which serializes
+as exactly the members that were stored, so it hashes as it was hashed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    PrivateAttr,
+    model_serializer,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from service.auth import Actor
 from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
@@ -91,9 +102,16 @@ class LegacyLink(BaseModel):
 
 
 class DecisionLogEntry(BaseModel):
-    """One link of the chain, as stored, listed and verified."""
+    """One link of the chain, exactly as stored: its members, and no other, hash to `hash`.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    A member the entry was stored without (`shadow`, `legacy`, `decision.trace_id`) is
+    absent, not null; an entry edited in the store is shown as it was edited."""
+
+    # An entry read from the chain (`as_stored`) serializes as the JSON it was read from,
+    # member for member and value for value (a `latency_ms` of 2 stays 2), so it hashes as
+    # it was hashed; the model is its wire shape, and what it is checked against. Its schema
+    # is the validation one: a member without a value is absent, not null.
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_mode_override="validation")
 
     seq: int = Field(ge=1)
     recorded_at: str = Field(description="RFC 3339, when the entry was committed")
@@ -114,6 +132,27 @@ class DecisionLogEntry(BaseModel):
         description="set on entries `sessionstate db upgrade` moved from the one global "
         "chain of older versions: where the entry was on it",
     )
+    _stored: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def as_stored(cls, stored: Mapping[str, Any]) -> DecisionLogEntry:
+        """The entry the chain holds (raises `ValidationError` when it has not the shape of
+        one), serializing as `stored`."""
+        entry = cls.model_validate(stored)
+        entry._stored = dict(stored)
+        return entry
+
+    @model_serializer(mode="wrap")
+    def _serialize_as_stored(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return handler(self) if self._stored is None else self._stored
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The fields' schema: what the entry serializes as (a stored entry of this shape),
+        not the serializer's `Any`."""
+        return handler({key: value for key, value in core_schema.items() if key != "serialization"})
 
 
 def entry_body(
@@ -146,9 +185,9 @@ def index_puts(body: DecisionEntryBody, seq: int) -> Iterator[tuple[LaneKey, byt
     yield decision_id_key(body.chain, body.decision.decision_id), seq_name(seq)
 
 
-def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str, Any]:
+def opa_event(entry: DecisionLogEntry) -> dict[str, Any]:
     """An entry in the field names of OPA's decision log events, where they overlap; the
-    entry itself beside them, as stored."""
+    entry itself beside them, as stored (an entry read from the chain dumps as stored)."""
     decision = entry.decision
     event: dict[str, Any] = {
         "decision_id": decision.decision_id,
@@ -160,7 +199,7 @@ def opa_event(entry: DecisionLogEntry, as_stored: Mapping[str, Any]) -> dict[str
         "requested_by": entry.actor.sub,
         "labels": {"app": "sessionstate", "engine_version": decision.engine.version},
         "metrics": {"timer_server_handler_ns": int(decision.latency_ms * 1_000_000)},
-        "sessionstate": as_stored,
+        "sessionstate": entry.model_dump(mode="json"),
     }
     if decision.trace_id is not None:  # as OPA's own events carry it with tracing on
         event["trace_id"] = decision.trace_id

@@ -1,9 +1,12 @@
 """`DecisionQuery`: the filters of a decision log listing or export, and its cursors.
 
 The query string's wire shape (the OpenAPI document lists it parameter by
-parameter) and what it selects. A cursor holds where the next page starts and
-the head the first page saw: reading the log adds to it, so without a fixed end
-a reader following cursors would never finish.
+parameter) and what it selects. A cursor holds the seqs the next pages may
+show: oldest first, after the last one shown up to the head the first page saw
+(reading the log adds to it, so without a fixed end a reader following cursors
+would never finish); newest first (`order=desc`), below the last one shown, so
+they too stay within the head the first page saw. A cursor says its order, and
+is refused with the other one.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 from datetime import datetime
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from service.decisions.log import DecisionLogEntry
@@ -21,6 +24,7 @@ from service.policy.input import PolicyAction
 from store.scope import ScopeId
 
 MAX_LIMIT = 1000
+Order = Literal["asc", "desc"]
 
 
 class DecisionQuery(BaseModel):
@@ -45,27 +49,43 @@ class DecisionQuery(BaseModel):
         description="entries per page; the export applies it only when it is given "
         "(then the next page's cursor is in the Sessionstate-Next-Cursor header)",
     )
+    order: Order = Field(
+        default="asc",
+        description="asc: oldest first (chain order); desc: newest first. Cursors continue "
+        "in the order of the page that issued them",
+    )
     cursor: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_-]{1,64}$",
-        description="next_cursor of the previous page; only cursors this service issued",
+        pattern=r"^[A-Za-z0-9_-]{1,128}$",
+        description="next_cursor of the previous page, sent with the same order and "
+        "filters; only cursors this service issued",
     )
 
     @field_validator("cursor")
     @classmethod
-    def _cursor_is_ours(cls, value: str | None) -> str | None:
+    def _cursor_is_ours(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             try:
-                decode_cursor(value)
+                _, _, order = decode_cursor(value)
             except ValueError:
-                raise PydanticCustomError(
-                    "invalid_cursor", "not a cursor of this service"
-                ) from None
+                order = None
+            if order is None or order != info.data.get("order", order):
+                raise PydanticCustomError("invalid_cursor", "not a cursor of this service")
         return value
 
     def window(self) -> tuple[int, int | None]:
-        """The seqs a page may show: after the cursor, up to the head the first page saw."""
-        return (0, None) if self.cursor is None else decode_cursor(self.cursor)
+        """The seqs a page may show: after `after` up to `until` (None: to the head now)."""
+        if self.cursor is None:
+            return 0, None
+        after, until, _ = decode_cursor(self.cursor)
+        return after, until
+
+    def next_cursor(self, last_seq: int, after: int, until: int) -> str:
+        """The cursor of the page after one of window (after, until] whose last entry is
+        last_seq: the seqs beyond it in this order, within the same window."""
+        if self.order == "desc":
+            return encode_cursor(after, last_seq - 1, "desc")
+        return encode_cursor(last_seq, until, "asc")
 
     def matches(self, entry: DecisionLogEntry) -> bool:
         decision = entry.decision
@@ -104,19 +124,25 @@ class VerifyQuery(BaseModel):
     )
 
 
-def encode_cursor(after: int, until: int) -> str:
-    """Where the next page starts (after seq `after`), and the last seq any page shows."""
-    document = json.dumps({"after": after, "until": until}).encode()
+def encode_cursor(after: int, until: int, order: Order = "asc") -> str:
+    """A page window (seqs after `after` up to `until`) and its order, as a cursor."""
+    window = {"after": after, "until": until}
+    document = json.dumps(window if order == "asc" else window | {"order": order}).encode()
     return base64.urlsafe_b64encode(document).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[int, int]:
+def decode_cursor(cursor: str) -> tuple[int, int, Order]:
+    """(after, until, order) of a cursor; a cursor without an order is an oldest-first one,
+    as cursors were before `order` existed."""
     try:
         document = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         after, until = document["after"], document["until"]
-    except (ValueError, KeyError, TypeError):
+        order = document.get("order", "asc")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise ValueError("not a cursor of this service") from None
     for value in (after, until):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError("not a cursor of this service")
-    return after, until
+    if order not in ("asc", "desc") or set(document) - {"after", "until", "order"}:
+        raise ValueError("not a cursor of this service")
+    return after, until, order

@@ -7,8 +7,10 @@ tenant's chain, the NDJSON export, the newest entries, and the stored bytes a
 bundle ships. Every read names its chain (`chain_name(tenant_id)`); only the
 offline operator commands read every chain.
 
-An entry that does not have the shape of one is skipped with a warning (never
-its content): a listing shows what it can, and `verify` names what was
+Every entry read is returned as stored (`DecisionLogEntry.as_stored`): it
+serializes member for member as the chain holds it, so it hashes as it did when
+sealed. An entry that does not have the shape of one is skipped with a warning
+(never its content): a listing shows what it can, and `verify` names what was
 tampered with.
 """
 
@@ -24,7 +26,7 @@ from pydantic import ValidationError
 
 from service.contract import DECISION_ID
 from service.decisions.log import DecisionLogEntry, decision_id_key, opa_event
-from service.decisions.query import DecisionQuery, encode_cursor
+from service.decisions.query import DecisionQuery
 from store.backends.contract import Lanes
 from store.chain_head import ChainHead
 from store.chain_loss import LOSS_MEMBER
@@ -41,6 +43,15 @@ class DecisionPage:
 
     entries: list[DecisionLogEntry]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class FoundEntry:
+    """One entry looked up by decision id, and whether it holds where it is on its chain:
+    its own hash, and its link to the entry before it (`EvidenceChain.links`)."""
+
+    entry: DecisionLogEntry
+    hash_ok: bool
 
 
 class DecisionLogReader:
@@ -65,47 +76,44 @@ class DecisionLogReader:
     def entries(
         self, tenant: str, query: DecisionQuery = EVERYTHING, *, until: int | None = None
     ) -> Iterator[DecisionLogEntry]:
-        """The chain's entries in the query's window, in chain order, that pass its filters."""
-        for entry, _ in self._selected(tenant, query, until):
-            yield entry
+        """The chain's entries in the query's window and order, that pass its filters."""
+        yield from self._selected(tenant, query, until)
 
     def page(self, tenant: str, query: DecisionQuery) -> DecisionPage:
-        """Up to `query.limit` entries after the query's cursor, ending at the first page's head.
+        """Up to `query.limit` entries after the query's cursor, in the query's order, within
+        the head the first page saw.
 
         Seeks to the cursor: a deep page reads what a first one does (with filters, the
         entries it skips that do not pass them too)."""
-        selected, next_cursor = self._page(tenant, query)
-        return DecisionPage([entry for entry, _ in selected], next_cursor)
+        after, cursor_until = query.window()
+        until = self._head(tenant).seq if cursor_until is None else cursor_until
+        page: list[DecisionLogEntry] = []
+        for entry in self._selected(tenant, query, until):
+            if len(page) == query.limit:
+                return DecisionPage(page, query.next_cursor(page[-1].seq, after, until))
+            page.append(entry)
+        return DecisionPage(page, None)
 
     def export_page(self, tenant: str, query: DecisionQuery) -> tuple[list[str], str | None]:
         """The export's lines of one page (as `page` selects it), and the next page's cursor."""
-        selected, next_cursor = self._page(tenant, query)
-        lines = [json.dumps(opa_event(entry, stored)) + "\n" for entry, stored in selected]
-        return lines, next_cursor
+        page = self.page(tenant, query)
+        return [_export_line(entry) for entry in page.entries], page.next_cursor
 
-    def _page(
-        self, tenant: str, query: DecisionQuery
-    ) -> tuple[list[tuple[DecisionLogEntry, dict[str, Any]]], str | None]:
-        cursor_until = query.window()[1]
-        until = self._head(tenant).seq if cursor_until is None else cursor_until
-        page: list[tuple[DecisionLogEntry, dict[str, Any]]] = []
-        for selected in self._selected(tenant, query, until):
-            if len(page) == query.limit:
-                return page, encode_cursor(page[-1][0].seq, until)
-            page.append(selected)
-        return page, None
-
-    def get(self, tenant: str, decision_id: str) -> DecisionLogEntry | None:
-        """The entry of a decision id on the tenant's chain; None when it is not on it
-        (whether it is on another chain or nowhere reads the same)."""
+    def get(self, tenant: str, decision_id: str) -> FoundEntry | None:
+        """The entry of a decision id on the tenant's chain, and whether it holds there; None
+        when it is not on it (whether it is on another chain or nowhere reads the same)."""
         if DECISION_ID.fullmatch(decision_id) is None:
             return None
         stored_seq = self._lanes.get(decision_id_key(tenant, decision_id))
         if stored_seq is None:
             return None
         seq = int.from_bytes(stored_seq, "big")
-        read = _readable(self.chain(tenant).get(seq), seq)
-        return None if read is None else read[0]
+        chain = self.chain(tenant)
+        stored = chain.get(seq)
+        entry = _readable(stored, seq)
+        if stored is None or entry is None:
+            return None
+        return FoundEntry(entry, chain.links(seq, stored))
 
     def export(self, tenant: str | None, query: DecisionQuery = EVERYTHING) -> Iterator[str]:
         """NDJSON lines in OPA's decision log field names, each with its entry as stored.
@@ -114,8 +122,8 @@ class DecisionLogReader:
         (offline review only).
         """
         for name in self.chains() if tenant is None else [tenant]:
-            for entry, stored in self._selected(name, query, None):
-                yield json.dumps(opa_event(entry, stored)) + "\n"
+            for entry in self._selected(name, query, None):
+                yield _export_line(entry)
 
     def newest(self, count: int) -> list[dict[str, Any]]:
         """The newest `count` entries of every chain as stored, oldest first (by recorded_at)."""
@@ -134,25 +142,31 @@ class DecisionLogReader:
 
     def _selected(
         self, tenant: str, query: DecisionQuery, until: int | None
-    ) -> Iterator[tuple[DecisionLogEntry, dict[str, Any]]]:
-        """Readable entries of the window that pass the filters, with each as stored."""
+    ) -> Iterator[DecisionLogEntry]:
+        """Readable entries of the window that pass the filters, in the query's order."""
         after, cursor_until = query.window()
         until = cursor_until if until is None else until
         last = LAST_SEQ if until is None else until
-        for seq, stored in self.chain(tenant).stored_entries(after_seq=after, until_seq=last):
-            read = _readable(parse_entry(stored), seq)
-            if read is not None and query.matches(read[0]):
-                yield read
+        stored_entries = self.chain(tenant).stored_entries(
+            after_seq=after, until_seq=last, reverse=query.order == "desc"
+        )
+        for seq, stored in stored_entries:
+            entry = _readable(parse_entry(stored), seq)
+            if entry is not None and query.matches(entry):
+                yield entry
 
 
-def _readable(
-    stored: dict[str, Any] | None, seq: int
-) -> tuple[DecisionLogEntry, dict[str, Any]] | None:
-    """The entry, and what was stored, when it has the shape of an entry; else None."""
+def _readable(stored: dict[str, Any] | None, seq: int) -> DecisionLogEntry | None:
+    """The entry as stored, when it has the shape of an entry; else None."""
     if stored is None or LOSS_MEMBER in stored:  # a recorded loss is no decision (verify says)
         return None
     try:
-        return DecisionLogEntry.model_validate(stored), stored
+        return DecisionLogEntry.as_stored(stored)
     except ValidationError:
         log.warning("unreadable_decision_entry", extra={"seq": seq})
         return None
+
+
+def _export_line(entry: DecisionLogEntry) -> str:
+    """One NDJSON line of the export: the entry as an OPA decision log event."""
+    return json.dumps(opa_event(entry)) + "\n"

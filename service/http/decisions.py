@@ -27,8 +27,8 @@ from service.contract import (
     flask_rule,
 )
 from service.decisions import revisions
-from service.decisions.log import DecisionLogEntry
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
+from service.decisions.reader import FoundEntry
 from service.http.common import authenticate, authorize, context, json_response
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
@@ -83,17 +83,18 @@ def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[Decis
     return authorize("decisions.read", actor, PolicyTarget(tenant_id=tenant)), tenant
 
 
-def decision_entry(actor: Actor, decision_id: str) -> tuple[DecisionTrace, DecisionLogEntry]:
-    """One entry of the actor's own tenant's chain; decided on that tenant before the id is
-    looked up, so another tenant's id and an unknown one get the same 404."""
+def decision_entry(actor: Actor, decision_id: str) -> tuple[DecisionTrace, FoundEntry]:
+    """One entry of the actor's own tenant's chain, and whether it holds there; decided on
+    that tenant before the id is looked up, so another tenant's id and an unknown one get
+    the same 404."""
     tenant = actor.tenant_id
     if tenant is None:
         raise Problem(Reason.DECISION_NOT_FOUND)
     trace = authorize("decisions.read", actor, PolicyTarget(tenant_id=tenant))
-    entry = context().decision_log.get(tenant, decision_id)
-    if entry is None:
+    found = context().decision_log.get(tenant, decision_id)
+    if found is None:
         raise Problem(Reason.DECISION_NOT_FOUND, decision=trace)
-    return trace, entry
+    return trace, found
 
 
 @bp.get(DECISIONS)
@@ -173,5 +174,7 @@ def policy_revisions() -> Response:
 
 @bp.get(flask_rule(DECISION))
 def get_decision(decision_id: str) -> Response:
-    trace, entry = decision_entry(authenticate(), decision_id)
-    return json_response(DecisionEntryResponse(entry=entry, decision=trace))
+    trace, found = decision_entry(authenticate(), decision_id)
+    return json_response(
+        DecisionEntryResponse(entry=found.entry, hash_ok=found.hash_ok, decision=trace)
+    )

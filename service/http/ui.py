@@ -201,14 +201,17 @@ def decision(decision_id: str) -> Response:
     actor = _signed_in()
     if actor is None:
         return _sign_in_again()
-    trace, entry = decision_entry(actor, decision_id)
+    trace, found = decision_entry(actor, decision_id)
+    entry = found.entry
     body = render_template(
         "ui/entry.html",
         actor=actor,
         tenant=entry.target.tenant_id,
         trace=trace,
         entry=entry,
+        hash_ok=found.hash_ok,
         policy_input=json.dumps(entry.input, indent=2, sort_keys=True),
+        as_stored=json.dumps(entry.model_dump(mode="json"), indent=2),
     )
     return Response(body)
 

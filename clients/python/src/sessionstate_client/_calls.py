@@ -61,6 +61,7 @@ class DecisionFilters(TypedDict, total=False):
     since: datetime | str
     until: datetime | str
     shadow: Literal["agree", "disagree"]
+    order: Literal["asc", "desc"]  # oldest first (the default) or newest first
 
 
 @dataclass(frozen=True)

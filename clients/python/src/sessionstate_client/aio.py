@@ -175,7 +175,7 @@ class AsyncSessionStateClient:
     async def iter_decisions(
         self, *, page_size: int | None = None, **filters: Unpack[DecisionFilters]
     ) -> AsyncIterator[DecisionLogEntry]:
-        """Every matching entry recorded before the iteration began, in chain order.
+        """Every matching entry recorded before the iteration began, in the order asked.
 
         Reading the log is itself logged: the entry of the first page's own read
         marks where the iteration began, so that it never chases its own reads.

@@ -174,7 +174,7 @@ class SessionStateClient:
     def iter_decisions(
         self, *, page_size: int | None = None, **filters: Unpack[DecisionFilters]
     ) -> Iterator[DecisionLogEntry]:
-        """Every matching entry recorded before the iteration began, in chain order.
+        """Every matching entry recorded before the iteration began, in the order asked.
 
         Reading the log is itself logged: the entry of the first page's own read
         marks where the iteration began, so that it never chases its own reads.

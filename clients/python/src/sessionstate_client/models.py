@@ -252,7 +252,11 @@ class ShadowDecision(_Response):
 
 
 class DecisionLogEntry(_Response):
-    """One link of the chain, as stored, listed and verified."""
+    """One link of the chain, exactly as stored: its members, and no other, hash to `hash`.
+
+    A member the entry was stored without (`shadow`, `legacy`, `decision.trace_id`) is
+    absent, not null; an entry edited in the store is shown as it was edited.
+    """
 
     seq: Annotated[int, Field(ge=1)]
     recorded_at: str = Field(description="RFC 3339, when the entry was committed")
@@ -274,14 +278,17 @@ class DecisionLogEntry(_Response):
 
 
 class DecisionEntryResponse(_Response):
-    """`GET /v1/decisions/{decision_id}`."""
+    """`GET /v1/decisions/{decision_id}`: one entry as stored, and whether it holds there."""
 
     entry: DecisionLogEntry
+    hash_ok: bool = Field(
+        description="true when the entry's hash is its content's digest and its prev_hash is the previous entry's hash (or the retention anchor's, or genesis, for the first); the rest of the chain is not read: verify walks it"
+    )
     decision: DecisionTrace
 
 
 class DecisionListResponse(_Response):
-    """`GET /v1/decisions`: a page of the auditor's tenant's entries, in chain order."""
+    """`GET /v1/decisions`: a page of the auditor's tenant's entries, each as stored."""
 
     decisions: list[DecisionLogEntry]
     next_cursor: str | None
