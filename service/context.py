@@ -131,6 +131,7 @@ class ServiceContext:
             live_revision=live.current,
             signed_heads=SignedHeads(settings.data_dir),
         )
+        journal.read_every_head()
         if not mark_index_complete_if_empty(lanes):
             # Still correct, by reading every approval of a workspace per lookup.
             log.warning("approvals_not_indexed")

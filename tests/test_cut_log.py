@@ -97,6 +97,8 @@ def test_a_cut_log_is_neither_signed_nor_written_over_until_its_loss_is_recorded
     assert ends_at == signed_seq - 2
 
     with caplog.at_level(logging.ERROR), live_service(sidecar, settings) as service:
+        # Found as the service starts, before any request of that tenant.
+        assert service.call("GET", "/readyz").json()["chains_behind_signed_head"] == 1
         refused_as_behind(write(service, "tenant-a", "chat-new"))
         refused_as_behind(read(service, "tenant-a"))
         refused_as_behind(verify(service))  # its decision goes on that chain: no checkpoint
@@ -148,4 +150,9 @@ def test_a_cut_log_is_neither_signed_nor_written_over_until_its_loss_is_recorded
         assert download.status_code == 200
         archive = tmp_path / "after.tar.gz"
         archive.write_bytes(download.content)
-        assert run_verifier(unpack(archive, tmp_path / "after")).returncode == 0
+        checked = run_verifier(unpack(archive, tmp_path / "after"))
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        # The verifier names the recorded loss; it counts as no unexplained gap.
+        lost = f"loss       seqs {signed_seq - 1} to {signed_seq} are gone: the chain's own entry"
+        assert lost in checked.stdout
+        assert "; 0 gaps cross" in checked.stdout

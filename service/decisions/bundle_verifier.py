@@ -209,28 +209,33 @@ def read(bundle: Path, name: str) -> bytes:
 
 def check_checkpoint(bundle: Path, key_file: Path, key_id: str) -> dict[str, Any]:
     checkpoint = parse(read(bundle, "checkpoint.json"), "checkpoint.json")
+    return checked(checkpoint, "checkpoint.json", key_file, key_id)
+
+
+def checked(checkpoint: Any, what: str, key_file: Path, key_id: str) -> dict[str, Any]:
+    """A checkpoint (`what` names where it is) whose fields and signature hold."""
     if not isinstance(checkpoint, dict):
-        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+        raise Failed(f"{what} is not a sessionstate checkpoint")
     # A checkpoint names the tenant whose chain it is of; only older ones name none.
     fields = (*CHECKPOINT_FIELDS, "tenant_id") if "tenant_id" in checkpoint else CHECKPOINT_FIELDS
     if sorted(checkpoint) != sorted((*fields, "signature")):
-        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+        raise Failed(f"{what} is not a sessionstate checkpoint")
     if not isinstance(checkpoint.get("tenant_id", ""), str):
-        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+        raise Failed(f"{what} is not a sessionstate checkpoint")
     seq, head_hash = checkpoint["seq"], checkpoint["head_hash"]
     if type(seq) is not int or seq < 0 or not isinstance(head_hash, str):
-        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+        raise Failed(f"{what} is not a sessionstate checkpoint")
     if _HASH.fullmatch(head_hash) is None or not isinstance(checkpoint["issued_at"], str):
-        raise Failed("checkpoint.json is not a sessionstate checkpoint")
+        raise Failed(f"{what} is not a sessionstate checkpoint")
     if checkpoint["key_id"] != key_id:
-        raise Failed(f"checkpoint.json was signed by {checkpoint['key_id']}, not by {key_id}")
+        raise Failed(f"{what} was signed by {checkpoint['key_id']}, not by {key_id}")
     try:
         signature = base64.urlsafe_b64decode(str(checkpoint["signature"]) + "==")
     except (binascii.Error, ValueError):
-        raise Failed("checkpoint.json's signature is not base64url") from None
+        raise Failed(f"{what}'s signature is not base64url") from None
     # The signed bytes: RFC 8785 canonical JSON of every field but the signature.
     payload = canonical({name: checkpoint[name] for name in fields})
-    openssl_verify(key_file, payload, signature, "checkpoint.json")
+    openssl_verify(key_file, payload, signature, what)
     return checkpoint
 
 
@@ -281,7 +286,33 @@ def _is_link(item: Any) -> bool:
     )
 
 
-def check_entries(bundle: Path, manifest: dict[str, Any]) -> dict[str, int]:
+def recorded_loss(
+    entry: dict[str, Any], previous: dict[str, Any] | None, key_file: Path, key_id: str
+) -> list[int] | None:
+    """The seqs [first, last] a loss entry (`sessionstate decisions record-loss`) says are
+    gone before it, when it records exactly the gap after `previous`: it follows that entry,
+    takes the seq after the signed head it names (whose signature must hold) and links to
+    that head's hash. None for any other entry: its gap is then an ordinary one."""
+    loss = entry.get("loss")
+    if previous is None or not isinstance(loss, dict):
+        return None
+    seq, after = entry["seq"], previous["seq"]
+    head = checked(loss.get("signed_head"), f"seq {seq}'s signed head", key_file, key_id)
+    follows = {"seq": after, "hash": previous["hash"]}
+    if (
+        loss.get("follows") != follows
+        or loss.get("lost_from_seq") != after + 1
+        or loss.get("lost_to_seq") != seq - 1
+        or head["seq"] != seq - 1
+        or entry.get("prev_hash") != head["head_hash"]
+    ):
+        return None
+    return [after + 1, seq - 1]
+
+
+def check_entries(
+    bundle: Path, manifest: dict[str, Any], key_file: Path, key_id: str
+) -> dict[str, Any]:
     """Each line's bytes, hash, order, links and selection; then the list against the manifest."""
     data = read(bundle, "entries.ndjson")
     if data and not data.endswith(b"\n"):
@@ -290,6 +321,7 @@ def check_entries(bundle: Path, manifest: dict[str, Any]) -> dict[str, int]:
     selection = manifest["selection"]
     found: list[list[Any]] = []
     linked = 0
+    losses: list[list[int]] = []
     previous: dict[str, Any] | None = None
     # Each entry is its canonical bytes and one LF: split on LF alone, so a CR is a byte
     # of the line and fails the canonical-bytes check below.
@@ -321,6 +353,9 @@ def check_entries(bundle: Path, manifest: dict[str, Any]) -> dict[str, int]:
             if entry.get("prev_hash") != previous["hash"]:
                 raise Failed(f"seq {seq}: does not link to seq {seq - 1} (prev_hash_mismatch)")
             linked += 1
+        elif previous is not None:
+            lost = recorded_loss(entry, previous, key_file, key_id)
+            losses.extend([] if lost is None else [lost])
         if seq == 1 and entry.get("prev_hash") != GENESIS_HASH:
             raise Failed("seq 1: does not link to the genesis hash (prev_hash_mismatch)")
         why = outside(entry, selection)
@@ -329,7 +364,7 @@ def check_entries(bundle: Path, manifest: dict[str, Any]) -> dict[str, int]:
         found.append([seq, claimed])
         previous = entry
     compare(found, manifest["entries"])
-    return {"entries": len(found), "linked": linked}
+    return {"entries": len(found), "linked": linked, "losses": losses}
 
 
 def outside(entry: dict[str, Any], selection: dict[str, Any]) -> str | None:
@@ -418,11 +453,12 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
     key_id = key_id_of(read(key_file.parent, key_file.name))
     checkpoint = check_checkpoint(bundle, key_file, key_id)
     manifest = check_manifest(bundle, key_file, checkpoint)
-    counts = check_entries(bundle, manifest)
+    counts = check_entries(bundle, manifest, key_file, key_id)
     files = check_files(bundle, manifest)
-    entries, linked = counts["entries"], counts["linked"]
+    entries, linked, losses = counts["entries"], counts["linked"], counts["losses"]
     seqs = [item[0] for item in manifest["entries"]]
     gaps = sum(1 for index in range(1, len(seqs)) if seqs[index] != seqs[index - 1] + 1)
+    gaps -= len(losses)
     head_seq = checkpoint["seq"]
     if not seqs:
         tail = f"no entries here; the signed head is seq {head_seq}"
@@ -448,6 +484,11 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
         f"links      {linked} between consecutive seqs checked by prev_hash; {gaps} gaps cross "
         "entries not in this bundle, and rest on the manifest's signature alone",
         f"head       {tail}",
+        *(
+            f"loss       seqs {first} to {last} are gone: the chain's own entry at seq "
+            f"{last + 1} says so, under the signed head at seq {last} (signature verified)"
+            for first, last in losses
+        ),
         f"files      {files}",
     ]
     return lines

@@ -66,8 +66,10 @@ from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
 from store.evidence_chain import (
+    ChainCorrupt,
     EvidenceChain,
     SealedEntry,
+    chain_names,
     entry_key,
     legacy_chain_present,
     marker_key,
@@ -254,6 +256,16 @@ class DecisionJournal:
         if behind:
             raise ChainBehindSignedHead()
         return head
+
+    def read_every_head(self) -> None:
+        """Read each chain's head now, so a chain behind its signed head is found (logged, and
+        counted for `/readyz`) as the service starts, not at that tenant's first request. A
+        head that does not read is left to the request that needs it, which fails closed."""
+        for name in chain_names(self._lanes):
+            try:
+                self._read_head(name)
+            except (ChainCorrupt, ChainBehindSignedHead):  # the latter is counted, and logged
+                continue
 
     def chains_behind_signed_head(self) -> int:
         """How many chains were found behind their signed head when last read (`/readyz`)."""
