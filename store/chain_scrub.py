@@ -26,7 +26,7 @@ from store.backends.contract import ExpectationFailed
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, parse_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner
-from store.evidence_chain import LEGACY_CHAIN, EvidenceChain
+from store.evidence_chain import EvidenceChain
 from store.full_walk import FullWalk, record_full_walk
 from store.keys import LaneKey, TenantResourceLane
 
@@ -73,15 +73,8 @@ def scrub_step(
 
 def _position(chain: str, stored: bytes, signer: CheckpointSigner) -> Checkpoint | None:
     """Where the pass stopped, if its signature holds for this chain."""
-    try:
-        position = Checkpoint.model_validate_json(stored)
-    except ValueError:  # never re-raised: a validation error quotes its input
-        position = None
-    if (
-        position is None
-        or (position.tenant_id or LEGACY_CHAIN) != chain
-        or not signer.verifier().verify(position)
-    ):
+    position = Checkpoint.stored(stored)
+    if not signer.verifier().verify_of(position, chain):
         log.warning("scrub_position_rejected")
         return None
     return position

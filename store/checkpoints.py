@@ -78,6 +78,15 @@ class Checkpoint(BaseModel):
         pattern=SIGNATURE_PATTERN, description="base64url Ed25519 over the checkpoint payload"
     )
 
+    @classmethod
+    def stored(cls, value: bytes) -> Checkpoint | None:
+        """The checkpoint a store key holds; None when it does not hold one (never raises:
+        a validation error quotes its input)."""
+        try:
+            return cls.model_validate_json(value)
+        except ValueError:
+            return None
+
 
 class RetentionAnchor(BaseModel):
     """Where retention left a chain's start (the last pruned entry's seq and hash), signed,
@@ -225,6 +234,15 @@ class CheckpointVerifier:
         except Exception:  # ValidationError: never re-raised
             return False
         return self._signed(valid.key_id, valid.signature, payload)
+
+    def verify_of(self, checkpoint: Checkpoint | None, chain: str) -> bool:
+        """`verify`, and the checkpoint names `chain` (none names the legacy global chain,
+        `""`): a head the service keeps for a chain is trusted only then."""
+        return (
+            checkpoint is not None
+            and (checkpoint.tenant_id or "") == chain
+            and self.verify(checkpoint)
+        )
 
     def verify_anchor(self, anchor: RetentionAnchor, chain: str) -> bool:
         """True only for a well-formed anchor of `chain` signed by this key; never raises."""

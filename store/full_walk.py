@@ -25,7 +25,7 @@ from store.backends.contract import StoreOffline
 from store.canonical import canonical_json
 from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointVerifier
-from store.evidence_chain import LEGACY_CHAIN, ChainProblem, ChainVerification, EvidenceChain
+from store.evidence_chain import ChainProblem, ChainVerification, EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
@@ -105,6 +105,5 @@ def _signed(walk: FullWalk, chain: str, verifier: CheckpointVerifier | None) -> 
         head is not None
         and verifier is not None
         and head.issued_at == walk.at
-        and (head.tenant_id or LEGACY_CHAIN) == chain
-        and verifier.verify(head)
+        and verifier.verify_of(head, chain)
     )

@@ -37,7 +37,6 @@ from store.chain_head import ChainHead
 from store.chain_loss import LOSS_MEMBER, ChainLoss
 from store.checkpoints import Checkpoint, CheckpointSigner
 from store.evidence_chain import (
-    LEGACY_CHAIN,
     ChainCorrupt,
     ChainVerification,
     EvidenceChain,
@@ -240,15 +239,8 @@ def _remembered(
     stored = chain.lanes.get(verified_head_key(chain.name, signer.key_id))
     if stored is None:
         return None, None
-    try:
-        head = Checkpoint.model_validate_json(stored)
-    except ValueError:  # never re-raised: a validation error quotes its input
-        head = None
-    if (
-        head is None
-        or (head.tenant_id or LEGACY_CHAIN) != chain.name
-        or not signer.verifier().verify(head)
-    ):
+    head = Checkpoint.stored(stored)
+    if not signer.verifier().verify_of(head, chain.name):
         log.warning("verified_head_rejected")
         return None, stored
     return head, stored

@@ -28,22 +28,12 @@ from store.signed_head import (
     verified_head_key,
 )
 from tests.factories import decision_entry_body, record, scope
-
-T0 = datetime(2025, 1, 1, tzinfo=UTC)
-TENANT = "tenant-a"
+from tests.test_verified_head import T0, TENANT, grown
 
 
 @pytest.fixture
 def lanes(lanes_on_both: Lanes) -> Lanes:
     return lanes_on_both
-
-
-def body(n: int) -> dict[str, Any]:
-    return {"recorded_at": format_timestamp(T0 + timedelta(minutes=n)), "decision": f"d{n}"}
-
-
-def grown(chain: EvidenceChain, start: int, count: int) -> None:
-    chain.append([body(n) for n in range(start, start + count)])
 
 
 def stored(chain: EvidenceChain, seq: int) -> dict[str, Any]:
