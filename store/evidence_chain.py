@@ -330,6 +330,8 @@ class _Walk:
     walked_to: int | None = None
     signed_anchor: RetentionAnchor | None = None  # the anchor's document, once it verified
     losses: list[RecordedLoss] = field(default_factory=list)
+    chain: str = LEGACY_CHAIN  # whose walk it is, and the key of its signed heads
+    keys: CheckpointVerifier | None = None
 
     def __post_init__(self) -> None:
         self.expected = self.anchor.seq + 1
@@ -368,6 +370,8 @@ class _Walk:
         walked = ChainHead(seq=self.expected - 1, hash=self.prev_hash)
         if loss is None or not loss.gap or loss.seq != seq or loss.follows != walked:
             return self.expected, "seq_gap"
+        if self.keys is None or not self.keys.verify_of(loss.signed_head, self.chain):
+            return seq, "loss_invalid"  # a head the key never signed (or no key to tell)
         signed = loss.links_to
         checkpoint = self.checkpoint
         if checkpoint is not None and self.expected <= checkpoint.seq < seq:
@@ -384,6 +388,8 @@ class _Walk:
         loss = loss_of(entry)
         if loss is None or loss.seq != seq or loss.links_to.hash != self.prev_hash:
             return "loss_invalid"
+        if self.keys is None or not self.keys.verify_of(loss.signed_head, self.chain):
+            return "loss_invalid"  # a head the key never signed (or no key to tell)
         self.losses.append(RecordedLoss.at(seq, loss))
         return None
 
@@ -562,8 +568,9 @@ class EvidenceChain:
         is its canonical digest (`hash_mismatch`). A stored anchor that does not read, or
         an entry at or below it, is `anchor_invalid`. The one gap accepted is a recorded
         loss (`store.chain_loss`): an entry after the gap that follows the last entry
-        walked and links to the signed head it names; it is reported in `losses`, and a
-        loss entry that does not say what it links to is `loss_invalid`.
+        walked and links to the signed head it names, a head `verifier`'s key signed for
+        this chain; it is reported in `recorded_losses`, and a loss entry that does not say
+        what it links to, or names a head the key did not sign, is `loss_invalid`.
 
         A stored anchor needs the verifier of the checkpoint key too: one older releases
         wrote unsigned is `anchor_unsigned`, one whose signature does not hold under the
@@ -603,7 +610,7 @@ class EvidenceChain:
         did), `anchors` the anchor's."""
         if anchor is None:
             return _Walk(GENESIS).outcome((None, "anchor_invalid"))
-        walk = _Walk(_start(anchor), checkpoint)
+        walk = _Walk(_start(anchor), checkpoint, chain=self.name, keys=anchors)
         if checkpoint is not None and verifier is not None and not verifier.verify(checkpoint):
             return walk.outcome((None, "checkpoint_signature_invalid"))
         problem = self._anchor_problem(anchor, anchors)
@@ -673,7 +680,13 @@ class EvidenceChain:
         start = ChainHead(seq=since.seq, hash=since.head_hash)
         if problem is not None or since.seq == first.seq or not self.reaches(start):
             return self._verify_from(anchor, since, None, verifier)
-        walk = _Walk(start, verified=since.seq - first.seq, walked_from=since.seq)
+        walk = _Walk(
+            start,
+            verified=since.seq - first.seq,
+            walked_from=since.seq,
+            chain=self.name,
+            keys=verifier,
+        )
         walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         return walk.over(self._stored(first=since.seq + 1))
 
@@ -709,9 +722,9 @@ class EvidenceChain:
             return self._verify_from(anchor, None, None, verifier), True
         first = _start(anchor)
         if after is None or after.seq <= first.seq or not self.reaches(after):
-            walk, stored = _Walk(first), self._stored()
+            walk, stored = _Walk(first, chain=self.name, keys=verifier), self._stored()
         else:
-            walk = _Walk(after, verified=after.seq - first.seq)
+            walk = _Walk(after, verified=after.seq - first.seq, chain=self.name, keys=verifier)
             stored = (item for item in self._stored(first=after.seq) if item[0] != after.seq)
         walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         read = 0
@@ -759,7 +772,8 @@ class EvidenceChain:
             raise ValueError("before must be timezone-aware")
         with self._lock:
             newest = self.head().seq
-            walk = _Walk(self._verified_anchor(signer.verifier()))
+            keys = signer.verifier()
+            walk = _Walk(self._verified_anchor(keys), chain=self.name, keys=keys)
             doomed: list[ChainHead] = []
             for seq, stored in self._stored():
                 if seq is None or seq >= newest or walk.step(seq, stored) is not None:
@@ -806,7 +820,7 @@ class EvidenceChain:
             anchor = self._read_anchor()
             if not isinstance(anchor, ChainHead) or anchor.seq == 0:
                 return None
-            outcome = _Walk(anchor).over(self._stored())
+            outcome = _Walk(anchor, chain=self.name, keys=signer.verifier()).over(self._stored())
             if not outcome.ok:
                 return outcome
             signed = signer.sign_anchor(self.name, anchor, "db_upgrade", signed_at)

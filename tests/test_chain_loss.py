@@ -17,7 +17,7 @@ from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner
 from store.digests import DigestKey
-from store.evidence_chain import ChainVerification, EvidenceChain, entry_key, parse_entry
+from store.evidence_chain import ChainVerification, EvidenceChain, entry_key, parse_entry, seal
 from store.session_state import Precondition, state_key
 from store.signed_head import (
     NothingLost,
@@ -125,8 +125,10 @@ def test_a_recorded_cut_keeps_the_covered_seqs_unused_and_verifies_with_the_loss
     grown(chain, 11, 2)  # the chain takes entries again: 12, 13
     assert chain.head().seq == 13
 
-    walked = chain.verify()
+    keys = CheckpointSigner.from_data_dir(tmp_path).verifier()
+    walked = chain.verify(None, keys)  # the loss entry's signed head is checked with the key
     assert walked.ok and walked.head_seq == 13
+    assert chain.verify().problem == "loss_invalid"  # without the key it cannot be told
     assert losses(walked) == [(11, 8, 10)]
     # A checkpoint a reviewer kept of the signed head still verifies, through the loss entry.
     assert chain.verify(head, CheckpointSigner.from_data_dir(tmp_path).verifier()).ok
@@ -171,6 +173,27 @@ def test_a_forged_loss_entry_covers_nothing(chain: EvidenceChain, tmp_path: Path
     stranger = dict(entry, loss=dict(entry["loss"], lost_from_seq=3))  # says other seqs
     chain.lanes.put(entry_key(11, TENANT), canonical_json(stranger))
     assert chain.verify().problem == "seq_gap"
+
+
+def test_a_loss_entry_naming_a_head_the_key_never_signed_is_invalid(
+    chain: EvidenceChain, tmp_path: Path
+) -> None:
+    """Whoever can write the store but not read the key cannot record a loss: the signed
+    head a loss entry names must verify under the key, as the remembered one did."""
+    cut(chain, 8, 10)
+    entry = record_loss(chain, tmp_path, loss_members())
+    stranger = CheckpointSigner(b"\x07" * 32)  # another key signs the same head
+    forged_head = stranger.sign(ChainHead(seq=10, hash=entry["prev_hash"]), T0, TENANT)
+    body = {
+        name: value for name, value in entry.items() if name not in ("seq", "prev_hash", "hash")
+    }
+    body["loss"] = dict(entry["loss"], signed_head=forged_head.model_dump())
+    chain.lanes.delete(entry_key(11, TENANT))
+    (forged,), _ = seal([body], ChainHead(seq=10, hash=entry["prev_hash"]), TENANT)
+    chain.lanes.put(forged.key, forged.value)
+    keys = CheckpointSigner.from_data_dir(tmp_path).verifier()
+    result = chain.verify(None, keys)
+    assert (result.ok, result.problem, result.first_invalid_seq) == (False, "loss_invalid", 11)
 
 
 def test_a_recorded_re_use_supersedes_the_signed_head(chain: EvidenceChain, tmp_path: Path) -> None:
@@ -225,6 +248,6 @@ def test_the_journal_takes_nothing_on_a_chain_behind_its_signed_head_until_the_l
         taken = journal.record(decision_entry_body("decision-a3", TENANT), status=200)
         assert taken["seq"] == 12  # after the loss entry (11), which follows the signed head
         assert journal.chains_behind_signed_head() == 0
-        assert chain.verify().ok
+        assert chain.verify(None, CheckpointSigner.from_data_dir(tmp_path).verifier()).ok
     finally:
         journal.close()
