@@ -23,13 +23,16 @@ Two cases, and the entry's seq and link say which:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from store.canonical import canonical_json
 from store.chain_head import ChainHead
 from store.checkpoints import Checkpoint
+from store.keys import LaneKey, TenantResourceLane
 
 LOSS_MEMBER = "loss"
 
@@ -98,6 +101,12 @@ class RecordedLoss(BaseModel):
     lost_to_seq: int = Field(description="the last seq gone: the signed head's")
     signed_head_hash: str = Field(description="the hash the signed head had at lost_to_seq")
 
+    @property
+    def unused_seqs(self) -> int:
+        """How many seqs the loss left unused: the gap after `follows_seq` (none when the
+        seqs had been re-used)."""
+        return 0 if self.lost_from_seq is None else self.lost_to_seq - self.follows_seq
+
     @classmethod
     def at(cls, seq: int, loss: ChainLoss) -> RecordedLoss:
         return cls(
@@ -118,3 +127,26 @@ def loss_of(entry: Mapping[str, Any]) -> ChainLoss | None:
         return ChainLoss.model_validate(member)
     except ValidationError:  # never re-raised: the error quotes its input
         return None
+
+
+def losses_index_key(chain: str) -> LaneKey:
+    """Where the seqs of a chain's loss entries are listed, so that a walk resumed past them
+    can still report them (each is read again from its entry before it counts)."""
+    return LaneKey(TenantResourceLane.TRACE_META, chain, name=b"losses")
+
+
+def indexed_seqs(stored: bytes | None) -> list[int]:
+    """The seqs a losses index holds; none for an index that does not read (an index only
+    points: what counts is the entry at each seq)."""
+    try:
+        seqs = json.loads(stored) if stored is not None else []
+    except ValueError:
+        return []
+    if not isinstance(seqs, list) or not all(type(seq) is int for seq in seqs):
+        return []
+    return seqs
+
+
+def index_with(stored: bytes | None, seq: int) -> bytes:
+    """The losses index with seq added."""
+    return canonical_json(sorted({*indexed_seqs(stored), seq}))

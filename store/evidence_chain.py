@@ -61,7 +61,7 @@ from store.chain_head import (
     ChainHead,
     parse_timestamp,
 )
-from store.chain_loss import LOSS_MEMBER, RecordedLoss, loss_of
+from store.chain_loss import LOSS_MEMBER, RecordedLoss, indexed_seqs, loss_of, losses_index_key
 from store.checkpoints import (
     Checkpoint,
     CheckpointSigner,
@@ -156,11 +156,7 @@ class ChainVerification(BaseModel):
     @property
     def seqs_lost(self) -> int:
         """How many seqs the recorded losses walked over left unused (the gaps they cover)."""
-        return sum(
-            loss.lost_to_seq - loss.follows_seq
-            for loss in self.recorded_losses
-            if loss.lost_from_seq is not None
-        )
+        return sum(loss.unused_seqs for loss in self.recorded_losses)
 
 
 def chain_name(tenant_id: str | None) -> str:
@@ -346,17 +342,18 @@ class _Walk:
         if seq < self.expected:  # an entry retention removed is back, or the anchor moved
             return seq, "anchor_invalid"
         entry = parse_entry(stored)
-        if seq > self.expected:
-            crossed = self._cross_gap(seq, entry)
-            if crossed is not None:
-                return crossed
+        crosses = seq > self.expected
+        if crosses:
+            failure = self._cross_gap(seq, entry)
+            if failure is not None:
+                return failure
         if entry is None:
             return seq, "entry_unreadable"
         problem = _link_problem(entry, seq, self.prev_hash)
         if problem is None and self._contradicts_checkpoint(seq, entry["hash"]):
             problem = "checkpoint_mismatch"
         if problem is None and LOSS_MEMBER in entry:
-            problem = self._note_loss(seq, entry)
+            problem = self._note_loss(seq, entry, crossed=crosses)
         if problem is not None:
             return seq, problem
         self.expected, self.prev_hash, self.verified = seq + 1, entry["hash"], self.verified + 1
@@ -383,14 +380,19 @@ class _Walk:
         self.expected, self.prev_hash = seq, signed.hash
         return None
 
-    def _note_loss(self, seq: int, entry: dict[str, Any]) -> ChainProblem | None:
-        """A loss entry that linked: it must say what it links to (`loss_invalid` if not)."""
+    def _note_loss(self, seq: int, entry: dict[str, Any], *, crossed: bool) -> ChainProblem | None:
+        """A loss entry that linked: it must say what it links to (`loss_invalid` if not).
+        A walk that began at the signed head it names (resumed from a head that is lost) did
+        not cross its gap, and counted the lost seqs as verified: they are taken off."""
         loss = loss_of(entry)
         if loss is None or loss.seq != seq or loss.links_to.hash != self.prev_hash:
             return "loss_invalid"
         if self.keys is None or not self.keys.verify_of(loss.signed_head, self.chain):
             return "loss_invalid"  # a head the key never signed (or no key to tell)
-        self.losses.append(RecordedLoss.at(seq, loss))
+        recorded = RecordedLoss.at(seq, loss)
+        self.losses.append(recorded)
+        if not crossed:
+            self.verified -= recorded.unused_seqs
         return None
 
     def over(self, stored: Iterator[tuple[int | None, bytes]]) -> ChainVerification:
@@ -680,15 +682,38 @@ class EvidenceChain:
         start = ChainHead(seq=since.seq, hash=since.head_hash)
         if problem is not None or since.seq == first.seq or not self.reaches(start):
             return self._verify_from(anchor, since, None, verifier)
+        earlier = self._recorded_losses(first.seq, since.seq, verifier)
         walk = _Walk(
             start,
-            verified=since.seq - first.seq,
+            verified=since.seq - first.seq - sum(loss.unused_seqs for loss in earlier),
             walked_from=since.seq,
             chain=self.name,
             keys=verifier,
+            losses=earlier,
         )
         walk.signed_anchor = anchor if isinstance(anchor, RetentionAnchor) else None
         return walk.over(self._stored(first=since.seq + 1))
+
+    def _recorded_losses(
+        self, after: int, until: int, verifier: CheckpointVerifier | None
+    ) -> list[RecordedLoss]:
+        """The losses recorded after seq `after` up to `until`, from the chain's index of them,
+        each counted only if the entry at its seq is a loss entry that holds (its hash, and its
+        signed head under the key): what a walk resumed at `until` did not go over itself."""
+        found = []
+        for seq in indexed_seqs(self._lanes.get(losses_index_key(self.name))):
+            entry = self.get(seq) if after < seq <= until else None
+            loss = None if entry is None else loss_of(entry)
+            if (
+                entry is not None
+                and loss is not None
+                and loss.seq == seq
+                and _holds(entry, seq)
+                and verifier is not None
+                and verifier.verify_of(loss.signed_head, self.name)
+            ):
+                found.append(RecordedLoss.at(seq, loss))
+        return found
 
     def verify_part(
         self, after: ChainHead | None, limit: int, verifier: CheckpointVerifier | None = None
@@ -873,14 +898,3 @@ def _parse_anchor(stored: bytes) -> _Anchor | None:
             anchor = model.model_validate_json(stored)
             break
     return anchor if anchor is not None and anchor.seq > 0 else None
-
-
-def verify_all(
-    lanes: Lanes, verifier: CheckpointVerifier | None = None
-) -> dict[str, ChainVerification]:
-    """Every chain's verification by name (the legacy global chain's too, as `""`, while a
-    data dir still holds one); retention anchors checked with `verifier`."""
-    names = chain_names(lanes)
-    if legacy_chain_present(lanes):
-        names.insert(0, LEGACY_CHAIN)
-    return {name: EvidenceChain(lanes, name).verify(None, verifier) for name in names}

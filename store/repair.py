@@ -29,11 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from store.chain_head import GENESIS
 from store.checkpoints import CheckpointVerifier
-from store.evidence_chain import ChainVerification, verify_all
+from store.evidence_chain import ChainVerification
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
 from store.lanes import LaneStore
 from store.log_tail import checksum_failures, torn_log_tail
+from store.signed_head import verify_every_chain
 
 LogDropReason = Literal[
     "checksum_mismatch",
@@ -161,7 +162,7 @@ def repair(path: Path, verifier: CheckpointVerifier | None = None) -> RepairRepo
     else:
         try:
             after = _records(lanes)
-            chains = verify_all(lanes, verifier)
+            chains = verify_every_chain(lanes, verifier)
             # The first chain that does not verify, else the longest one (every one holds).
             broken = [result for result in chains.values() if not result.ok]
             chain = (

@@ -31,16 +31,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from store.backends.contract import ExpectationFailed, StoreOffline
+from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json
 from store.chain_head import ChainHead
-from store.chain_loss import LOSS_MEMBER, ChainLoss
-from store.checkpoints import Checkpoint, CheckpointSigner
+from store.chain_loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
+from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import (
+    LEGACY_CHAIN,
     ChainCorrupt,
     ChainVerification,
     EvidenceChain,
+    chain_names,
     entry_key,
+    legacy_chain_present,
     marker_key,
     seal,
 )
@@ -84,23 +87,24 @@ def verified_head_key(chain: str, key_id: str) -> LaneKey:
 def verified_checkpoint(
     chain: EvidenceChain, data_dir: Path, issued_at: datetime
 ) -> tuple[ChainVerification, Checkpoint | None]:
-    """Walk the whole chain, against the head the service remembers for it; when both hold,
-    sign the head that verified (naming the chain's tenant), else sign nothing.
+    """Walk the whole chain; when it holds, sign the head that verified (naming the chain's
+    tenant), and remember it, else sign nothing.
 
     The one rule for every checkpoint (the API's verify, the offline command, an evidence
     bundle): a checkpoint vouches for a head only after the walk up to it held and the chain
-    reached the signed head remembered for it, with the same hash. The key is created on
-    first use, and only when something is signed; the retention anchor is checked with it
-    (no key yet: a stored anchor cannot verify).
+    reached the signed head remembered for it, with the same hash (`whole_walk`). The head
+    signed is remembered in turn (never backwards), whoever signed it, so a chain cut below
+    any head the data dir's key signed is found. The key is created on first use, and only
+    when something is signed; the retention anchor is checked with it (no key yet: a stored
+    anchor cannot verify).
     """
     signer = CheckpointSigner.existing(data_dir)
-    remembered = None if signer is None else _remembered(chain, signer)[0]
-    result = _walked(chain, remembered, signer)
+    remembered, stored = (None, None) if signer is None else _remembered(chain, signer.verifier())
+    result = whole_walk(chain, None if signer is None else signer.verifier())
     if not result.ok:
         return result, None
-    head = ChainHead(seq=result.head_seq, hash=result.head_hash)
     signer = signer or CheckpointSigner.from_data_dir(data_dir)
-    return result, signer.sign(head, issued_at, chain.name or None)
+    return result, _signed(chain, signer, result, issued_at, remembered, stored)
 
 
 def resumed_checkpoint(
@@ -109,36 +113,55 @@ def resumed_checkpoint(
     """`verified_checkpoint`, resuming from the head the last such walk remembered, if its
     signature holds (`EvidenceChain.verify_resumed` says what that covers); the head signed
     now is remembered for the next one. With `full`, the whole chain is walked (still
-    against the remembered head), and its head remembered. Only the running service calls
-    this: offline review never writes to the store it reviews.
+    against the remembered head), and its head remembered.
     """
     signer = CheckpointSigner.existing(data_dir)
-    remembered, stored = (None, None) if signer is None else _remembered(chain, signer)
-    since = None if full else remembered
     anchors = None if signer is None else signer.verifier()
-    result = (
-        _walked(chain, remembered, signer)
-        if since is None
-        else chain.verify_resumed(since, anchors)
-    )
+    remembered, stored = (None, None) if anchors is None else _remembered(chain, anchors)
+    since = None if full else remembered
+    result = whole_walk(chain, anchors) if since is None else chain.verify_resumed(since, anchors)
     if not result.ok:
         return Verified(result, None, since)
-    head = ChainHead(seq=result.head_seq, hash=result.head_hash)
     signer = signer or CheckpointSigner.from_data_dir(data_dir)
-    checkpoint = signer.sign(head, issued_at, chain.name or None)
-    if remembered is None or remembered.seq <= checkpoint.seq:  # never backwards
-        _remember(chain, checkpoint, stored)
+    checkpoint = _signed(chain, signer, result, issued_at, remembered, stored)
     return Verified(result, checkpoint, since)
 
 
-def _walked(
-    chain: EvidenceChain, remembered: Checkpoint | None, signer: CheckpointSigner | None
-) -> ChainVerification:
-    """The whole walk, against the remembered head unless retention pruned past it."""
-    anchors = None if signer is None else signer.verifier()
-    if remembered is None or anchors is None or _pruned_past(chain, remembered):
-        return chain.verify(None, anchors)
-    return chain.verify(remembered, anchors)
+def _signed(
+    chain: EvidenceChain,
+    signer: CheckpointSigner,
+    result: ChainVerification,
+    issued_at: datetime,
+    remembered: Checkpoint | None,
+    stored: bytes | None,
+) -> Checkpoint:
+    """A checkpoint of the head that verified, remembered unless that would move back."""
+    head = ChainHead(seq=result.head_seq, hash=result.head_hash)
+    checkpoint = signer.sign(head, issued_at, chain.name or None)
+    if remembered is None or remembered.seq <= checkpoint.seq:  # never backwards
+        _remember(chain, checkpoint, stored)
+    return checkpoint
+
+
+def whole_walk(chain: EvidenceChain, verifier: CheckpointVerifier | None) -> ChainVerification:
+    """The walk of the whole chain, held against the head remembered for it under
+    `verifier`'s key (unless retention pruned past it); the anchor is checked with it too.
+    Every whole walk goes through here: the service's, the offline commands' and repair's."""
+    remembered = None if verifier is None else _remembered(chain, verifier)[0]
+    if remembered is None or verifier is None or _pruned_past(chain, remembered):
+        return chain.verify(None, verifier)
+    return chain.verify(remembered, verifier)
+
+
+def verify_every_chain(
+    lanes: Lanes, verifier: CheckpointVerifier | None = None
+) -> dict[str, ChainVerification]:
+    """Every chain's whole walk by name (the legacy global chain's too, as `""`, while a
+    data dir still holds one), each held against its remembered head (`whole_walk`)."""
+    names = chain_names(lanes)
+    if legacy_chain_present(lanes):
+        names.insert(0, LEGACY_CHAIN)
+    return {name: whole_walk(EvidenceChain(lanes, name), verifier) for name in names}
 
 
 def _pruned_past(chain: EvidenceChain, head: Checkpoint) -> bool:
@@ -170,7 +193,7 @@ def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]
     key = verified_head_key(chain.name, signer.key_id)
     lanes = chain.lanes
     with lanes.exclusive(marker_key(chain.name)):
-        remembered, stored = _remembered(chain, signer)
+        remembered, stored = _remembered(chain, signer.verifier())
         if remembered is None:
             raise NothingLost("no signed head is remembered for this chain: nothing to record")
         if reaches(chain, remembered):
@@ -181,10 +204,13 @@ def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]
         loss = ChainLoss.of(remembered, head)
         body = {**members, LOSS_MEMBER: loss.model_dump(mode="json")}
         (sealed,), _ = seal([body], loss.links_to, chain.name)
+        index = lanes.get(losses_index_key(chain.name))
         with lanes.batch(sync=True) as batch:
             for free in {entry_key(head.seq + 1, chain.name), sealed.key}:
                 batch.expect(free, None)
             batch.expect(key, stored)
+            batch.expect(losses_index_key(chain.name), index)
+            batch.put(losses_index_key(chain.name), index_with(index, sealed.seq))
             if lanes.get(marker_key(chain.name)) is None:  # never rewrite the row held
                 batch.put(marker_key(chain.name), b"")
             if not loss.gap:
@@ -208,7 +234,9 @@ class SignedHeads:
             self._signer = CheckpointSigner.existing(
                 self._data_dir
             )  # no key: nothing remembered yet
-        return None if self._signer is None else _remembered(chain, self._signer)[0]
+        if self._signer is None:
+            return None
+        return _remembered(chain, self._signer.verifier())[0]
 
     def behind(self, chain: EvidenceChain) -> bool:
         """Whether the stored chain no longer reaches its remembered signed head: it ends
@@ -232,15 +260,15 @@ def reaches(chain: EvidenceChain, head: Checkpoint) -> bool:
 
 
 def _remembered(
-    chain: EvidenceChain, signer: CheckpointSigner
+    chain: EvidenceChain, verifier: CheckpointVerifier
 ) -> tuple[Checkpoint | None, bytes | None]:
-    """The head remembered for the chain under this key, if its signature holds; and the
-    stored bytes, to replace only those."""
-    stored = chain.lanes.get(verified_head_key(chain.name, signer.key_id))
+    """The head remembered for the chain under the verifier's key, if its signature holds;
+    and the stored bytes, to replace only those."""
+    stored = chain.lanes.get(verified_head_key(chain.name, verifier.key_id))
     if stored is None:
         return None, None
     head = Checkpoint.stored(stored)
-    if not signer.verifier().verify_of(head, chain.name):
+    if not verifier.verify_of(head, chain.name):
         log.warning("verified_head_rejected")
         return None, stored
     return head, stored

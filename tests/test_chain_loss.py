@@ -137,8 +137,13 @@ def test_a_recorded_cut_keeps_the_covered_seqs_unused_and_verifies_with_the_loss
     assert losses(resumed.result) == [(11, 8, 10)]
     full = resumed_checkpoint(chain, tmp_path, datetime.now(UTC), full=True)
     assert full.checkpoint is not None and losses(full.result) == [(11, 8, 10)]
+    # Every walk counts the entries there are (7, the loss entry, 12 and 13), not the seqs.
+    assert walked.entries == resumed.result.entries == full.result.entries == 10
     _, checkpoint = verified_checkpoint(chain, tmp_path, datetime.now(UTC))
     assert checkpoint is not None and checkpoint.seq == 13
+    grown(chain, 13, 1)
+    later = resumed_checkpoint(chain, tmp_path, datetime.now(UTC))  # from 13, past the loss
+    assert (later.result.entries, losses(later.result)) == (11, [(11, 8, 10)])
 
 
 def test_a_checkpoint_of_a_lost_seq_is_named(chain: EvidenceChain, tmp_path: Path) -> None:

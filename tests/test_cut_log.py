@@ -17,6 +17,7 @@ import requests
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from store.evidence_chain import EvidenceChain, entry_key
+from store.full_walk import full_walk_key
 from store.lanes import LaneStore
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
@@ -101,7 +102,10 @@ def test_a_cut_log_is_neither_signed_nor_written_over_until_its_loss_is_recorded
         assert service.call("GET", "/readyz").json()["chains_behind_signed_head"] == 1
         refused_as_behind(write(service, "tenant-a", "chat-new"))
         refused_as_behind(read(service, "tenant-a"))
+        walked_before = service.context.lanes.get(full_walk_key("tenant-a"))
         refused_as_behind(verify(service))  # its decision goes on that chain: no checkpoint
+        # Refused before any walk: nothing of it kept, not even a record of a whole walk.
+        assert service.context.lanes.get(full_walk_key("tenant-a")) == walked_before
         download = sign_in(service, auditor(service)).get(service.url + BUNDLE, timeout=10)
         # Refused as chain_unverified (409), then as a decision its chain cannot take.
         assert (download.status_code, BEHIND in download.text) == (503, True)

@@ -22,6 +22,7 @@ from store.evidence_chain import EvidenceChain, chain_name, entry_key, parse_ent
 from store.full_walk import FullWalk, full_walk_key, last_full_walk
 from store.signed_head import resumed_checkpoint
 from tests.live import LiveService, live_service, service_settings
+from tests.test_evidence_bundle import BUNDLE, sign_in
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 TENANT = "tenant-a"
@@ -229,6 +230,20 @@ def test_an_old_edited_entry_the_resumed_verify_skips_is_found_by_the_scrub(
         assert (scrubbed.by, scrubbed.ok) == ("scrub", False)
         assert (scrubbed.first_invalid_seq, scrubbed.problem) == (victim, "hash_mismatch")
         assert scrubbed.at > whole["at"] and scrubbed.checkpoint is None
+        # The page's own walk resumes and holds, but it offers no bundle: the whole chain
+        # does not verify, and the download says so.
+        page = sign_in(service, auditor(service))
+        view = page.get(service.url + "/ui/decisions", timeout=10)
+        assert view.status_code == 200 and "Chain verified" in view.text
+        assert "Download evidence bundle" not in view.text and "No evidence bundle" in view.text
+        assert page.get(service.url + BUNDLE, timeout=10).status_code == 409
         full = verify(service, full=True)
         assert (full["ok"], full["first_invalid_seq"]) == (False, victim)
         assert full["last_full_walk"]["by"] == "verify"
+
+        # Mended (the entry put back as it was), a whole walk by a verify clears the warning
+        # at once, without waiting for the next scrub.
+        lanes = service.context.lanes
+        lanes.put(key, canonical_json(entry))
+        assert verify(service, full=True)["ok"] is True
+        assert service.call("GET", "/readyz").json()["warnings"] == []

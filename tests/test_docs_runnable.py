@@ -7,8 +7,8 @@ next block after a sample is what that sample prints: its standard output must
 be exactly that, or the test fails (so a recipe that says "it prints True" does).
 A ```sh offline block is for a stopped service's data dir (the offline review
 commands): it runs after the page's other samples, against a service of the
-page's own, once that is stopped, with `/srv/sessionstate` read as its data dir. The samples of one document run in
-order, in one bash process, against a real `sessionstate serve` (its OPA
+page's own, once that is stopped, with `SESSIONSTATE_DATA_DIR=var` (`make
+run`'s) read as its data dir. The samples of one document run in order, in one bash process, against a real `sessionstate serve` (its OPA
 sidecar, LevelDB), from a directory that looks like the repository root (a
 link to each of its entries, so files a sample writes land there and not in
 the checkout), with the environment a reader who started the service that way
@@ -32,7 +32,7 @@ from tests.served import ROOT, Served, start
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"sh", "bash", "shell"}
-OFFLINE_DATA_DIR = "/srv/sessionstate"  # what an offline sample calls the data dir
+OFFLINE_DATA_DIR = "SESSIONSTATE_DATA_DIR=var"  # how an offline sample names the data dir
 PYTHON = {"python", "py"}
 FENCE = re.compile(r"^( {0,4})```([^\n`]*)\n(.*?)^\1```[ \t]*$", re.DOTALL | re.MULTILINE)
 # A plain block that looks like a command must say what it is (sample, fragment, or text).
@@ -105,7 +105,7 @@ def script(doc_samples: list[Sample], port: int, data_dir: Path | None = None) -
     for sample in doc_samples:
         code = sample.code.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
         if data_dir is not None:
-            code = code.replace(OFFLINE_DATA_DIR, str(data_dir))
+            code = code.replace(OFFLINE_DATA_DIR, f"SESSIONSTATE_DATA_DIR={data_dir}")
         parts.append(f"echo {shlex.quote('::sample ' + sample.where)} >&2")
         if sample.language == "python":
             code = f".venv/bin/python - <<'SESSIONSTATE_SAMPLE'\n{code}SESSIONSTATE_SAMPLE\n"

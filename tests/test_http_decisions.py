@@ -395,14 +395,15 @@ def test_offline_review_of_a_stopped_service(
     # As stored: each line is the entry's RFC 8785 form, byte for byte.
     assert [rfc8785.dumps(entry).decode() for entry in tail] == lines
 
-    # Truncate the tail: the chain alone still verifies, the kept checkpoint does not.
+    # Truncate the tail: the kept checkpoint shows it, and so does a plain verify, held
+    # against the head the offline checkpoint signed (the data dir remembers it).
     from store.lanes import LaneStore
 
     lanes = LaneStore(data_dir / "leveldb")
     lanes.delete(entry_key(tail[-1]["seq"], chain_name(tail[-1]["target"]["tenant_id"])))
     lanes.close()
-    assert main(["decisions", "verify"]) == 0
-    capsys.readouterr()
+    assert main(["decisions", "verify"]) == 1
+    assert json.loads(capsys.readouterr().out)["problem"] == "truncated_before_checkpoint"
     assert main(["decisions", "verify", "--checkpoint", str(checkpoint)]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["problem"] == "truncated_before_checkpoint"

@@ -35,12 +35,11 @@ from store.evidence_chain import (
     chain_names,
     is_chain_name,
     legacy_chain_present,
-    verify_all,
 )
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
-from store.signed_head import ChainUnverified, verified_checkpoint
+from store.signed_head import ChainUnverified, verified_checkpoint, verify_every_chain, whole_walk
 
 
 class ReviewError(RuntimeError):
@@ -125,6 +124,8 @@ def verify(
                     "or verify every one with --all-tenants"
                 )
             name = chains[0] if chains else NO_TENANT_CHAIN
+        if checkpoint is None:  # held against the head the service remembers, as it signs
+            return whole_walk(EvidenceChain(lanes, name), verifier)
         return EvidenceChain(lanes, name).verify(checkpoint, verifier)
 
 
@@ -133,7 +134,7 @@ def every_chain_verified(
 ) -> AllChainsVerification:
     """Verify every chain of an open store (PostgreSQL: while the service runs), retention
     anchors checked with `verifier` (`anchor_verifier`)."""
-    chains = verify_all(lanes, verifier)
+    chains = verify_every_chain(lanes, verifier)
     return AllChainsVerification(
         ok=all(result.ok for result in chains.values()),
         entries=sum(result.entries for result in chains.values()),

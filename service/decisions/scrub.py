@@ -95,7 +95,7 @@ class DecisionScrub:
         for name in names:
             chain = EvidenceChain(self._lanes, name)
             last = last_full_walk(chain, signer.verifier())
-            self._note(name, last)
+            self.note(name, last)
             ended = None if last is None else parse_timestamp(last.at)
             wait = self._interval if ended is None else ended + self._interval - self._clock()
             if last is None or wait <= timedelta(0) or scrub_in_progress(chain, signer):
@@ -118,7 +118,7 @@ class DecisionScrub:
             started = time.monotonic()
             walk = scrub_step(chain, signer, self._clock(), self._batch)
             if walk is not None:
-                self._note(chain.name, walk)
+                self.note(chain.name, walk)
                 if not walk.ok:
                     self._metrics.decision_scrub_failures.inc()
                     log.error(
@@ -135,7 +135,8 @@ class DecisionScrub:
                 break
         return None
 
-    def _note(self, name: str, walk: FullWalk | None) -> None:
+    def note(self, name: str, walk: FullWalk | None) -> None:
+        """The chain's last whole walk, the scrub's or a verify's: whether /readyz warns."""
         if walk is not None and not walk.ok:
             self._broken.add(name)
         else:

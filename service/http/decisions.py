@@ -10,6 +10,7 @@ What the log holds is read through the context's `DecisionLogReader`.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TypeVar
 
 from flask import Blueprint, Response, request
@@ -41,6 +42,7 @@ from service.wire import (
     PolicyRevisionsResponse,
 )
 from store.checkpoints import CheckpointSigner
+from store.evidence_chain import ChainCorrupt
 from store.full_walk import FullWalk, last_full_walk, record_full_walk
 from store.signed_head import Verified, resumed_checkpoint
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
@@ -62,14 +64,20 @@ def chain_status(tenant: str, *, full: bool = False) -> tuple[Verified, FullWalk
     """The tenant's chain verified, from the head the last verify signed unless `full`; a
     checkpoint of the head that verified (none for a broken chain), remembered for the next.
     And the chain's last whole walk: this one, recorded, when it walked the whole chain."""
+    # A chain behind its signed head: 503 now, nothing walked or kept. One whose head does
+    # not read: the walk names the problem (the entry of this read cannot be kept).
+    with suppress(ChainCorrupt):
+        context().journal.head(tenant)
     chain = context().decision_log.chain(tenant)
     data_dir, now = context().settings.data_dir, context().clock()
     verified = resumed_checkpoint(chain, data_dir, now, full=full)
     if verified.resumed_from is None:
         checkpoint = verified.checkpoint
-        return verified, record_full_walk(
-            chain, verified.result, at=now, by="verify", checkpoint=checkpoint
-        )
+        walk = record_full_walk(chain, verified.result, at=now, by="verify", checkpoint=checkpoint)
+        scrub = context().scrub
+        if scrub is not None:  # /readyz follows this whole walk at once
+            scrub.note(tenant, walk)
+        return verified, walk
     # Resumed from a head the data dir's key signed: the key exists.
     return verified, last_full_walk(chain, CheckpointSigner.from_data_dir(data_dir).verifier())
 
