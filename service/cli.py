@@ -32,6 +32,7 @@ from service.policy.engine_checks import local_opa_bin
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
 from service.policy.signed_bundle import SIGNING_ALGS, build_signed_bundle
+from service.policy.source import PolicyRefused
 from service.settings import Settings, setting_errors, unknown_variables
 from service.store_backend import StoreUpgradeRefused, open_lanes
 from service.store_backend import upgrade as upgrade_store
@@ -331,9 +332,18 @@ def _add_policy_build(policy_commands: argparse._SubParsersAction[argparse.Argum
 
 
 def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
-    built = build_signed_bundle(
-        local_opa_bin(settings), settings.policy_dir, args.signing_key, args.signing_alg, args.out
-    )
+    """Exit 1, signing nothing, when the admission checks refuse the policies."""
+    try:
+        built = build_signed_bundle(
+            local_opa_bin(settings),
+            settings.policy_dir,
+            args.signing_key,
+            args.signing_alg,
+            args.out,
+        )
+    except PolicyRefused as refused:
+        print(f"sessionstate: {refused}", file=sys.stderr)
+        return 1
     print(
         json.dumps(
             {"out": str(built.out), "revision": built.revision, "signing_alg": built.signing_alg}

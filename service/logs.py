@@ -35,6 +35,7 @@ FIELDS = (
     "outcome",
     "deciding",
     "errors",
+    "reasons",
     "chain",
     "problem",
 )

@@ -34,7 +34,7 @@ class ServiceMetrics:
         )
         self.decisions = Counter(
             "sessionstate_decisions",
-            "Policy decisions by action and outcome (allow, deny, unavailable, refused).",
+            "Policy decisions by action and outcome (allow, deny, unavailable, refused, undefined).",
             ["action", "outcome"],
             registry=self.registry,
         )
@@ -127,7 +127,8 @@ class _PolicySourceHealth(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield GaugeMetricFamily(
             "sessionstate_policy_source_valid",
-            "1 while the policy directory compiled at the last reload (or start); 0 after a "
+            "1 while the policy directory compiled and passed the admission checks at the last "
+            "reload (or start); 0 after a "
             "reload refused it, while the last good policies still decide.",
             value=1.0 if self._source.valid else 0.0,
         )

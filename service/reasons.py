@@ -185,6 +185,14 @@ class Reason(StrEnum):
         "done. An operator must fix the service's OPA token.",
         60,
     )
+    # Not an outage that passes either: the policies in force must be fixed.
+    POLICY_DECISION_UNDEFINED = (
+        "policy_decision_undefined",
+        503,
+        "The policies in force give no decision for this request (its decision is undefined, "
+        "or not of the decision schema); nothing was done. An operator must fix the policies.",
+        60,
+    )
     DECISION_LOG_UNAVAILABLE = (
         "decision_log_unavailable",
         503,

@@ -204,12 +204,15 @@ class Readiness(_Envelope):
         "decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
     )
     reasons: list[str] = Field(
-        description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, "
-        "store_closed, store_unreachable, store_unwritable; empty when ready"
+        description="why it is not ready: opa_unreachable, opa_refused_token, "
+        "policy_decision_undefined (OPA answered the readiness probe without a decision), "
+        "policy_not_loaded, store_closed, store_unreachable, store_unwritable; empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
         description="what is wrong without stopping it from serving: policy_source_invalid, "
+        "policy_decision_undefined (with policy_source_invalid: the last reload was refused "
+        "because a decision package is undefined or does not answer the decision schema), "
         "policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle "
         "offered at the last reload), decision_scrub_failed (the last whole walk of a "
         "tenant's decision chain found a problem: the decision_scrub_failed log event names "

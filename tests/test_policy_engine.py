@@ -16,7 +16,7 @@ import requests
 
 from service.policy.bundle import load_bundle
 from service.policy.client import PolicyClient
-from service.policy.input import render_schema
+from service.policy.input import PolicyInput, render_schema
 from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_digest
 from tests.conftest import POLICY_DIR
@@ -361,17 +361,42 @@ def _reload(sidecar: OpaSidecar, policies: Path) -> None:
     assert status.revision == load_bundle(policies).revision
 
 
+UNSEEN = "tenant-unseen"  # no policy file names it: the admission checks do not ask for it
+_DECISION = 'decision := {"allow": allow, "reasons": sort(reasons)}'
+
+
+def _unseen_read() -> PolicyInput:
+    scope = {"tenant_id": UNSEEN, "workspace_id": "ws-1", "session_id": "chat-1"}
+    return allowed_input(
+        "read", target=scope, actor={"sub": "svc-1", "roles": ["model-service"], **scope}
+    )
+
+
+def assert_undefined(client: PolicyClient, revision: str) -> None:
+    """OPA answered, without a decision: the policies' fault, named as such, under the
+    revision OPA names; never "did not answer"."""
+    trace = client.decide(_unseen_read())
+    assert trace.allow is False
+    assert trace.reasons == ["policy_decision_undefined"]
+    assert trace.decision_undefined and trace.engine_unavailable
+    assert not trace.decision_id.startswith("local-")
+    assert trace.policy_revision == revision
+    assert client.decide(allowed_input("read")).allow  # every other tenant's reads decide
+
+
 @TRANSPORTS
 def test_fails_closed_when_the_decision_is_undefined(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
     sidecar, policies = private_sidecar
     client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5, transport=transport)
-    before = client.decide(allowed_input("read"))
-    _rewrite(policies / "sessionstate" / "read" / "read.rego", "decision :=", "not_the_decision :=")
+    _rewrite(
+        policies / "sessionstate" / "read" / "read.rego",
+        _DECISION,
+        f'{_DECISION} if input.target.tenant_id != "{UNSEEN}"',
+    )
     _reload(sidecar, policies)
-    assert client.decide(allowed_input("write")).policy_revision != before.policy_revision
-    assert_unavailable(client)
+    assert_undefined(client, load_bundle(policies).revision)
 
 
 @TRANSPORTS
@@ -380,15 +405,14 @@ def test_fails_closed_on_a_malformed_result(
 ) -> None:
     sidecar, policies = private_sidecar
     client = PolicyClient(sidecar.url, sidecar.token, timeout=0.5, transport=transport)
-    before = client.decide(allowed_input("read"))
     _rewrite(
         policies / "sessionstate" / "read" / "read.rego",
-        'decision := {"allow": allow,',
-        'decision := {"allow": "yes", "was": allow,',
+        _DECISION,
+        f'{_DECISION} if input.target.tenant_id != "{UNSEEN}"\n\n'
+        f'decision := {{"allow": "yes", "was": allow}} if input.target.tenant_id == "{UNSEEN}"',
     )
     _reload(sidecar, policies)
-    assert client.decide(allowed_input("write")).policy_revision != before.policy_revision
-    assert_unavailable(client)
+    assert_undefined(client, load_bundle(policies).revision)
 
 
 def test_editing_a_policy_changes_the_revision_and_the_decision(

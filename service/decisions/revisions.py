@@ -54,7 +54,8 @@ REBUILD_ATTEMPTS = 5
 
 _FAILED = (
     "decisions that failed while it was live: OPA gave no answer or refused the service (the "
-    "entry names the revision `unknown`)"
+    "entry names the revision `unknown`), or the policies gave no decision "
+    "(policy_decision_undefined)"
 )
 
 
@@ -124,11 +125,13 @@ def _counted(decision: Mapping[str, Any]) -> str | None:
 
 
 def _failed(decision: Mapping[str, Any]) -> bool:
-    """OPA made no decision: it did not answer, answered wrongly, or refused the service."""
+    """OPA made no decision: it did not answer, answered wrongly, refused the service, or the
+    policies gave none."""
     reasons = decision.get("reasons") or ()
     return (
         Reason.POLICY_ENGINE_UNAVAILABLE.value in reasons
         or Reason.POLICY_ENGINE_REFUSED.value in reasons
+        or Reason.POLICY_DECISION_UNDEFINED.value in reasons
     )
 
 

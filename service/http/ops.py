@@ -42,8 +42,11 @@ def readyz() -> Response:
     store_reachable = store_open and ctx.store_reachable()
     store_writable = ctx.lanes.writable
     failing = {
-        "opa_unreachable": not decided and not probe.engine_refused,
+        "opa_unreachable": not decided
+        and not probe.engine_refused
+        and not probe.decision_undefined,
         "opa_refused_token": probe.engine_refused,
+        "policy_decision_undefined": probe.decision_undefined,
         "policy_not_loaded": decided and revision in (None, "unknown"),
         "store_closed": not store_open,
         "store_unreachable": store_open and not store_reachable,
@@ -52,7 +55,10 @@ def readyz() -> Response:
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
     warnings = ["policy_source_invalid"] if source_valid is False else []
-    if source_valid is False and isinstance(ctx.policy_source, SignedBundleSource):
+    if ctx.policy_source is not None:  # the admission checks' codes: policy_decision_undefined
+        warnings += ctx.policy_source.refusals
+    signed = ctx.policy_source if isinstance(ctx.policy_source, SignedBundleSource) else None
+    if signed is not None and signed.rejection is not None:
         warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold

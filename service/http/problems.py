@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 from service.auth import AuthenticationFailed
 from service.decisions.journal import ChainBehindSignedHead, JournalClosed
 from service.policy.errors import (
+    PolicyDecisionUndefined,
     PolicyDenied,
     PolicyEngineRefused,
     PolicyEngineUnavailable,
@@ -159,6 +160,8 @@ def problem_of(error: Exception) -> Problem:
 def _refusal(error: PolicyRefusal) -> Problem:
     if isinstance(error, PolicyEngineRefused):
         reason, code = Reason.POLICY_ENGINE_REFUSED, None
+    elif isinstance(error, PolicyDecisionUndefined):
+        reason, code = Reason.POLICY_DECISION_UNDEFINED, None
     elif isinstance(error, PolicyEngineUnavailable):
         reason, code = Reason.POLICY_ENGINE_UNAVAILABLE, None
     elif isinstance(error, PolicyDenied):

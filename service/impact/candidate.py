@@ -25,13 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from service.contract import DECISION_PACKAGES
 from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
+from service.policy.batch import BATCH_PACKAGE, batch_answers, batch_document, batch_module
 from service.policy.bundle import load_bundle
 from service.policy.client import bundle_revision, decision_result
+from service.policy.opa_errors import check_errors
 from service.policy.sidecar import OpaSidecar
-from service.policy.source import PolicySourceError, check_errors
+from service.policy.source import PolicySourceError
 from service.policy.transport import KeepAliveTransport
 from service.reasons import Reason
 
@@ -83,30 +84,8 @@ def check(opa_bin: str, candidate: Path, live_policy_dir: Path) -> None:
         )
 
 
-# Served beside the candidate, never part of it: one query decides a batch of inputs, each by
-# the package of its action, as the service would ask them one by one; and the sidecar's
-# `system.authz` admits that one query too, for the run's token only.
-BATCH_PACKAGE = "impact_batch"
-_BATCH_MODULE = """# METADATA
-# title: Impact analysis batch
-# description: Decides every input of a batch, each by the package of its action.
-package sessionstate.impact_batch
-
-# METADATA
-# title: Batch decision
-# description: By batch index, the decision of each input; an undefined one is absent.
-# entrypoint: true
-decision := {sprintf("%d", [i]): d |
-	some i, item in input.batch
-	d := _decide(item.package, item.input)
-}
-"""
-_DECIDE = """
-_decide(name, document) := answer if {{
-	name == "{package}"
-	answer := data.sessionstate.{package}.decision with input as document
-}}
-"""
+# Served beside the candidate, never part of it: the batch query (`service.policy.batch`), and
+# the sidecar's `system.authz` admits that one query too, for the run's token only.
 _BATCH_AUTHZ = """package system.authz
 
 allow if {
@@ -126,10 +105,7 @@ def served_copy(candidate: Path, into: Path) -> Path:
     shutil.copytree(candidate, into)
     helper = into / "sessionstate" / BATCH_PACKAGE
     helper.mkdir(parents=True, exist_ok=True)
-    decide = "".join(
-        _DECIDE.format(package=package) for package in sorted(set(DECISION_PACKAGES.values()))
-    )
-    (helper / "batch.rego").write_text(_BATCH_MODULE + decide)
+    (helper / "batch.rego").write_text(batch_module())
     (into / "system" / "authz").mkdir(parents=True, exist_ok=True)
     (into / "system" / "authz" / "impact_batch.rego").write_text(_BATCH_AUTHZ)
     return into
@@ -154,18 +130,14 @@ class CandidateEngine:
         return [verdict for answers in self._pool.map(self._ask, batches) for verdict in answers]
 
     def _ask(self, batch: Sequence[LoggedDecision]) -> list[Verdict]:
-        document = {
-            "batch": [{"package": logged.package, "input": logged.input} for logged in batch]
-        }
+        document = batch_document([(logged.package, logged.input or {}) for logged in batch])
         encoded = json.dumps(document, separators=(",", ":")).encode()
         answer = self._transport.query(BATCH_PACKAGE, document, encoded)
         if not isinstance(answer, dict):
             raise CandidateUnavailable("the candidate's OPA stopped answering; no report")
         if bundle_revision(answer.get("provenance") or {}) != self._served_revision:
             raise CandidateUnavailable("the candidate's OPA decided with another revision")
-        result = answer.get("result")
-        decided = result if isinstance(result, dict) else {}
-        return [_verdict(decided.get(str(index))) for index in range(len(batch))]
+        return [_verdict(result) for result in batch_answers(answer.get("result"), len(batch))]
 
     def close(self) -> None:
         self._pool.shutdown(cancel_futures=True)
@@ -173,10 +145,10 @@ class CandidateEngine:
 
 
 def _verdict(result: Any) -> Verdict:
-    """The answer as the service would take it: anything but a decision denies."""
+    """The answer as the service would take it: anything but a decision denies, as undefined."""
     decided = decision_result(result)
     if decided is None:
-        return Verdict(allow=False, reasons=[Reason.POLICY_ENGINE_UNAVAILABLE.value])
+        return Verdict(allow=False, reasons=[Reason.POLICY_DECISION_UNDEFINED.value])
     return Verdict(allow=decided[0], reasons=decided[1])
 
 

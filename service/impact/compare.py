@@ -27,7 +27,11 @@ from service.policy.change import DecisionChange, decision_change
 from service.policy.input import PolicyInput
 from service.reasons import Reason
 
-ENGINE_FAILURES = {Reason.POLICY_ENGINE_UNAVAILABLE.value, Reason.POLICY_ENGINE_REFUSED.value}
+ENGINE_FAILURES = {
+    Reason.POLICY_ENGINE_UNAVAILABLE.value,
+    Reason.POLICY_ENGINE_REFUSED.value,
+    Reason.POLICY_DECISION_UNDEFINED.value,
+}
 
 
 class SkipReason(StrEnum):

@@ -1,11 +1,13 @@
 """`PolicyClient`: asks OPA for one decision per call and fails closed.
 
-Refused connections, timeouts, non-200 answers, an undefined decision or a
-result of the wrong shape all become `allow = false` with
-`policy_engine_unavailable`; an OPA that answers 401 or 403 (it does not
-accept the service's token) becomes `allow = false` with
-`policy_engine_refused`. The service answers both with 503 and does nothing
-else.
+Refused connections, timeouts, non-200 answers and answers that are not
+OPA's all become `allow = false` with `policy_engine_unavailable`; an OPA
+that answers 401 or 403 (it does not accept the service's token) becomes
+`allow = false` with `policy_engine_refused`; an answer of OPA's whose
+result is undefined or not of the decision schema (`allow` boolean,
+`reasons` array of strings) becomes `allow = false` with
+`policy_decision_undefined`, under the revision OPA names. The service
+answers all three with 503 and does nothing else.
 """
 
 from __future__ import annotations
@@ -129,17 +131,14 @@ def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     unavailable = (False, [failure], "local-" + uuid.uuid4().hex, UNKNOWN, UNKNOWN)
     if not isinstance(answer, dict):
         return unavailable
-    decided = decision_result(answer.get("result"))
     decision_id = answer.get("decision_id")
-    if (
-        decided is None
-        or not isinstance(decision_id, str)
-        or not decision_id
-        or len(decision_id) > 64
-    ):
+    if not isinstance(decision_id, str) or not decision_id or len(decision_id) > 64:
         return unavailable
     provenance = answer.get("provenance")
     provenance = provenance if isinstance(provenance, dict) else {}
+    decided = decision_result(answer.get("result"))
+    if decided is None:  # OPA answered, the policies gave no decision: theirs is the fault
+        decided = (False, [Reason.POLICY_DECISION_UNDEFINED.value])
     return (
         *decided,
         decision_id,

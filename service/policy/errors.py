@@ -37,3 +37,7 @@ class PolicyEngineUnavailable(PolicyRefusal):
 
 class PolicyEngineRefused(PolicyEngineUnavailable):
     """OPA refused the service's token: a configuration fault, not an outage that passes."""
+
+
+class PolicyDecisionUndefined(PolicyEngineUnavailable):
+    """OPA answered without a decision of the decision schema: the policies must be fixed."""

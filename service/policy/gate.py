@@ -3,8 +3,9 @@
 It builds the policy input (claims, target, deployment, approval, record
 summary; never raw text), asks OPA through the client, counts the outcome,
 and turns a decision that does not allow into the domain's exception
-(`service.policy.errors`): `PolicyDenied`, `PolicyEngineUnavailable`, or
-`PolicyEngineRefused` when OPA does not accept the service's token.
+(`service.policy.errors`): `PolicyDenied`, `PolicyEngineUnavailable`,
+`PolicyEngineRefused` when OPA does not accept the service's token, or
+`PolicyDecisionUndefined` when the policies gave no decision.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from service.approvals import Approval
 from service.auth import Actor
 from service.metrics import ServiceMetrics
 from service.policy.client import EncodedInput, PolicyClient
-from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngineUnavailable
+from service.policy.errors import (
+    PolicyDecisionUndefined,
+    PolicyDenied,
+    PolicyEngineRefused,
+    PolicyEngineUnavailable,
+)
 from service.policy.input import (
     PolicyAction,
     PolicyDeployment,
@@ -84,6 +90,8 @@ class PolicyGate:
         outcome = (
             "refused"
             if trace.engine_refused
+            else "undefined"
+            if trace.decision_undefined
             else "unavailable"
             if trace.engine_unavailable
             else "allow"
@@ -105,6 +113,8 @@ class PolicyGate:
         """Raise the refusal the decision amounts to, unless it allows."""
         if trace.engine_refused:
             raise PolicyEngineRefused(trace, write_report)
+        if trace.decision_undefined:
+            raise PolicyDecisionUndefined(trace, write_report)
         if trace.engine_unavailable:
             raise PolicyEngineUnavailable(trace, write_report)
         if not trace.allow:

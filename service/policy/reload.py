@@ -40,7 +40,16 @@ class PolicyStatus(BaseModel):
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
     source_valid: bool = Field(description="false when the directory did not compile")
-    errors: list[str] = Field(description="why the directory was refused: path:row: code: message")
+    errors: list[str] = Field(
+        description="why the policies were refused: path:row: code: message when they do not "
+        "compile; reason: what is wrong when an admission check refused them"
+    )
+    reasons: list[str] = Field(
+        default_factory=list,
+        description="the admission checks' reason codes when they refused the policies "
+        "(policy_decision_undefined: a decision package is undefined, or does not answer "
+        "the decision schema); empty otherwise",
+    )
 
 
 def write_pid(data_dir: Path) -> None:

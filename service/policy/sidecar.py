@@ -119,7 +119,9 @@ class OpaSidecar:
         self.policies: PolicySnapshots
         if bundle_file is not None:
             board = OpaStatusBoard(BUNDLE_NAME)
-            self.signed = SignedBundleSource(bundle_file, board, verdict_timeout=activation_timeout)
+            self.signed = SignedBundleSource(
+                bundle_file, board, opa_bin, verdict_timeout=activation_timeout
+            )
             self.policies = self.signed
             self._bundles = BundleServer(
                 lambda: self.policies.served, board=board, token=self._status_token
@@ -214,7 +216,11 @@ class OpaSidecar:
                     "policy_bundle_rejected"
                     if self.signed is not None
                     else "policy_reload_rejected",
-                    extra={"policy_revision": result.revision, "errors": list(result.errors)},
+                    extra={
+                        "policy_revision": result.revision,
+                        "errors": list(result.errors),
+                        "reasons": list(result.reasons),
+                    },
                 )
             return self._report(result, checked_at)
 
@@ -235,6 +241,7 @@ class OpaSidecar:
             deciding=deciding,
             source_valid=self.policies.valid,
             errors=list(result.errors),
+            reasons=list(result.reasons),
         )
         self._generation += 1
         if deciding and result.outcome == "loaded" and self.on_live is not None:

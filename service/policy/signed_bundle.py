@@ -16,6 +16,11 @@ reports (OPA's status plugin posts them to the bundle server), and
 - at a reload, a refused bundle is withdrawn and the last good one offered
   again (OPA never stopped deciding with it, and a restarted OPA gets it
   back); `valid` is false and `rejections` counts it until a good one loads.
+
+Before a bundle is offered at all (at start and at each reload), its files
+pass the admission checks (`service.policy.admission`) on a scratch OPA; one
+they refuse is never offered: the start stops (`PolicySourceError`), or the
+reload keeps the last good bundle, and `refusals` names the checks' codes.
 """
 
 from __future__ import annotations
@@ -34,7 +39,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from service.policy.source import PolicySource, ReloadOutcome, ReloadResult
+from service.policy.admission import admit
+from service.policy.bundle import PolicyBundle
+from service.policy.source import (
+    PolicyRefused,
+    PolicySource,
+    ReloadOutcome,
+    ReloadResult,
+    refusal_codes,
+)
 
 SigningAlg = Literal["RS256", "ES256", "HS256"]
 SIGNING_ALGS: tuple[SigningAlg, ...] = ("RS256", "ES256", "HS256")
@@ -56,7 +69,8 @@ class BuiltBundle:
 def build_signed_bundle(
     opa_bin: str, policy_dir: Path, signing_key: Path, signing_alg: SigningAlg, out: Path
 ) -> BuiltBundle:
-    """Check the policy directory as a reload would, then sign what the sidecar would serve."""
+    """Check the policy directory as a reload would (its admission checks too: `PolicyRefused`),
+    then sign what the sidecar would serve."""
     if not signing_key.is_file():
         raise BundleBuildError(f"--signing-key names no readable file: {signing_key}")
     bundle = PolicySource(policy_dir, opa_bin).load()  # PolicySourceError when unfit
@@ -112,6 +126,27 @@ class BundleFile:
 def read_bundle_file(path: Path) -> BundleFile:
     content = path.read_bytes()
     return BundleFile(revision=_manifest_revision(content), content=content)
+
+
+def bundle_contents(bundle: BundleFile) -> PolicyBundle:
+    """The policy files a bundle file holds (its `.manifest` and `.signatures.json` aside), as
+    OPA would load them; what does not read as a gzipped tar holds none."""
+    files: list[tuple[str, bytes]] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bundle.content), mode="r:gz") as archive:
+            for member in archive.getmembers():
+                name = "/" + member.name.lstrip("/")
+                if not member.isfile() or name in _BUNDLE_META or ".." in name.split("/"):
+                    continue
+                handle = archive.extractfile(member)
+                if handle is not None:
+                    files.append((name, handle.read()))
+    except (tarfile.TarError, OSError, EOFError):
+        files = []
+    return PolicyBundle(revision=bundle.revision, files=tuple(sorted(files)))
+
+
+_BUNDLE_META = ("/.manifest", "/.signatures.json")
 
 
 def _manifest_revision(content: bytes) -> str:
@@ -195,15 +230,22 @@ class SignedBundleSource:
     """The signed bundle file the sidecar offers OPA, and what OPA made of it."""
 
     def __init__(
-        self, bundle_file: Path, board: OpaStatusBoard, *, verdict_timeout: float = 10.0
+        self,
+        bundle_file: Path,
+        board: OpaStatusBoard,
+        opa_bin: str,
+        *,
+        verdict_timeout: float = 10.0,
     ) -> None:
         self.bundle_file = bundle_file
+        self.opa_bin = opa_bin
         self.board = board
         self.verdict_timeout = verdict_timeout
         self._offered: BundleFile | None = None
         self._good: BundleFile | None = None
         self.rejections = 0
         self.rejection: str | None = None  # OPA's reason for the latest refusal, while refused
+        self._refusals: tuple[str, ...] = ()  # the admission checks' codes, while they refuse
         self._reloads: Counter[ReloadOutcome] = Counter()
         self._lock = threading.Lock()
 
@@ -216,16 +258,28 @@ class SignedBundleSource:
 
     @property
     def valid(self) -> bool:
-        """False while the latest bundle offered was refused by OPA."""
-        return self.rejection is None
+        """False while the latest bundle was refused, by OPA or by the admission checks."""
+        return self.rejection is None and not self._refusals
+
+    @property
+    def refusals(self) -> tuple[str, ...]:
+        return self._refusals
 
     def reloads(self, outcome: ReloadOutcome) -> int:
         return self._reloads[outcome]
 
     def load(self) -> BundleFile:
-        """The start: offer the file; `confirm_start` then waits for OPA's verdict."""
-        self._offered = self._read()
-        return self._offered
+        """The start: offer the file if admitted; `confirm_start` then waits for OPA's verdict."""
+        bundle = self._read()
+        refusals = admit(self.opa_bin, bundle_contents(bundle))
+        if refusals:
+            raise PolicyRefused(
+                f"the policy bundle {self.bundle_file} (SESSIONSTATE_POLICY_BUNDLE) cannot be "
+                "served: " + "; ".join(str(refusal) for refusal in refusals),
+                refusal_codes(refusals),
+            )
+        self._offered = bundle
+        return bundle
 
     def confirm_start(self, mark: int, timeout: float) -> str | None:
         """None once OPA activated the offered bundle; else why it did not (or no answer)."""
@@ -256,8 +310,13 @@ class SignedBundleSource:
                     ReloadResult("invalid", good.revision, (self._unreadable(error),))
                 )
             if candidate.etag == good.etag:
-                self.rejection = None
+                self.rejection, self._refusals = None, ()
                 return self._count(ReloadResult("unchanged", good.revision))
+            refusals = admit(self.opa_bin, bundle_contents(candidate))
+            if refusals:  # never offered: OPA goes on deciding with the good one
+                self.rejection, self._refusals = None, refusal_codes(refusals)
+                errors = tuple(str(refusal) for refusal in refusals)
+                return self._count(ReloadResult("invalid", good.revision, errors, self._refusals))
             mark = self.board.mark()
             self._offered = candidate
             report = self.board.verdict(mark, self.verdict_timeout)
@@ -269,8 +328,9 @@ class SignedBundleSource:
                     else f"OPA reported nothing on the bundle within {self.verdict_timeout:.0f}s"
                 )
                 self._refused(reason)
+                self._refusals = ()
                 return self._count(ReloadResult("invalid", good.revision, (reason,)))
-            self._good, self.rejection = candidate, None
+            self._good, self.rejection, self._refusals = candidate, None, ()
             return self._count(ReloadResult("loaded", candidate.revision))
 
     def _refused(self, reason: str) -> None:

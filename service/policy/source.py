@@ -4,31 +4,42 @@ The directory is where people edit; the snapshot is what OPA decides with.
 It is taken at start and replaced only by a reload (SIGHUP, `sessionstate
 policy reload`, or the watcher of `--watch-policies`), so an edit is not live
 before its checks have run. A reload whose files do not compile (`opa check
---bundle` with the sidecar's own OPA) is refused: the last good snapshot stays
-served, and `valid` says so until a reload of a good source.
+--bundle` with the sidecar's own OPA) or that the admission checks refuse
+(`service.policy.admission`) is refused: the last good snapshot stays served,
+and `valid` says so until a reload of a good source.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from service.policy.admission import admit
+from service.policy.admission_check import Refusal
 from service.policy.bundle import PolicyBundle, ServedBundle, load_bundle
+from service.policy.opa_errors import check_errors
 from service.policy.tenant_settings import TENANT_SETTINGS_PATH, document_errors
 
 ReloadOutcome = Literal["loaded", "unchanged", "invalid"]
 RELOAD_OUTCOMES: tuple[ReloadOutcome, ...] = ("loaded", "unchanged", "invalid")
-MAX_ERRORS = 5  # enough to find the first mistake; a broken file can report hundreds
 
 
 class PolicySourceError(ValueError):
     """The start snapshot cannot be taken: no directory, no policies, or they do not compile."""
+
+
+class PolicyRefused(PolicySourceError):
+    """The policies compile, but the admission checks refuse them (`reasons`: their codes)."""
+
+    def __init__(self, message: str, reasons: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class ReloadResult:
     outcome: ReloadOutcome
     revision: str
     errors: tuple[str, ...] = field(default=())
+    reasons: tuple[str, ...] = field(default=())  # the admission checks' codes, when refused
 
 
 class PolicySnapshots(Protocol):
@@ -49,6 +61,9 @@ class PolicySnapshots(Protocol):
 
     @property
     def valid(self) -> bool: ...
+
+    @property
+    def refusals(self) -> tuple[str, ...]: ...
 
     def reloads(self, outcome: ReloadOutcome) -> int: ...
 
@@ -67,6 +82,7 @@ class PolicySource:
         self.opa_bin = opa_bin
         self._served: PolicyBundle | None = None
         self._valid = True
+        self._refusals: tuple[str, ...] = ()
         self._reloads: Counter[ReloadOutcome] = Counter()
         self._lock = threading.Lock()
 
@@ -82,6 +98,11 @@ class PolicySource:
         """False after a reload refused the directory, until one accepts it."""
         return self._valid
 
+    @property
+    def refusals(self) -> tuple[str, ...]:
+        """The admission checks' reason codes of the latest refusal, while `valid` is false."""
+        return self._refusals
+
     def reloads(self, outcome: ReloadOutcome) -> int:
         return self._reloads[outcome]
 
@@ -91,12 +112,13 @@ class PolicySource:
             raise PolicySourceError(
                 f"SESSIONSTATE_POLICY_DIR is not a directory: {self.policy_dir}"
             )
-        bundle, errors = self._read()
+        bundle, errors, reasons = self._read()
         if errors:
-            raise PolicySourceError(
+            message = (
                 f"the policies in {self.policy_dir} (SESSIONSTATE_POLICY_DIR) cannot be served: "
                 + "; ".join(errors)
             )
+            raise PolicyRefused(message, reasons) if reasons else PolicySourceError(message)
         self._served = bundle
         return bundle
 
@@ -111,30 +133,37 @@ class PolicySource:
         """Serve the directory as it is now if it compiles; else keep the last good snapshot."""
         with self._lock:
             served = self.served
-            bundle, errors = self._read()
+            bundle, errors, reasons = self._read()
             if errors:
-                result = ReloadResult("invalid", served.revision, tuple(errors))
+                result = ReloadResult("invalid", served.revision, tuple(errors), reasons)
             elif bundle.revision == served.revision:
                 result = ReloadResult("unchanged", served.revision)
             else:
                 self._served = bundle
                 result = ReloadResult("loaded", bundle.revision)
             self._valid = result.outcome != "invalid"
+            self._refusals = result.reasons
             self._reloads[result.outcome] += 1
             return result
 
-    def _read(self) -> tuple[PolicyBundle, list[str]]:
-        """The directory as a bundle, and why it cannot be served (empty when it can)."""
+    def _read(self) -> tuple[PolicyBundle, list[str], tuple[str, ...]]:
+        """The directory as a bundle, why it cannot be served (empty when it can), and the
+        admission checks' reason codes when they refused it."""
         try:
             bundle = load_bundle(self.policy_dir)
         except OSError as error:
             empty = PolicyBundle(revision="", files=())
-            return empty, [f"the policy directory cannot be read ({error.strerror or 'I/O error'})"]
+            why = f"the policy directory cannot be read ({error.strerror or 'I/O error'})"
+            return empty, [why], ()
         if not any(name.endswith(".rego") for name, _ in bundle.files):
-            return bundle, ["no .rego policy files"]
+            return bundle, ["no .rego policy files"], ()
         # The settings as read into the bundle: what is checked is what OPA would be served.
         settings = dict(bundle.files).get("/" + TENANT_SETTINGS_PATH.as_posix())
-        return bundle, document_errors(settings) or compile_errors(self.opa_bin, bundle)
+        errors = document_errors(settings) or compile_errors(self.opa_bin, bundle)
+        if errors:
+            return bundle, errors, ()
+        refusals = admit(self.opa_bin, bundle, self.policy_dir)
+        return bundle, [str(refusal) for refusal in refusals], refusal_codes(refusals)
 
 
 def compile_errors(opa_bin: str, bundle: PolicyBundle) -> list[str]:
@@ -161,21 +190,6 @@ def compile_errors(opa_bin: str, bundle: PolicyBundle) -> list[str]:
         )
 
 
-def check_errors(output: str, prefix: str, *, fallback: str) -> list[str]:
-    """`opa check --format json`'s errors as "path:row: code: message" (path without prefix),
-    each once, at most `MAX_ERRORS` and a count of the rest; [fallback] when unreadable."""
-    try:
-        errors = json.loads(output[output.find("{") :])["errors"]
-        found = [
-            f"{error['location']['file'].removeprefix(prefix)}:{error['location']['row']}: "
-            f"{error['code']}: {error['message']}"
-            if isinstance(error.get("location"), dict)
-            else f"{error['code']}: {error['message']}"
-            for error in errors
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        found = [fallback]
-    unique = list(dict.fromkeys(found))
-    if len(unique) > MAX_ERRORS:
-        unique = [*unique[:MAX_ERRORS], f"and {len(unique) - MAX_ERRORS} more"]
-    return unique
+def refusal_codes(refusals: Sequence[Refusal]) -> tuple[str, ...]:
+    """The reason codes of the admission checks' refusals, each once, sorted."""
+    return tuple(sorted({refusal.reason for refusal in refusals}))

@@ -50,8 +50,18 @@ class DecisionTrace(BaseModel):
 
     @property
     def engine_unavailable(self) -> bool:
-        """OPA made no decision: it did not answer, answered wrongly, or refused the service."""
-        return Reason.POLICY_ENGINE_UNAVAILABLE in self.reasons or self.engine_refused
+        """OPA made no decision: it did not answer, answered wrongly, refused the service, or
+        the policies in force gave none (`decision_undefined`)."""
+        return (
+            Reason.POLICY_ENGINE_UNAVAILABLE in self.reasons
+            or self.engine_refused
+            or self.decision_undefined
+        )
+
+    @property
+    def decision_undefined(self) -> bool:
+        """OPA answered, but without a decision of the decision schema: a fault of the policies."""
+        return Reason.POLICY_DECISION_UNDEFINED in self.reasons
 
     @property
     def engine_refused(self) -> bool:

@@ -161,6 +161,15 @@ class PolicyEngineRefused(PolicyEngineUnavailable):
     """
 
 
+class PolicyDecisionUndefined(PolicyEngineUnavailable):
+    """503 `policy_decision_undefined`: OPA answered, but the policies in force gave no
+    decision for the request; nothing was done.
+
+    A fault of the deployment's policies, not an outage that passes: its `Retry-After`
+    (60 s) is over the client's longest wait, so it is not retried.
+    """
+
+
 class DecisionLogUnavailable(SessionStateError):
     """503 `decision_log_unavailable`: the decision could not be logged; nothing was done."""
 
@@ -211,6 +220,7 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
 BY_503_REASON: dict[str, type[SessionStateError]] = {
     "policy_engine_unavailable": PolicyEngineUnavailable,
     "policy_engine_refused": PolicyEngineRefused,
+    "policy_decision_undefined": PolicyDecisionUndefined,
     "decision_log_unavailable": DecisionLogUnavailable,
     "decision_log_behind_signed_head": DecisionLogBehindSignedHead,
     "store_unavailable": StoreUnavailable,

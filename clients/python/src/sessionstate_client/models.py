@@ -471,7 +471,7 @@ class RevisionReport(_Response):
     )
     by_action: dict[str, int] = Field(description="decisions by action")
     failed: Annotated[int, Field(ge=0)] = Field(
-        description="decisions that failed while it was live: OPA gave no answer or refused the service (the entry names the revision `unknown`)"
+        description="decisions that failed while it was live: OPA gave no answer or refused the service (the entry names the revision `unknown`), or the policies gave no decision (policy_decision_undefined)"
     )
     live: list[LiveInterval] = Field(
         description="when it was live, on each instance of the deployment, oldest first"
@@ -550,11 +550,11 @@ class Readiness(_Response):
         description="tenants' decision logs found behind the head the service signed for them since it started (read when a decision first goes on one): their requests answer 503 decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
     )
     reasons: list[str] = Field(
-        description="why it is not ready: opa_unreachable, opa_refused_token, policy_not_loaded, store_closed, store_unreachable, store_unwritable; empty when ready"
+        description="why it is not ready: opa_unreachable, opa_refused_token, policy_decision_undefined (OPA answered the readiness probe without a decision), policy_not_loaded, store_closed, store_unreachable, store_unwritable; empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head)",
+        description="what is wrong without stopping it from serving: policy_source_invalid, policy_decision_undefined (with policy_source_invalid: the last reload was refused because a decision package is undefined or does not answer the decision schema), policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head)",
     )
 
 

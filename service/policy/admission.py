@@ -1,0 +1,36 @@
+"""Admission: what a policy set must pass before it is served or signed.
+
+Every policy set is admitted before it is served: at start, at a reload (`sessionstate
+policy reload`, SIGHUP, the watcher of `--watch-policies`), at a signed bundle's reload,
+for the shadow set and for an impact candidate (`service.policy.source`,
+`service.policy.signed_bundle`), and before `sessionstate policy build` signs one. A set
+that compiles but fails a check is refused as one that does not compile is: the last good
+set keeps deciding, and the refusal's reason codes go to the reload's outcome, `/readyz` and
+the log.
+
+A check is a function of the `Candidate` that returns its `Refusal`s (none: it passes). To
+add one, write it in a module of its own and append it to `CHECKS`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from service.policy.admission_check import AdmissionCheck, Candidate, Refusal
+from service.policy.bundle import PolicyBundle
+from service.policy.defined import decisions_defined
+
+CHECKS: list[AdmissionCheck] = [
+    decisions_defined,  # every decision package defined, of the decision schema
+]
+
+
+def admit(opa_bin: str, bundle: PolicyBundle, source_dir: Path | None = None) -> list[Refusal]:
+    """Every check's refusals of the bundle (read from `source_dir`, if from a directory)."""
+    with tempfile.TemporaryDirectory(prefix="sessionstate-policy-admission-") as tmp:
+        root = Path(tmp) / "bundle"
+        root.mkdir()
+        bundle.write_to(root)
+        candidate = Candidate(opa_bin, bundle, root, source_dir)
+        return [refusal for check in CHECKS for refusal in check(candidate)]

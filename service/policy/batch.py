@@ -1,0 +1,55 @@
+"""One query that decides a batch of policy inputs, each by the package of its action.
+
+Served beside a policy set, never part of it: by impact analysis (on the
+candidate's sidecar, `service.impact.candidate`) and by the admission checks
+(on a scratch `opa eval`, `service.policy.admission`). One HTTP round trip or
+one process per decision costs far more than OPA's evaluation does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.contract import DECISION_PACKAGES
+
+BATCH_PACKAGE = "impact_batch"  # data.sessionstate.impact_batch.decision, for impact analysis
+_MODULE = """# METADATA
+# title: Policy input batch
+# description: Decides every input of a batch, each by the package of its action.
+package sessionstate.{name}
+
+# METADATA
+# title: Batch decision
+# description: By batch index, the decision of each input; an undefined one is absent.
+# entrypoint: true
+decision := {{sprintf("%d", [i]): d |
+	some i, item in input.batch
+	d := _decide(item.package, item.input)
+}}
+"""
+_DECIDE = """
+_decide(name, document) := answer if {{
+	name == "{package}"
+	answer := data.sessionstate.{package}.decision with input as document
+}}
+"""
+
+
+def batch_module(name: str = BATCH_PACKAGE) -> str:
+    """The Rego module of the batch query (package `sessionstate.<name>`), for every package
+    the contract names."""
+    packages = sorted(set(DECISION_PACKAGES.values()))
+    return _MODULE.format(name=name) + "".join(
+        _DECIDE.format(package=package) for package in packages
+    )
+
+
+def batch_document(items: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The batch query's input: (package, policy input) pairs, in order."""
+    return {"batch": [{"package": package, "input": document} for package, document in items]}
+
+
+def batch_answers(result: Any, count: int) -> list[Any]:
+    """The batch query's result as one answer per input, in order (None: undefined)."""
+    decided = result if isinstance(result, dict) else {}
+    return [decided.get(str(index)) for index in range(count)]
