@@ -90,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(this reload only; logged as policy_tests_skipped with --operator); needs --operator",
     )
     reload.add_argument(
-        "--operator", type=_operator, help="who skips the tests: an id, as a token's tenant is"
+        "--operator",
+        type=_operator,
+        help="who skips the tests, logged: an id (letters, digits, '.', '_', '-')",
     )
     _add_policy_build(policy_commands)
     impact = policy_commands.add_parser(

@@ -13,6 +13,7 @@ prints for `make test-rego`: `file_coverage` and `shortfalls` are shared.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -58,30 +59,23 @@ class CoverageGate:
         "path: covered N%, below M%"); empty when its tests pass and cover it."""
         with tempfile.TemporaryDirectory(prefix="sessionstate-policy-test-") as tmp:
             root = Path(tmp)
-            bundle.write_to(root)
-            for path in sorted(policy_dir.rglob("*" + TEST_SUFFIX)):
-                if path.is_file():
-                    copy = root / path.relative_to(policy_dir)
-                    copy.parent.mkdir(parents=True, exist_ok=True)
-                    copy.write_bytes(path.read_bytes())
-            prefix = f"{root}/"
+            _write_tested(root, policy_dir, bundle)
             covered = self._opa_test(root, "--coverage")
             if covered is None:
                 return ["`opa test` could not run (SESSIONSTATE_OPA_BIN)"]
             if covered.returncode != 0:  # a test failed: named by a run without coverage
-                return _capped(self._failures(root, prefix))
+                return _capped(self._failures(root, f"{root}/"))
         try:
             coverage = file_coverage(json.loads(covered.stdout))
         except (ValueError, AttributeError, TypeError):
             return ["`opa test --coverage` answered no coverage report"]
         if not coverage and self.minimum > 0:
             return ["no policy file is covered by a test (no _test.rego file?)"]
-        below = shortfalls(coverage, self.minimum)
         return _capped(
             [
-                f"{name.removeprefix(prefix)}: covered {percent:.1f}%, below the "
+                f"{name.removeprefix(f'{root}/')}: covered {_floor(percent)}%, below the "
                 f"{self.minimum}% SESSIONSTATE_POLICY_COVERAGE_MIN requires"
-                for name, percent in below.items()
+                for name, percent in shortfalls(coverage, self.minimum).items()
             ]
         )
 
@@ -108,6 +102,16 @@ class CoverageGate:
             return None
 
 
+def _write_tested(root: Path, policy_dir: Path, bundle: PolicyBundle) -> None:
+    """Under root: the snapshot's files, and the directory's tests as they are now."""
+    bundle.write_to(root)
+    for path in sorted(policy_dir.rglob("*" + TEST_SUFFIX)):
+        if path.is_file():
+            copy = root / path.relative_to(policy_dir)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())
+
+
 def _failure(result: Mapping[str, Any], prefix: str) -> str | None:
     """One result of `opa test --format json` as a line, or None when it passed (or is a
     `todo_` test OPA skips)."""
@@ -121,6 +125,11 @@ def _failure(result: Mapping[str, Any], prefix: str) -> str | None:
         first = str(error.get("message", "")).replace(prefix, "").splitlines()[:1]
         return f"{where}: test failed: {name} ({error.get('code')}: {''.join(first)})"
     return f"{where}: test failed: {name}"
+
+
+def _floor(percent: float) -> str:
+    """To a tenth, rounded down: a file short of 100% never reads "100.0%"."""
+    return f"{math.floor(percent * 10) / 10:.1f}"
 
 
 def _capped(lines: list[str]) -> list[str]:

@@ -50,7 +50,9 @@ class PolicyStatus(BaseModel):
     outcome: Literal["started", "loaded", "unchanged", "invalid"]
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
-    source_valid: bool = Field(description="false when the directory did not compile")
+    source_valid: bool = Field(
+        description="false when the directory did not compile or did not pass its tests"
+    )
     errors: list[str] = Field(
         description="why the directory was refused (path:row: code: message), or what its "
         "tests found when an operator skipped them"
@@ -60,7 +62,8 @@ class PolicyStatus(BaseModel):
         description="why the new set was refused: policy_source_invalid (it does not "
         "compile, or its tenant settings break their schema), policy_tests_failed (a test "
         "fails, or a policy file is covered below SESSIONSTATE_POLICY_COVERAGE_MIN); null "
-        "when it was not",
+        "when it was not refused, and for a signed bundle OPA refused (OPA's reason is in "
+        "`errors`)",
     )
     tests_skipped_by: str | None = Field(
         default=None,
