@@ -2,7 +2,8 @@
 
 The wheel carries the default policy set as `service/default_policies`, mapped from
 the checkout's `policies/`: what the local OPA sidecar serves (every non-test `.rego`
-and the tenant settings `data.json`, `service.policy.bundle.policy_files`), the bundle
+and the tenant settings `data.json`, `service.policy.bundle.policy_files`), the tests
+that must pass before it is served (`service.policy.coverage_gate`), the bundle
 manifest and the input schemas. So `sessionstate serve` installed from a wheel finds
 its policies without a checkout (`service.settings.default_policy_dir`).
 """
@@ -29,5 +30,4 @@ setup(
         "service.templates": ["**/*"],
         POLICIES: [".manifest", "**/*.rego", "**/data.json", "schemas/**/*.json"],
     },
-    exclude_package_data={POLICIES: ["**/*_test.rego"]},
 )

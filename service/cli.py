@@ -28,11 +28,12 @@ from service.decisions.review import ReviewError
 from service.impact.candidate import CandidateUnavailable
 from service.impact.report import render
 from service.impact.run import analyse
+from service.policy.coverage_gate import CoverageGate
 from service.policy.engine_checks import local_opa_bin
 from service.policy.reload import LOCK_FILE, request_reload
 from service.policy.sidecar import SidecarError
 from service.policy.signed_bundle import SIGNING_ALGS, build_signed_bundle
-from service.policy.source import PolicyRefused
+from service.policy.source import PolicyRefused, PolicyTestsFailed
 from service.settings import Settings, setting_errors, unknown_variables
 from service.store_backend import StoreUpgradeRefused, open_lanes
 from service.store_backend import upgrade as upgrade_store
@@ -43,6 +44,7 @@ from store.canonical import canonical_json
 from store.evidence_chain import ChainCorrupt, chain_name, chain_names
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
+from store.scope import is_scope_id
 from store.signed_head import ChainUnverified
 
 ROLES = ("model-service", "operator", "auditor")
@@ -75,11 +77,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     reload = policy_commands.add_parser(
         "reload",
         help="make the running service of the data dir serve the policy directory as it is now, "
-        "if it compiles (as SIGHUP does); print the outcome as JSON; exit 1 unless OPA then "
-        "decides with it",
+        "if it compiles and passes its tests (as SIGHUP does); print the outcome as JSON; exit 1 "
+        "unless OPA then decides with it",
     )
     reload.add_argument(
         "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
+    )
+    reload.add_argument(
+        "--skip-tests",
+        action="store_true",
+        help="serve it even if its tests fail or cover it below SESSIONSTATE_POLICY_COVERAGE_MIN "
+        "(this reload only; logged as policy_tests_skipped with --operator); needs --operator",
+    )
+    reload.add_argument(
+        "--operator",
+        type=_operator,
+        help="who skips the tests, logged: an id (letters, digits, '.', '_', '-')",
     )
     _add_policy_build(policy_commands)
     impact = policy_commands.add_parser(
@@ -251,7 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "policy" and args.policy == "impact":
             return _impact(settings, args)
         if args.command == "policy":
-            status = request_reload(settings.data_dir, args.timeout)
+            if args.skip_tests != (args.operator is not None):
+                reload.error("--skip-tests and --operator go together")
+            status = request_reload(settings.data_dir, args.timeout, skip_tests_by=args.operator)
             print(status.model_dump_json())
             return 0 if status.source_valid and status.deciding else 1
         from service.serve import serve as run_service
@@ -332,17 +347,23 @@ def _add_policy_build(policy_commands: argparse._SubParsersAction[argparse.Argum
 
 
 def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
-    """Exit 1, signing nothing, when the admission checks refuse the policies."""
+    """`policy build`: exit 1, nothing signed, when the admission checks refuse the policies
+    or the directory's tests keep it from shipping."""
+    opa_bin = local_opa_bin(settings)
     try:
         built = build_signed_bundle(
-            local_opa_bin(settings),
+            opa_bin,
             settings.policy_dir,
             args.signing_key,
             args.signing_alg,
             args.out,
+            tests=CoverageGate(opa_bin, settings.policy_coverage_min),
         )
     except PolicyRefused as refused:
         print(f"sessionstate: {refused}", file=sys.stderr)
+        return 1
+    except PolicyTestsFailed as error:
+        print(f"sessionstate: not signed: {error}", file=sys.stderr)
         return 1
     print(
         json.dumps(
@@ -350,6 +371,12 @@ def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _operator(text: str) -> str:
+    if not is_scope_id(text):
+        raise argparse.ArgumentTypeError("must be an id: letters, digits, '.', '_', '-'")
+    return text
 
 
 def _positive(text: str) -> int:

@@ -127,9 +127,9 @@ class _PolicySourceHealth(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield GaugeMetricFamily(
             "sessionstate_policy_source_valid",
-            "1 while the policy directory compiled and passed the admission checks at the last "
-            "reload (or start); 0 after a "
-            "reload refused it, while the last good policies still decide.",
+            "1 while the policy directory compiled, passed the admission checks and its tests "
+            "at the last reload (or start); 0 after a reload refused it, while the last good "
+            "policies still decide.",
             value=1.0 if self._source.valid else 0.0,
         )
         reloads = CounterMetricFamily(

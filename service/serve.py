@@ -44,6 +44,7 @@ from service.http import tracing as request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
 from service.policy.client import PolicyClient
+from service.policy.coverage_gate import CoverageGate
 from service.policy.engine_checks import (
     external_opa_accepts_token,
     local_opa_bin,
@@ -104,6 +105,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 verification_key=None if signed is None else signed[1],
                 verification_alg=settings.policy_verification_alg,
                 tracing=opa_tracing,
+                tests=CoverageGate(opa_bin, settings.policy_coverage_min),
             )
             sidecar.start()
             opa_url, opa_token = sidecar.url, sidecar.token

@@ -19,6 +19,7 @@ from annotated_types import Ge, Le
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.policy.coverage_gate import DEFAULT_COVERAGE_MIN
 from store.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +100,9 @@ class Settings(BaseSettings):
     policy_dir: Path = default_policy_dir()
     # Local sidecar: serve every edit of policy_dir that compiles, without a reload.
     watch_policies: bool = False
+    # The coverage (%) each policy file's tests must reach before `policy build` signs the
+    # directory, or the local sidecar serves it (start, reload): service.policy.coverage_gate.
+    policy_coverage_min: int = Field(default=DEFAULT_COVERAGE_MIN, ge=0, le=100)
     # A shadow policy set decides beside the live one and decides nothing (service.policy.shadow):
     # a directory a second local sidecar serves, or an OPA of your own (the URL wins).
     shadow_policies: Path | None = None

@@ -188,8 +188,8 @@ class Readiness(_Envelope):
     policy_source_valid: bool | None = Field(
         default=None,
         description="false when the last policy reload found a policy directory that does not "
-        "compile, or a signed bundle OPA refused (the last good policies still decide); null "
-        "with an external OPA",
+        "compile or does not pass its tests, or a signed bundle OPA refused (the last good "
+        "policies still decide); null with an external OPA",
     )
     store_open: bool
     store_writable: bool = Field(
@@ -214,7 +214,10 @@ class Readiness(_Envelope):
         "policy_decision_undefined (with policy_source_invalid: the last reload was refused "
         "because a decision package is undefined or does not answer the decision schema), "
         "policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle "
-        "offered at the last reload), decision_scrub_failed (the last whole walk of a "
+        "offered at the last reload), policy_tests_failed (with policy_source_invalid: the "
+        "policy directory's tests failed, or covered it below SESSIONSTATE_POLICY_COVERAGE_MIN, "
+        "at the last reload), policy_tests_skipped (the served policies' tests do not pass: an "
+        "operator's `policy reload --skip-tests` served them), decision_scrub_failed (the last whole walk of a "
         "tenant's decision chain found a problem: the decision_scrub_failed log event names "
         "the chain, the problem and the seq), decision_log_behind_signed_head (see "
         "chains_behind_signed_head)",

@@ -34,7 +34,19 @@ from tests.policy_inputs import allowed_input
 from tests.served import ROOT, Served, start
 
 READ_RULE = 'reasons contains "action_not_supported" if input.action != "read"'
-FROZEN_RULE = READ_RULE + '\n\nreasons contains "reads_frozen_for_audit" if input.action == "read"'
+# Reads of workspace ws-1 (the tests' here, none of the Rego tests'), frozen, with a test:
+# an edit that passes the tests and covers its rule, as a reload requires.
+FROZEN_RULE = (
+    READ_RULE
+    + '\n\nreasons contains "reads_frozen_for_audit" if input.target.workspace_id == "ws-1"'
+)
+FROZEN_TEST = """
+test_reads_of_ws_1_frozen_for_audit if {
+	frozen := {"actor": {"workspace_id": "ws-1"}, "target": {"workspace_id": "ws-1"}}
+	decision := read.decision with input as object.union(valid_input, frozen)
+	decision == denied(["reads_frozen_for_audit"])
+}
+"""
 SESSION = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1"
 
 
@@ -53,6 +65,8 @@ def _edit(policies: Path, old: str, new: str) -> None:
 
 def _freeze_reads(policies: Path) -> None:
     _edit(policies, READ_RULE, FROZEN_RULE)
+    tests = policies / "sessionstate" / "read" / "read_test.rego"
+    tests.write_text(tests.read_text() + FROZEN_TEST)
 
 
 def _break(policies: Path) -> None:

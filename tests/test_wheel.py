@@ -115,7 +115,9 @@ def test_the_wheel_carries_every_module_the_templates_and_the_license(
     }
 
 
-def test_the_wheel_carries_the_served_policies_and_the_schemas(installed: Installed) -> None:
+def test_the_wheel_carries_the_served_policies_their_tests_and_the_schemas(
+    installed: Installed,
+) -> None:
     with zipfile.ZipFile(installed.wheel) as wheel:
         packaged = {
             name.removeprefix(PACKAGED): wheel.read(name)
@@ -128,8 +130,12 @@ def test_the_wheel_carries_the_served_policies_and_the_schemas(installed: Instal
         for path in (POLICIES / "schemas").rglob("*.json")
     }
     manifest = {"/.manifest": (POLICIES / ".manifest").read_bytes()}
-    assert packaged == served | schemas | manifest
-    assert not [name for name in packaged if name.endswith("_test.rego")]
+    # The tests too: the sidecar serves the policies only once they pass (coverage_gate).
+    tests = {
+        "/" + path.relative_to(POLICIES).as_posix(): path.read_bytes()
+        for path in POLICIES.rglob("*_test.rego")
+    }
+    assert tests and packaged == served | schemas | manifest | tests
 
 
 def installed_python(installed: Installed, code: str, env: dict[str, str], cwd: Path) -> str:

@@ -9,6 +9,7 @@ from flask import Blueprint, Response
 from service.http.common import context, json_response
 from service.openapi import openapi_document
 from service.policy.signed_bundle import SignedBundleSource
+from service.policy.source import PolicySource
 from service.wire import Health, Readiness, StoreReadiness
 
 bp = Blueprint("ops", __name__)
@@ -60,6 +61,8 @@ def readyz() -> Response:
     signed = ctx.policy_source if isinstance(ctx.policy_source, SignedBundleSource) else None
     if signed is not None and signed.rejection is not None:
         warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
+    if isinstance(ctx.policy_source, PolicySource):
+        warnings.extend(ctx.policy_source.test_warnings())
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
     behind = ctx.journal.chains_behind_signed_head()

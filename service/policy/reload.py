@@ -7,12 +7,19 @@ same thing. The service writes its pid into the data dir once it is up
 (`sessionstate.pid`, removed when it stops) and, after every reload, the
 outcome into `opa/policy-status.json`; the command signals, then waits for the
 next status and prints it.
+
+What a signal cannot carry, the command leaves beside the status before it signals:
+a reload request (`opa/reload-request.json`: an id, when it was asked, and an
+operator's `--skip-tests` override). The service takes it (renames it away) on the
+reload the signal asks for, and only if it is fresh; a bare SIGHUP, or the watcher,
+finds none, so only the command can skip the tests (`service.policy.coverage_gate`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -20,9 +27,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from store.scope import SCOPE_ID_PATTERN
+
 PID_FILE = "sessionstate.pid"
 STATUS_FILE = Path("opa") / "policy-status.json"
+REQUEST_FILE = Path("opa") / "reload-request.json"
 LOCK_FILE = "sessionstate.lock"
+REQUEST_SECONDS = 60.0  # an older request (a command killed before it signalled) is void
 
 
 class ReloadRefused(ValueError):
@@ -39,10 +50,13 @@ class PolicyStatus(BaseModel):
     outcome: Literal["started", "loaded", "unchanged", "invalid"]
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
-    source_valid: bool = Field(description="false when the directory did not compile")
+    source_valid: bool = Field(
+        description="false when the directory did not compile or did not pass its tests"
+    )
     errors: list[str] = Field(
-        description="why the policies were refused: path:row: code: message when they do not "
-        "compile; reason: what is wrong when an admission check refused them"
+        description="why the directory was refused (path:row: code: message when it does not "
+        "compile; reason: what is wrong when an admission check refused it), or what its "
+        "tests found when an operator skipped them"
     )
     reasons: list[str] = Field(
         default_factory=list,
@@ -50,6 +64,54 @@ class PolicyStatus(BaseModel):
         "(policy_decision_undefined: a decision package is undefined, or does not answer "
         "the decision schema); empty otherwise",
     )
+    reason: str | None = Field(
+        default=None,
+        description="why the new set was refused: policy_source_invalid (it does not "
+        "compile, its tenant settings break their schema, or an admission check refused it: "
+        "`reasons`), policy_tests_failed (a test "
+        "fails, or a policy file is covered below SESSIONSTATE_POLICY_COVERAGE_MIN); null "
+        "when it was not refused, and for a signed bundle OPA refused (OPA's reason is in "
+        "`errors`)",
+    )
+    tests_skipped_by: str | None = Field(
+        default=None,
+        description="the operator whose `policy reload --skip-tests` serves `revision` "
+        "although its tests do not pass; null when they pass",
+    )
+    request_id: str | None = Field(
+        default=None, description="the `policy reload` request this reload answered, if any"
+    )
+
+
+class ReloadRequest(BaseModel):
+    """What `sessionstate policy reload` asks of the reload its signal starts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{16,64}$")
+    asked_at: float
+    skip_tests_by: str | None = Field(
+        default=None,
+        pattern=SCOPE_ID_PATTERN,
+        description="serve the directory although its tests fail: the operator who says so",
+    )
+
+
+def take_request(path: Path, now: float) -> ReloadRequest | None:
+    """The request left for this reload, removed so that no later one finds it; None when
+    there is none, or it is unreadable, or older than REQUEST_SECONDS."""
+    claimed = path.with_name(path.name + ".taken")
+    try:
+        os.replace(path, claimed)
+    except FileNotFoundError:
+        return None
+    try:
+        request = ReloadRequest.model_validate_json(claimed.read_bytes())
+    except (OSError, ValidationError):
+        return None
+    finally:
+        claimed.unlink(missing_ok=True)
+    return request if 0 <= now - request.asked_at <= REQUEST_SECONDS else None
 
 
 def write_pid(data_dir: Path) -> None:
@@ -61,8 +123,9 @@ def forget_pid(data_dir: Path) -> None:
 
 
 def forget_status(data_dir: Path) -> None:
-    """At start: a status left by an earlier run would answer for this one."""
+    """At start: a status (or a request) left by an earlier run would answer for this one."""
     (data_dir / STATUS_FILE).unlink(missing_ok=True)
+    (data_dir / REQUEST_FILE).unlink(missing_ok=True)
 
 
 def write_status(path: Path, status: PolicyStatus) -> None:
@@ -76,7 +139,9 @@ def read_status(path: Path) -> PolicyStatus | None:
         return None
 
 
-def request_reload(data_dir: Path, timeout: float = 30.0) -> PolicyStatus:
+def request_reload(
+    data_dir: Path, timeout: float = 30.0, *, skip_tests_by: str | None = None
+) -> PolicyStatus:
     """Signal the service of data_dir to reload, and return the status it then writes."""
     if not _held(data_dir / LOCK_FILE):
         raise ReloadRefused(f"no sessionstate service is running on the data dir {data_dir}")
@@ -93,20 +158,37 @@ def request_reload(data_dir: Path, timeout: float = 30.0) -> PolicyStatus:
             "SESSIONSTATE_OPA_URL; reload the policies there"
         )
     asked_at = time.time()
-    os.kill(pid, signal.SIGHUP)
+    request = ReloadRequest(
+        request_id=secrets.token_urlsafe(16), asked_at=asked_at, skip_tests_by=skip_tests_by
+    )
+    try:
+        _write_atomically(data_dir / REQUEST_FILE, request.model_dump_json())
+        os.kill(pid, signal.SIGHUP)
+        return _answer(data_dir, request, timeout)
+    finally:
+        _withdraw(data_dir / REQUEST_FILE, request)
+
+
+def _answer(data_dir: Path, request: ReloadRequest, timeout: float) -> PolicyStatus:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         after = read_status(data_dir / STATUS_FILE)
-        # A newer status, and not of a reload already under way (a watcher's, say), which
-        # read the files before they were asked for.
-        if (
-            after is not None
-            and after.generation > before.generation
-            and after.checked_at >= asked_at
-        ):
+        # The reload that took the request: not one already under way (a watcher's, say),
+        # which read the files before they were asked for.
+        if after is not None and after.request_id == request.request_id:
             return after
         time.sleep(0.05)
     raise ReloadRefused(f"the service of {data_dir} did not report a reload within {timeout:.0f}s")
+
+
+def _withdraw(path: Path, request: ReloadRequest) -> None:
+    """A request the service did not take is void: no later SIGHUP may act on it."""
+    try:
+        left = ReloadRequest.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return
+    if left.request_id == request.request_id:
+        path.unlink(missing_ok=True)
 
 
 def _held(lock_file: Path) -> bool:

@@ -10,6 +10,9 @@
   (`service.policy.source`); each reload's outcome goes to
   `policy-status.json` in the work dir, and a revision OPA decides with
   after a reload to `on_live` (the live intervals, `service.decisions.live`).
+  With `tests` (a `CoverageGate`), a snapshot is served only once its tests
+  pass, unless the reload request of `sessionstate policy reload --skip-tests`
+  (`reload-request.json` in the work dir) says otherwise.
 - With a signed bundle file (`bundle_file` and `verification_key`), that file
   is what OPA gets, and OPA is configured to activate only a bundle whose
   signature verifies with the key (`service.policy.signed_bundle`); a bundle
@@ -44,7 +47,14 @@ import requests
 
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
-from service.policy.reload import PolicyStatus, write_status
+from service.policy.coverage_gate import CoverageGate
+from service.policy.reload import (
+    REQUEST_FILE,
+    PolicyStatus,
+    ReloadRequest,
+    take_request,
+    write_status,
+)
 from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 from service.tracing import OpaTracing
@@ -97,6 +107,7 @@ class OpaSidecar:
         verification_key: Path | None = None,
         verification_alg: SigningAlg = "RS256",
         tracing: OpaTracing | None = None,
+        tests: CoverageGate | None = None,
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
             raise ValueError("a signed bundle needs both the bundle file and the verification key")
@@ -127,7 +138,7 @@ class OpaSidecar:
                 lambda: self.policies.served, board=board, token=self._status_token
             )
         else:
-            self.policies = PolicySource(policy_dir, opa_bin)
+            self.policies = PolicySource(policy_dir, opa_bin, tests=tests)
             self._bundles = BundleServer(lambda: self.policies.served)
         self._probe = PolicyClient(self.url, self.token, timeout=1.0)
         self._reload_requested = threading.Event()
@@ -160,6 +171,10 @@ class OpaSidecar:
     @property
     def status_path(self) -> Path:
         return self.work_dir / "policy-status.json"
+
+    @property
+    def request_path(self) -> Path:
+        return self.work_dir / REQUEST_FILE.name
 
     def start(self, timeout: float = 30.0) -> None:
         """Start OPA and return once it is healthy with the policy bundle activated.
@@ -206,11 +221,12 @@ class OpaSidecar:
         """Ask for a reload, from a signal handler say; the reloader thread does it."""
         self._reload_requested.set()
 
-    def reload_policies(self) -> PolicyStatus:
-        """Take a new snapshot if the directory compiles; wait until OPA decides with it."""
+    def reload_policies(self, request: ReloadRequest | None = None) -> PolicyStatus:
+        """Take a new snapshot if the directory compiles (and passes its tests, unless the
+        request skips them); wait until OPA decides with it."""
         with self._reload_lock:
             checked_at = time.time()
-            result = self.policies.reload()
+            result = self.policies.reload(None if request is None else request.skip_tests_by)
             if result.outcome == "invalid":
                 log.error(
                     "policy_bundle_rejected"
@@ -218,11 +234,21 @@ class OpaSidecar:
                     else "policy_reload_rejected",
                     extra={
                         "policy_revision": result.revision,
+                        "reason": result.reason,
                         "errors": list(result.errors),
                         "reasons": list(result.reasons),
                     },
                 )
-            return self._report(result, checked_at)
+            elif result.outcome == "loaded" and result.tests_skipped_by is not None:
+                log.warning(  # the operator's id only: the override carries no free text
+                    "policy_tests_skipped",
+                    extra={
+                        "actor": result.tests_skipped_by,
+                        "policy_revision": result.revision,
+                        "errors": list(result.errors),
+                    },
+                )
+            return self._report(result, checked_at, request)
 
     def deciding_revision(self) -> str | None:
         """The policy revision OPA decides with now; None when it does not answer."""
@@ -230,7 +256,12 @@ class OpaSidecar:
         return None if trace.engine_unavailable else trace.policy_revision
 
     def _report(
-        self, result: ReloadResult, checked_at: float, *, started: bool = False
+        self,
+        result: ReloadResult,
+        checked_at: float,
+        request: ReloadRequest | None = None,
+        *,
+        started: bool = False,
     ) -> PolicyStatus:
         deciding = self._wait_deciding(result.revision)
         status = PolicyStatus(
@@ -242,6 +273,9 @@ class OpaSidecar:
             source_valid=self.policies.valid,
             errors=list(result.errors),
             reasons=list(result.reasons),
+            reason=result.reason,
+            tests_skipped_by=result.tests_skipped_by,
+            request_id=None if request is None else request.request_id,
         )
         self._generation += 1
         if deciding and result.outcome == "loaded" and self.on_live is not None:
@@ -274,12 +308,14 @@ class OpaSidecar:
             asked = self._reload_requested.wait(self.poll_seconds if self.watch_policies else None)
             if self._stopping.is_set():
                 return
+            request = None
             if asked:
                 self._reload_requested.clear()
+                request = take_request(self.request_path, time.time())  # only a signal's
             elif self.policies.source_revision() in (None, watched):
                 continue
             watched = self.policies.source_revision() or watched
-            self.reload_policies()
+            self.reload_policies(request)
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""

@@ -3,7 +3,8 @@
 Building: the files the sidecar would serve from the policy directory (its
 non-test `.rego` files and the tenant settings, `service.policy.bundle`), with
 the same content-hash revision, are signed by OPA's own `opa build
---signing-key`, which writes `.signatures.json` into the bundle.
+--signing-key`, which writes `.signatures.json` into the bundle; `policy build`
+first runs the directory's tests over them (`service.policy.coverage_gate`).
 
 Serving (`SESSIONSTATE_POLICY_BUNDLE` with `SESSIONSTATE_POLICY_VERIFICATION_KEY`):
 the bundle server offers the file's bytes as they are, and OPA, configured with
@@ -41,6 +42,7 @@ from typing import Literal
 
 from service.policy.admission import admit
 from service.policy.bundle import PolicyBundle
+from service.policy.coverage_gate import CoverageGate
 from service.policy.source import (
     PolicyRefused,
     PolicySource,
@@ -67,13 +69,21 @@ class BuiltBundle:
 
 
 def build_signed_bundle(
-    opa_bin: str, policy_dir: Path, signing_key: Path, signing_alg: SigningAlg, out: Path
+    opa_bin: str,
+    policy_dir: Path,
+    signing_key: Path,
+    signing_alg: SigningAlg,
+    out: Path,
+    *,
+    tests: CoverageGate | None = None,
 ) -> BuiltBundle:
-    """Check the policy directory as a reload would (its admission checks too: `PolicyRefused`),
-    then sign what the sidecar would serve."""
+    """Check the policy directory as a reload would (its admission checks too: `PolicyRefused`;
+    with `tests`, its tests must pass and cover it: `PolicyTestsFailed`), then sign what the
+    sidecar would serve; nothing is written when refused."""
     if not signing_key.is_file():
         raise BundleBuildError(f"--signing-key names no readable file: {signing_key}")
-    bundle = PolicySource(policy_dir, opa_bin).load()  # PolicySourceError when unfit
+    # PolicySourceError when unfit, PolicyTestsFailed when its tests keep it from shipping.
+    bundle = PolicySource(policy_dir, opa_bin, tests=tests).load()
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-build-") as tmp:
         stage = Path(tmp)
         bundle.write_to(stage)
@@ -299,8 +309,12 @@ class SignedBundleSource:
         except OSError:
             return None
 
-    def reload(self) -> ReloadResult:
-        """Offer the file as it is now; keep it if OPA activates it, else withdraw it."""
+    def reload(self, skip_tests_by: str | None = None) -> ReloadResult:
+        """Offer the file as it is now; keep it if OPA activates it, else withdraw it.
+
+        A bundle carries no tests (they ran when it was built): there are none to skip.
+        """
+        del skip_tests_by
         with self._lock:
             good = self._good if self._good is not None else self.served
             try:

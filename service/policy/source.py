@@ -6,7 +6,11 @@ policy reload`, or the watcher of `--watch-policies`), so an edit is not live
 before its checks have run. A reload whose files do not compile (`opa check
 --bundle` with the sidecar's own OPA) or that the admission checks refuse
 (`service.policy.admission`) is refused: the last good snapshot stays served,
-and `valid` says so until a reload of a good source.
+and `valid` says so until a reload of a good source. With a `CoverageGate`
+(the live sidecar's), a snapshot whose tests fail or do not cover it is refused the
+same way (`policy_tests_failed`), unless the reload carries an operator's override
+(`policy reload --skip-tests`), and a start with such a directory stops
+(`service.policy.coverage_gate`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from typing import Literal, Protocol
 from service.policy.admission import admit
 from service.policy.admission_check import Refusal
 from service.policy.bundle import PolicyBundle, ServedBundle, load_bundle
+from service.policy.coverage_gate import POLICY_TESTS_FAILED, POLICY_TESTS_SKIPPED, CoverageGate
 from service.policy.opa_errors import check_errors
 from service.policy.tenant_settings import TENANT_SETTINGS_PATH, document_errors
 
 ReloadOutcome = Literal["loaded", "unchanged", "invalid"]
 RELOAD_OUTCOMES: tuple[ReloadOutcome, ...] = ("loaded", "unchanged", "invalid")
+POLICY_SOURCE_INVALID = "policy_source_invalid"
 
 
 class PolicySourceError(ValueError):
@@ -42,6 +48,10 @@ class PolicyRefused(PolicySourceError):
         self.reasons = reasons
 
 
+class PolicyTestsFailed(PolicySourceError):
+    """The start snapshot's tests fail, or cover a policy file below the threshold."""
+
+
 @dataclass(frozen=True)
 class ReloadResult:
     """What one reload did; `revision` is the snapshot served after it."""
@@ -50,6 +60,9 @@ class ReloadResult:
     revision: str
     errors: tuple[str, ...] = field(default=())
     reasons: tuple[str, ...] = field(default=())  # the admission checks' codes, when refused
+    reason: str | None = None  # why it was refused: POLICY_SOURCE_INVALID, POLICY_TESTS_FAILED
+    # The operator whose override serves the snapshot although its tests do not pass.
+    tests_skipped_by: str | None = None
 
 
 class PolicySnapshots(Protocol):
@@ -69,7 +82,7 @@ class PolicySnapshots(Protocol):
 
     def load(self) -> ServedBundle: ...
 
-    def reload(self) -> ReloadResult: ...
+    def reload(self, skip_tests_by: str | None = None) -> ReloadResult: ...
 
     def source_revision(self) -> str | None: ...
 
@@ -77,12 +90,17 @@ class PolicySnapshots(Protocol):
 class PolicySource:
     """The served snapshot of one policy directory, and the reloads that replace it."""
 
-    def __init__(self, policy_dir: Path, opa_bin: str) -> None:
+    def __init__(
+        self, policy_dir: Path, opa_bin: str, *, tests: CoverageGate | None = None
+    ) -> None:
         self.policy_dir = policy_dir
         self.opa_bin = opa_bin
+        self.tests = tests
         self._served: PolicyBundle | None = None
         self._valid = True
         self._refusals: tuple[str, ...] = ()
+        self.refusal: str | None = None  # why the latest reload was refused, while it stands
+        self.tests_skipped_by: str | None = None  # the served snapshot's override, if any
         self._reloads: Counter[ReloadOutcome] = Counter()
         self._lock = threading.Lock()
 
@@ -113,12 +131,13 @@ class PolicySource:
                 f"SESSIONSTATE_POLICY_DIR is not a directory: {self.policy_dir}"
             )
         bundle, errors, reasons = self._read()
+        where = f"the policies in {self.policy_dir} (SESSIONSTATE_POLICY_DIR)"
         if errors:
-            message = (
-                f"the policies in {self.policy_dir} (SESSIONSTATE_POLICY_DIR) cannot be served: "
-                + "; ".join(errors)
-            )
+            message = f"{where} cannot be served: " + "; ".join(errors)
             raise PolicyRefused(message, reasons) if reasons else PolicySourceError(message)
+        untested = self._untested(bundle)
+        if untested:
+            raise PolicyTestsFailed(f"{where} do not pass their tests: " + "; ".join(untested))
         self._served = bundle
         return bundle
 
@@ -129,22 +148,59 @@ class PolicySource:
         except OSError:
             return None
 
-    def reload(self) -> ReloadResult:
-        """Serve the directory as it is now if it compiles; else keep the last good snapshot."""
+    def reload(self, skip_tests_by: str | None = None) -> ReloadResult:
+        """Serve the directory as it is now if it compiles and passes its tests (or an
+        operator skips them: `skip_tests_by`); else keep the last good snapshot."""
         with self._lock:
             served = self.served
             bundle, errors, reasons = self._read()
+            same = bundle.revision == served.revision
+            # A snapshot served without its tests passing is tested again: fixed, it is clean.
+            gated = not errors and (not same or self.tests_skipped_by is not None)
+            untested = self._untested(bundle) if gated else []
             if errors:
-                result = ReloadResult("invalid", served.revision, tuple(errors), reasons)
-            elif bundle.revision == served.revision:
-                result = ReloadResult("unchanged", served.revision)
+                result = ReloadResult(
+                    "invalid",
+                    served.revision,
+                    tuple(errors),
+                    reasons=reasons,
+                    reason=POLICY_SOURCE_INVALID,
+                )
+            elif untested and not same and skip_tests_by is None:
+                result = ReloadResult(
+                    "invalid", served.revision, tuple(untested), reason=POLICY_TESTS_FAILED
+                )
             else:
+                if not (same and untested):  # an unchanged snapshot keeps its override
+                    self.tests_skipped_by = skip_tests_by if untested else None
                 self._served = bundle
-                result = ReloadResult("loaded", bundle.revision)
+                result = ReloadResult(
+                    "unchanged" if same else "loaded",
+                    bundle.revision,
+                    tuple(untested),
+                    tests_skipped_by=self.tests_skipped_by,
+                )
             self._valid = result.outcome != "invalid"
             self._refusals = result.reasons
+            self.refusal = result.reason
             self._reloads[result.outcome] += 1
             return result
+
+    def test_warnings(self) -> list[str]:
+        """For /readyz: the latest reload was refused for its tests; the served snapshot's
+        were skipped by an operator."""
+        return [
+            warning
+            for warning, holds in (
+                (POLICY_TESTS_FAILED, self.refusal == POLICY_TESTS_FAILED),
+                (POLICY_TESTS_SKIPPED, self.tests_skipped_by is not None),
+            )
+            if holds
+        ]
+
+    def _untested(self, bundle: PolicyBundle) -> list[str]:
+        """Why the snapshot's tests keep it from being served; empty without a gate."""
+        return [] if self.tests is None else self.tests.findings(self.policy_dir, bundle)
 
     def _read(self) -> tuple[PolicyBundle, list[str], tuple[str, ...]]:
         """The directory as a bundle, why it cannot be served (empty when it can), and the
