@@ -37,6 +37,8 @@ FIELDS = (
     "errors",
     "chain",
     "problem",
+    "serial",
+    "highest_serial",
 )
 
 

@@ -52,8 +52,9 @@ def readyz() -> Response:
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
     warnings = ["policy_source_invalid"] if source_valid is False else []
-    if source_valid is False and isinstance(ctx.policy_source, SignedBundleSource):
-        warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
+    signed = ctx.policy_source if isinstance(ctx.policy_source, SignedBundleSource) else None
+    if source_valid is False and signed is not None and signed.refused_as is not None:
+        warnings.append(signed.refused_as)  # OPA refused the bundle offered last, or a rollback
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
     behind = ctx.journal.chains_behind_signed_head()

@@ -41,6 +41,11 @@ class PolicyStatus(BaseModel):
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
     source_valid: bool = Field(description="false when the directory did not compile")
     errors: list[str] = Field(description="why the directory was refused: path:row: code: message")
+    reason: str | None = Field(
+        default=None,
+        description="with a signed bundle refused: policy_bundle_rejected (OPA refused it) or "
+        "policy_bundle_rollback (older than the highest serial activated, never offered to OPA)",
+    )
 
 
 def write_pid(data_dir: Path) -> None:

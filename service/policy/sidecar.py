@@ -13,7 +13,9 @@
 - With a signed bundle file (`bundle_file` and `verification_key`), that file
   is what OPA gets, and OPA is configured to activate only a bundle whose
   signature verifies with the key (`service.policy.signed_bundle`); a bundle
-  OPA refuses at start stops the start, one refused at a reload is withdrawn.
+  OPA refuses at start stops the start, one refused at a reload is withdrawn;
+  one older than the highest serial activated on the deployment is never
+  offered (`service.policy.rollback`), unless `bundle_pin` names it.
 - Decision logging is on (console, into `opa.log` in the work dir), so every
   decision carries OPA's `decision_id`.
 - With OpenTelemetry export configured (`tracing`, from `service.tracing`),
@@ -45,6 +47,7 @@ import requests
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.reload import PolicyStatus, write_status
+from service.policy.rollback import RollbackGuard
 from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 from service.tracing import OpaTracing
@@ -96,6 +99,7 @@ class OpaSidecar:
         bundle_file: Path | None = None,
         verification_key: Path | None = None,
         verification_alg: SigningAlg = "RS256",
+        bundle_pin: str | None = None,
         tracing: OpaTracing | None = None,
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
@@ -119,7 +123,12 @@ class OpaSidecar:
         self.policies: PolicySnapshots
         if bundle_file is not None:
             board = OpaStatusBoard(BUNDLE_NAME)
-            self.signed = SignedBundleSource(bundle_file, board, verdict_timeout=activation_timeout)
+            self.signed = SignedBundleSource(
+                bundle_file,
+                board,
+                verdict_timeout=activation_timeout,
+                guard=RollbackGuard(bundle_pin),
+            )
             self.policies = self.signed
             self._bundles = BundleServer(
                 lambda: self.policies.served, board=board, token=self._status_token
@@ -211,9 +220,7 @@ class OpaSidecar:
             result = self.policies.reload()
             if result.outcome == "invalid":
                 log.error(
-                    "policy_bundle_rejected"
-                    if self.signed is not None
-                    else "policy_reload_rejected",
+                    result.reason or "policy_reload_rejected",
                     extra={"policy_revision": result.revision, "errors": list(result.errors)},
                 )
             return self._report(result, checked_at)
@@ -235,6 +242,7 @@ class OpaSidecar:
             deciding=deciding,
             source_valid=self.policies.valid,
             errors=list(result.errors),
+            reason=result.reason,
         )
         self._generation += 1
         if deciding and result.outcome == "loaded" and self.on_live is not None:

@@ -38,6 +38,7 @@ class ReloadResult:
     outcome: ReloadOutcome
     revision: str
     errors: tuple[str, ...] = field(default=())
+    reason: str | None = None  # a refused signed bundle's code: policy_bundle_rejected, ...
 
 
 class PolicySnapshots(Protocol):
