@@ -554,7 +554,7 @@ class Readiness(_Response):
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head)",
+        description="what is wrong without stopping it from serving: policy_source_invalid, policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), policy_bundle_rollback (with policy_source_invalid: the signed bundle of the last reload is older than the highest serial activated on the deployment, or has none, and was not offered to OPA), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head)",
     )
 
 
