@@ -45,6 +45,7 @@ from tests.test_signed_bundles import (
     cli,
     policies_copy,
     read_decision,
+    repack,
     serve,
     serve_env,
 )
@@ -190,6 +191,28 @@ def test_a_pinned_older_bundle_is_served_and_the_pin_is_logged(
         refused = sidecar.reload_policies()
         assert (refused.outcome, refused.reason) == ("invalid", ROLLBACK)
         assert "below 2" in refused.errors[0]
+    finally:
+        sidecar.stop()
+
+
+def test_a_serial_raised_after_signing_is_refused_by_opa_and_never_recorded(
+    opa_bin: str, signing: tuple[Path, Path], bundles: Bundles, tmp_path: Path
+) -> None:
+    sidecar = started(opa_bin, bundles, signing[1], tmp_path, pin=None)
+    try:
+        forged = repack(
+            bundles.old,
+            tmp_path / "live.tar.gz",
+            edit=(".manifest", lambda text: text.replace('"serial":1', '"serial":9')),
+        )
+        assert read_bundle_file(forged).serial == 9
+        status = sidecar.reload_policies()
+        assert (status.outcome, status.reason) == ("invalid", "policy_bundle_rejected")
+        assert "digest mismatch" in status.errors[0], "the signature covers .manifest"
+        assert read_decision(sidecar) == (False, bundles.new_revision)
+        assert sidecar.signed is not None
+        refused = sidecar.signed.guard.check(3, "sha256:three")
+        assert refused is None, "9 was never recorded: 3 is above the highest, 2"
     finally:
         sidecar.stop()
 
