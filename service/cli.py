@@ -328,8 +328,16 @@ def _add_policy_build(policy_commands: argparse._SubParsersAction[argparse.Argum
     build = policy_commands.add_parser(
         "build",
         help="check the policy directory (SESSIONSTATE_POLICY_DIR) as a reload would, then build "
-        "a bundle of what the sidecar would serve, signed by OPA (`opa build --signing-key`); "
-        "print its revision as JSON",
+        "a bundle of what the sidecar would serve, numbered --serial and signed by OPA (`opa "
+        "build --signing-key`); print its revision and serial as JSON",
+    )
+    build.add_argument(
+        "--serial",
+        type=_positive,
+        required=True,
+        help="the bundle's number, signed with it: the service refuses a bundle whose serial is "
+        "below the highest it activated (a rollback), or equal to it with other content; give "
+        "each new bundle a higher one (a CI build number, say)",
     )
     build.add_argument(
         "--signing-key",
@@ -357,6 +365,7 @@ def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
             args.signing_key,
             args.signing_alg,
             args.out,
+            serial=args.serial,
             tests=CoverageGate(opa_bin, settings.policy_coverage_min),
         )
     except PolicyRefused as refused:
@@ -367,7 +376,12 @@ def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     print(
         json.dumps(
-            {"out": str(built.out), "revision": built.revision, "signing_alg": built.signing_alg}
+            {
+                "out": str(built.out),
+                "revision": built.revision,
+                "serial": built.serial,
+                "signing_alg": built.signing_alg,
+            }
         )
     )
     return 0

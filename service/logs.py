@@ -38,6 +38,8 @@ FIELDS = (
     "reasons",
     "chain",
     "problem",
+    "serial",
+    "highest_serial",
 )
 
 

@@ -147,3 +147,9 @@ class _PolicySourceHealth(Collector):
                 "Signed policy bundles OPA refused (at start or at a reload).",
                 value=self._source.rejections,
             )
+            yield CounterMetricFamily(
+                "sessionstate_policy_bundle_rollback",
+                "Signed policy bundles refused at a reload as older than the highest serial "
+                "activated on the deployment (or without one); never offered to OPA.",
+                value=self._source.rollbacks,
+            )

@@ -104,10 +104,11 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 bundle_file=None if signed is None else signed[0],
                 verification_key=None if signed is None else signed[1],
                 verification_alg=settings.policy_verification_alg,
+                bundle_pin=settings.policy_bundle_pin,
                 tracing=opa_tracing,
                 tests=CoverageGate(opa_bin, settings.policy_coverage_min),
             )
-            sidecar.start()
+            _start_sidecar(settings, sidecar)
             opa_url, opa_token = sidecar.url, sidecar.token
             log.info(
                 "opa_sidecar_ready", extra={"policy_revision": sidecar.policies.served.revision}
@@ -146,6 +147,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         )
         if sidecar is not None:
             sidecar.on_live = context.live.activate
+            _keep_serials_in(sidecar, context.lanes)
         raise_open_file_limit()
         asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
     finally:
@@ -220,6 +222,7 @@ def _live_revisions(
         if sidecar is not None:
             live.started(sidecar.policies.served.revision)
             sidecar.on_live = live.activate
+            _keep_serials_in(sidecar, lanes)
         else:
             client = PolicyClient(opa_url, opa_token)
             try:
@@ -230,8 +233,30 @@ def _live_revisions(
     finally:
         if sidecar is not None:
             sidecar.on_live = None
+            _keep_serials_in(sidecar, None)
         live.stopped()
         lanes.close()
+
+
+def _start_sidecar(settings: Settings, sidecar: OpaSidecar) -> None:
+    """Start it; a signed bundle's serial is checked against the highest the store keeps,
+    and recorded there once OPA activated it (`service.policy.rollback`)."""
+    if sidecar.signed is None:
+        sidecar.start()
+        return
+    lanes = open_lanes(configured_store(settings))  # the service's own opens after the start
+    try:
+        _keep_serials_in(sidecar, lanes)
+        sidecar.start()
+    finally:
+        _keep_serials_in(sidecar, None)
+        lanes.close()
+
+
+def _keep_serials_in(sidecar: OpaSidecar, lanes: Lanes | None) -> None:
+    """Where a signed bundle's highest serial is read and recorded from now on."""
+    if sidecar.signed is not None:
+        sidecar.signed.guard.attach(lanes)
 
 
 def _reloader(sidecar: OpaSidecar | None) -> Callable[[], None]:

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     policy_bundle: Path | None = None
     policy_verification_key: Path | None = None
     policy_verification_alg: Literal["RS256", "ES256", "HS256"] = "RS256"
+    # The revision of a signed bundle to serve although it is older than the highest serial
+    # activated on the deployment (or has none): a rollback on purpose (service.policy.rollback).
+    policy_bundle_pin: str | None = None
     # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)

@@ -211,6 +211,8 @@ def test_policy_build_signs_nothing(opa_bin: str, tmp_path: Path) -> None:
             "build",
             "--signing-key",
             str(key),
+            "--serial",
+            "1",
             "--out",
             str(out),
         ],
@@ -229,13 +231,13 @@ def test_policy_build_signs_nothing(opa_bin: str, tmp_path: Path) -> None:
     assert built.stdout == "" and not out.exists()
 
 
-def _signed(opa_bin: str, policies: Path, key: Path, out: Path, tmp: Path) -> Path:
+def _signed(opa_bin: str, policies: Path, key: Path, out: Path, tmp: Path, serial: int) -> Path:
     """The directory signed by `opa build` itself, with no admission: as a bundle could be made
     without `sessionstate policy build`."""
     stage = tmp / "stage"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
-    load_bundle(policies).write_to(stage)
+    load_bundle(policies).write_to(stage, serial=serial)
     subprocess.run(
         [
             opa_bin,
@@ -259,9 +261,9 @@ def _signed(opa_bin: str, policies: Path, key: Path, out: Path, tmp: Path) -> Pa
 def test_a_signed_bundle_is_refused_at_start_and_at_a_reload(opa_bin: str, tmp_path: Path) -> None:
     private, public = Keys(tmp_path / "keys").pair("team")
     policies = _copy(tmp_path)
-    live = _signed(opa_bin, policies, private, tmp_path / "live.tar.gz", tmp_path)
+    live = _signed(opa_bin, policies, private, tmp_path / "live.tar.gz", tmp_path, serial=1)
     _typo(policies)
-    typo = _signed(opa_bin, policies, private, tmp_path / "typo.tar.gz", tmp_path)
+    typo = _signed(opa_bin, policies, private, tmp_path / "typo.tar.gz", tmp_path, serial=2)
 
     def sidecar_for(bundle: Path, work: str) -> OpaSidecar:
         return OpaSidecar(

@@ -150,6 +150,8 @@ def build(
         str(key),
         "--signing-alg",
         "HS256",
+        "--serial",
+        "1",
         "--out",
         str(out),
         env={"SESSIONSTATE_OPA_BIN": opa_bin, "SESSIONSTATE_POLICY_DIR": str(policies), **env},

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from service.policy.client import PolicyClient
 from service.policy.sidecar import OpaSidecar, SidecarError
-from service.policy.signed_bundle import SigningAlg, build_signed_bundle
+from service.policy.signed_bundle import SigningAlg, build_signed_bundle, read_bundle_file
 from tests.conftest import POLICY_DIR
 from tests.live import JWT_SECRET
 from tests.policy_inputs import allowed_input
@@ -87,14 +87,22 @@ def policies_copy(tmp: Path, *, frozen: bool = False) -> Path:
     return policies
 
 
-def build(opa_bin: str, policies: Path, key: Path, out: Path, alg: SigningAlg = "RS256") -> Path:
-    build_signed_bundle(opa_bin, policies, key, alg, out)
+def build(
+    opa_bin: str,
+    policies: Path,
+    key: Path,
+    out: Path,
+    alg: SigningAlg = "RS256",
+    *,
+    serial: int = 1,
+) -> Path:
+    build_signed_bundle(opa_bin, policies, key, alg, out, serial=serial)
     return out
 
 
-def unsigned(opa_bin: str, policies: Path, out: Path, tmp: Path) -> Path:
+def unsigned(opa_bin: str, policies: Path, out: Path, tmp: Path, *, serial: int = 1) -> Path:
     """The same files, built without a signature."""
-    signed = build(opa_bin, policies, _throwaway_key(tmp), tmp / "throwaway.tar.gz")
+    signed = build(opa_bin, policies, _throwaway_key(tmp), tmp / "throwaway.tar.gz", serial=serial)
     return repack(signed, out, drop=".signatures.json")
 
 
@@ -245,12 +253,12 @@ def test_a_bad_bundle_at_a_reload_keeps_the_last_good_one(
     sidecar, bundle = running
     good_revision = read_decision(sidecar)[1]
     frozen = policies_copy(tmp_path / "edit", frozen=True)
-    signed_frozen = build(opa_bin, frozen, signing[0], tmp_path / "frozen.tar.gz")
+    signed_frozen = build(opa_bin, frozen, signing[0], tmp_path / "frozen.tar.gz", serial=2)
     bad = {
-        "unsigned": lambda: unsigned(opa_bin, frozen, tmp_path / "bad.tar.gz", tmp_path),
+        "unsigned": lambda: unsigned(opa_bin, frozen, tmp_path / "bad.tar.gz", tmp_path, serial=2),
         "tampered": lambda: tampered(bundle, tmp_path / "bad.tar.gz"),
         "wrongly signed": lambda: build(
-            opa_bin, frozen, keys.pair("intruder")[0], tmp_path / "bad.tar.gz"
+            opa_bin, frozen, keys.pair("intruder")[0], tmp_path / "bad.tar.gz", serial=2
         ),
     }[kind]()
     shutil.copyfile(bad, bundle)
@@ -262,8 +270,10 @@ def test_a_bad_bundle_at_a_reload_keeps_the_last_good_one(
     )
     assert status.deciding
     assert status.errors and status.errors[0]
+    assert status.reason == "policy_bundle_rejected"
     assert read_decision(sidecar) == (True, good_revision), "the last good bundle decides"
     assert sidecar.signed is not None and sidecar.signed.rejections == 1
+    assert sidecar.signed.rollbacks == 0
     # The rightly signed edit then loads, and the refusal is over.
     shutil.copyfile(signed_frozen, bundle)
     loaded = sidecar.reload_policies()
@@ -298,13 +308,24 @@ def test_policy_build_prints_what_it_built(
 ) -> None:
     out = tmp_path / "bundle.tar.gz"
     env = {"SESSIONSTATE_OPA_BIN": opa_bin, "SESSIONSTATE_POLICY_DIR": str(POLICY_DIR)}
-    done = cli("policy", "build", "--signing-key", str(signing[0]), "--out", str(out), env=env)
+    done = cli(
+        "policy",
+        "build",
+        "--signing-key",
+        str(signing[0]),
+        "--serial",
+        "7",
+        "--out",
+        str(out),
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     from service.policy.bundle import load_bundle
 
     assert json.loads(done.stdout) == {
         "out": str(out),
         "revision": load_bundle(POLICY_DIR).revision,
+        "serial": 7,
         "signing_alg": "RS256",
     }
     with tarfile.open(out, "r:gz") as archive:
@@ -313,6 +334,10 @@ def test_policy_build_prints_what_it_built(
         assert data is not None
         # `opa build` merges the data documents (the tenant settings) into one, at the root.
         assert json.load(data) == {"sessionstate": {"tenants": {"settings": []}}}
+        manifest = archive.extractfile("/.manifest")
+        assert manifest is not None
+        assert json.load(manifest)["metadata"] == {"sessionstate": {"serial": 7}}
+    assert read_bundle_file(out).serial == 7
     assert ".signatures.json" in names
     assert not any(name.endswith("_test.rego") for name in names)
 
@@ -323,13 +348,19 @@ def test_policy_build_prints_what_it_built(
         (("--signing-key", "/nonexistent/key.pem"), "--signing-key names no readable file"),
         (("--signing-key", "KEY", "--signing-alg", "ES256"), "refused to sign with that key"),
         (("--signing-key", "KEY", "--signing-alg", "none"), "invalid choice"),
-        ((), "--signing-key"),
+        (("--serial", "1"), "--signing-key"),
+        (("--signing-key", "KEY", "--serial", "0"), "must be 1 or more"),
+        (("--signing-key", "KEY", "--no-serial"), "--serial"),
     ],
 )
 def test_policy_build_refuses_bad_usage_with_exit_2(
     opa_bin: str, signing: tuple[Path, Path], tmp_path: Path, args: tuple[str, ...], says: str
 ) -> None:
     args = tuple(str(signing[0]) if arg == "KEY" else arg for arg in args)
+    if "--no-serial" in args:
+        args = tuple(arg for arg in args if arg != "--no-serial")
+    elif "--serial" not in args:
+        args = (*args, "--serial", "1")
     env = {"SESSIONSTATE_OPA_BIN": opa_bin}
     done = cli("policy", "build", *args, "--out", str(tmp_path / "b.tar.gz"), env=env)
     assert done.returncode == 2
@@ -345,8 +376,17 @@ def test_policy_build_refuses_policies_that_do_not_compile(
     path = policies / "sessionstate" / "read" / "read.rego"
     path.write_text(path.read_text().replace("decision :=", "decision :=:= {"))
     env = {"SESSIONSTATE_OPA_BIN": opa_bin, "SESSIONSTATE_POLICY_DIR": str(policies)}
+    key = str(signing[0])
     done = cli(
-        "policy", "build", "--signing-key", str(signing[0]), "--out", str(tmp_path / "b"), env=env
+        "policy",
+        "build",
+        "--signing-key",
+        key,
+        "--serial",
+        "1",
+        "--out",
+        str(tmp_path / "b"),
+        env=env,
     )
     assert done.returncode == 2
     assert "read.rego" in done.stderr
@@ -432,13 +472,14 @@ def test_served_bad_bundle_at_reload_keeps_deciding_and_readyz_and_metrics_say_s
         assert ready["warnings"] == [] and ready["policy_source_valid"] is True
         # An intruder's bundle of frozen reads replaces the file, and a reload is asked for.
         frozen = policies_copy(tmp_path / "edit", frozen=True)
-        build(opa_bin, frozen, keys.pair("intruder")[0], live)
+        build(opa_bin, frozen, keys.pair("intruder")[0], live, serial=2)
         env = {"SESSIONSTATE_DATA_DIR": str(served.data_dir)}
         done = cli("policy", "reload", env=env)
         assert done.returncode == 1, done.stderr
         outcome = json.loads(done.stdout)
         assert (outcome["outcome"], outcome["revision"]) == ("invalid", good)
         assert "verification error" in outcome["errors"][0]
+        assert outcome["reason"] == "policy_bundle_rejected"
         # Reads are still decided by the last good bundle.
         from service.auth import mint_token
 

@@ -59,8 +59,8 @@ def readyz() -> Response:
     if ctx.policy_source is not None:  # the admission checks' codes: policy_decision_undefined
         warnings += ctx.policy_source.refusals
     signed = ctx.policy_source if isinstance(ctx.policy_source, SignedBundleSource) else None
-    if signed is not None and signed.rejection is not None:
-        warnings.append("policy_bundle_rejected")  # OPA refused the bundle offered last
+    if source_valid is False and signed is not None and signed.refused_as is not None:
+        warnings.append(signed.refused_as)  # OPA refused the bundle offered last, or a rollback
     if isinstance(ctx.policy_source, PolicySource):
         warnings.extend(ctx.policy_source.test_warnings())
     if ctx.scrub is not None and ctx.scrub.failing:

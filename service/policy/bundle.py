@@ -18,6 +18,7 @@ from typing import Protocol
 from store.canonical import canonical_digest
 
 BUNDLE_ROOTS = ("sessionstate", "system")
+METADATA_KEY = "sessionstate"  # the manifest's `metadata` member that is ours: {"serial": N}
 
 
 class ServedBundle(Protocol):
@@ -43,14 +44,18 @@ class PolicyBundle:
     def etag(self) -> str:
         return self.revision
 
-    def manifest(self) -> bytes:
-        """The bundle's `.manifest`: its revision and roots."""
-        return json.dumps({"revision": self.revision, "roots": list(BUNDLE_ROOTS)}).encode()
+    def manifest(self, serial: int | None = None) -> bytes:
+        """The bundle's `.manifest`: its revision and roots, and a signed bundle's serial
+        (`service.policy.rollback`)."""
+        manifest: dict[str, object] = {"revision": self.revision, "roots": list(BUNDLE_ROOTS)}
+        if serial is not None:
+            manifest["metadata"] = {METADATA_KEY: {"serial": serial}}
+        return json.dumps(manifest).encode()
 
-    def write_to(self, root: Path) -> None:
+    def write_to(self, root: Path, *, serial: int | None = None) -> None:
         """The bundle as a directory under root: `.manifest` and its files (for `opa check`
         and `opa build`)."""
-        (root / ".manifest").write_bytes(self.manifest())
+        (root / ".manifest").write_bytes(self.manifest(serial))
         for name, content in self.files:
             path = root / name.lstrip("/")
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,12 +8,15 @@ start-up timeout or answering every request with a 503.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
 from service.context import ConfigurationError
 from service.policy.client import PolicyClient
 from service.settings import Settings
+
+REVISION = re.compile(r"sha256:[0-9a-f]{64}")  # a policy revision (service.policy.bundle)
 
 
 def local_opa_bin(settings: Settings) -> str:
@@ -86,6 +89,13 @@ def external_opa_accepts_token(settings: Settings) -> None:
 def local_signed_bundle(settings: Settings) -> tuple[Path, Path] | None:
     """The signed bundle and its verification key, both readable files; None when unset."""
     bundle, key = settings.policy_bundle, settings.policy_verification_key
+    pin = settings.policy_bundle_pin
+    if pin is not None and (bundle is None or not REVISION.fullmatch(pin)):
+        raise ConfigurationError(
+            "SESSIONSTATE_POLICY_BUNDLE_PIN names the revision of a signed bundle "
+            "(SESSIONSTATE_POLICY_BUNDLE) to serve although it is older: `sha256:` and 64 hex "
+            "digits, as `sessionstate policy build` prints it"
+        )
     if bundle is None and key is None:
         return None
     if settings.opa_url is not None:

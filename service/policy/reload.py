@@ -70,8 +70,9 @@ class PolicyStatus(BaseModel):
         "compile, its tenant settings break their schema, or an admission check refused it: "
         "`reasons`), policy_tests_failed (a test "
         "fails, or a policy file is covered below SESSIONSTATE_POLICY_COVERAGE_MIN); null "
-        "when it was not refused, and for a signed bundle OPA refused (OPA's reason is in "
-        "`errors`)",
+        "when it was not refused; with a signed bundle refused: policy_bundle_rejected (OPA "
+        "refused it: OPA's reason is in `errors`) or policy_bundle_rollback (older than the "
+        "highest serial activated, never offered to OPA)",
     )
     tests_skipped_by: str | None = Field(
         default=None,

@@ -16,7 +16,9 @@
 - With a signed bundle file (`bundle_file` and `verification_key`), that file
   is what OPA gets, and OPA is configured to activate only a bundle whose
   signature verifies with the key (`service.policy.signed_bundle`); a bundle
-  OPA refuses at start stops the start, one refused at a reload is withdrawn.
+  OPA refuses at start stops the start, one refused at a reload is withdrawn;
+  one older than the highest serial activated on the deployment is never
+  offered (`service.policy.rollback`), unless `bundle_pin` names it.
 - Decision logging is on (console, into `opa.log` in the work dir), so every
   decision carries OPA's `decision_id`.
 - With OpenTelemetry export configured (`tracing`, from `service.tracing`),
@@ -55,6 +57,7 @@ from service.policy.reload import (
     take_request,
     write_status,
 )
+from service.policy.rollback import RollbackGuard
 from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 from service.tracing import OpaTracing
@@ -106,6 +109,7 @@ class OpaSidecar:
         bundle_file: Path | None = None,
         verification_key: Path | None = None,
         verification_alg: SigningAlg = "RS256",
+        bundle_pin: str | None = None,
         tracing: OpaTracing | None = None,
         tests: CoverageGate | None = None,
     ) -> None:
@@ -131,7 +135,11 @@ class OpaSidecar:
         if bundle_file is not None:
             board = OpaStatusBoard(BUNDLE_NAME)
             self.signed = SignedBundleSource(
-                bundle_file, board, opa_bin, verdict_timeout=activation_timeout
+                bundle_file,
+                board,
+                opa_bin,
+                verdict_timeout=activation_timeout,
+                guard=RollbackGuard(bundle_pin),
             )
             self.policies = self.signed
             self._bundles = BundleServer(
@@ -229,9 +237,9 @@ class OpaSidecar:
             result = self.policies.reload(None if request is None else request.skip_tests_by)
             if result.outcome == "invalid":
                 log.error(
-                    "policy_bundle_rejected"
-                    if self.signed is not None
-                    else "policy_reload_rejected",
+                    "policy_reload_rejected"
+                    if self.signed is None
+                    else result.reason or "policy_bundle_rejected",
                     extra={
                         "policy_revision": result.revision,
                         "reason": result.reason,

@@ -2,8 +2,9 @@
 
 Building: the files the sidecar would serve from the policy directory (its
 non-test `.rego` files and the tenant settings, `service.policy.bundle`), with
-the same content-hash revision, are signed by OPA's own `opa build
---signing-key`, which writes `.signatures.json` into the bundle; `policy build`
+the same content-hash revision and the serial the operator gives it, are
+signed by OPA's own `opa build --signing-key`, which writes `.signatures.json`
+into the bundle (it covers `.manifest`, so the serial too); `policy build`
 first runs the directory's tests over them (`service.policy.coverage_gate`).
 
 Serving (`SESSIONSTATE_POLICY_BUNDLE` with `SESSIONSTATE_POLICY_VERIFICATION_KEY`):
@@ -22,6 +23,11 @@ Before a bundle is offered at all (at start and at each reload), its files
 pass the admission checks (`service.policy.admission`) on a scratch OPA; one
 they refuse is never offered: the start stops (`PolicySourceError`), or the
 reload keeps the last good bundle, and `refusals` names the checks' codes.
+
+Before OPA is offered a bundle, its serial is checked (`service.policy.rollback`):
+an older one than the highest activated on the deployment is never offered
+(`BundleRolledBack` at start; at a reload, refused as `policy_bundle_rollback`
+and counted in `rollbacks`), unless it is pinned.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import subprocess
 import tarfile
 import tempfile
@@ -41,8 +48,9 @@ from pathlib import Path
 from typing import Literal
 
 from service.policy.admission import admit
-from service.policy.bundle import PolicyBundle
+from service.policy.bundle import METADATA_KEY, PolicyBundle
 from service.policy.coverage_gate import CoverageGate
+from service.policy.rollback import ROLLBACK, RollbackGuard
 from service.policy.source import (
     PolicyRefused,
     PolicySource,
@@ -51,20 +59,29 @@ from service.policy.source import (
     refusal_codes,
 )
 
+log = logging.getLogger(__name__)
 SigningAlg = Literal["RS256", "ES256", "HS256"]
 SIGNING_ALGS: tuple[SigningAlg, ...] = ("RS256", "ES256", "HS256")
 KEY_ID = "sessionstate"
 MAX_MESSAGE = 300  # OPA's reason, cut: enough to tell a bad signature from a tampered file
 
 
+REJECTED = "policy_bundle_rejected"  # OPA refused it: its signature, or not a bundle
+
+
 class BundleBuildError(ValueError):
     """The bundle could not be built: the policies or the key are unfit."""
+
+
+class BundleRolledBack(ValueError):
+    """At start: the bundle is older than the newest activated on the deployment."""
 
 
 @dataclass(frozen=True)
 class BuiltBundle:
     out: Path
     revision: str
+    serial: int
     signing_alg: SigningAlg
 
 
@@ -75,18 +92,22 @@ def build_signed_bundle(
     signing_alg: SigningAlg,
     out: Path,
     *,
+    serial: int,
     tests: CoverageGate | None = None,
 ) -> BuiltBundle:
     """Check the policy directory as a reload would (its admission checks too: `PolicyRefused`;
     with `tests`, its tests must pass and cover it: `PolicyTestsFailed`), then sign what the
-    sidecar would serve; nothing is written when refused."""
+    sidecar would serve, numbered `serial` (1 or more: a later bundle needs a higher one);
+    nothing is written when refused."""
+    if serial < 1:
+        raise BundleBuildError("--serial must be 1 or more")
     if not signing_key.is_file():
         raise BundleBuildError(f"--signing-key names no readable file: {signing_key}")
     # PolicySourceError when unfit, PolicyTestsFailed when its tests keep it from shipping.
     bundle = PolicySource(policy_dir, opa_bin, tests=tests).load()
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-build-") as tmp:
         stage = Path(tmp)
-        bundle.write_to(stage)
+        bundle.write_to(stage, serial=serial)
         try:
             built = subprocess.run(  # noqa: S603 - fixed argv, no shell
                 [
@@ -115,7 +136,7 @@ def build_signed_bundle(
             f"`opa build` refused to sign with that key as {signing_alg}: "
             + (reason[0][:MAX_MESSAGE] if reason else "no reason given")
         )
-    return BuiltBundle(out=out, revision=bundle.revision, signing_alg=signing_alg)
+    return BuiltBundle(out=out, revision=bundle.revision, serial=serial, signing_alg=signing_alg)
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,7 @@ class BundleFile:
     """A bundle file's bytes as offered to OPA; the ETag is their hash."""
 
     revision: str  # from its .manifest; "" when it has none that reads
+    serial: int | None  # from its .manifest's metadata; None when it has none
     content: bytes
 
     @cached_property  # asked at every poll of OPA's; the bytes never change
@@ -135,7 +157,8 @@ class BundleFile:
 
 def read_bundle_file(path: Path) -> BundleFile:
     content = path.read_bytes()
-    return BundleFile(revision=_manifest_revision(content), content=content)
+    revision, serial = _manifest(content)
+    return BundleFile(revision=revision, serial=serial, content=content)
 
 
 def bundle_contents(bundle: BundleFile) -> PolicyBundle:
@@ -159,18 +182,30 @@ def bundle_contents(bundle: BundleFile) -> PolicyBundle:
 _BUNDLE_META = ("/.manifest", "/.signatures.json")
 
 
-def _manifest_revision(content: bytes) -> str:
+def _manifest(content: bytes) -> tuple[str, int | None]:
+    """The revision and serial the bundle's one `.manifest` names; ("", None) when it has
+    none that reads, or more than one (which OPA might read otherwise than this)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as archive:
-            for member in archive.getmembers():
-                if member.name.lstrip("/") == ".manifest" and member.isfile():
-                    handle = archive.extractfile(member)
-                    if handle is not None:
-                        revision = json.loads(handle.read(65_536)).get("revision", "")
-                        return revision if isinstance(revision, str) else ""
-    except (tarfile.TarError, OSError, EOFError, ValueError, AttributeError):
-        pass
-    return ""
+            found = [
+                member
+                for member in archive.getmembers()
+                if member.name.lstrip("/").removeprefix("./") == ".manifest"
+            ]
+            handle = archive.extractfile(found[0]) if len(found) == 1 else None
+            manifest = json.loads(handle.read(65_536)) if handle is not None else {}
+    except (tarfile.TarError, OSError, EOFError, ValueError):
+        return "", None
+    if not isinstance(manifest, dict):
+        return "", None
+    revision = manifest.get("revision", "")
+    metadata = manifest.get("metadata")
+    ours = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    serial = ours.get("serial") if isinstance(ours, dict) else None
+    return (
+        revision if isinstance(revision, str) else "",
+        serial if type(serial) is int and serial >= 1 else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -246,15 +281,19 @@ class SignedBundleSource:
         opa_bin: str,
         *,
         verdict_timeout: float = 10.0,
+        guard: RollbackGuard | None = None,
     ) -> None:
         self.bundle_file = bundle_file
         self.opa_bin = opa_bin
         self.board = board
         self.verdict_timeout = verdict_timeout
+        self.guard = guard if guard is not None else RollbackGuard()
         self._offered: BundleFile | None = None
         self._good: BundleFile | None = None
-        self.rejections = 0
-        self.rejection: str | None = None  # OPA's reason for the latest refusal, while refused
+        self.rejections = 0  # refused by OPA
+        self.rollbacks = 0  # refused before OPA saw them: older than the highest serial
+        self.rejection: str | None = None  # why the latest offer was refused, while refused
+        self.refused_as: str | None = None  # its code: policy_bundle_rejected or _rollback
         self._refusals: tuple[str, ...] = ()  # the admission checks' codes, while they refuse
         self._reloads: Counter[ReloadOutcome] = Counter()
         self._lock = threading.Lock()
@@ -268,7 +307,8 @@ class SignedBundleSource:
 
     @property
     def valid(self) -> bool:
-        """False while the latest bundle was refused, by OPA or by the admission checks."""
+        """False while the latest bundle was refused: by OPA, as a rollback, or by the
+        admission checks."""
         return self.rejection is None and not self._refusals
 
     @property
@@ -279,17 +319,27 @@ class SignedBundleSource:
         return self._reloads[outcome]
 
     def load(self) -> BundleFile:
-        """The start: offer the file if admitted; `confirm_start` then waits for OPA's verdict."""
-        bundle = self._read()
-        refusals = admit(self.opa_bin, bundle_contents(bundle))
+        """The start: offer the file unless it is a rollback (`BundleRolledBack`) or the
+        admission checks refuse it (`PolicyRefused`); `confirm_start` then waits for OPA's
+        verdict."""
+        candidate = self._read()
+        why = self.guard.check(candidate.serial, candidate.revision)
+        if why is not None:
+            self._refused(ROLLBACK, why)
+            log.error(ROLLBACK, extra={"policy_revision": candidate.revision, "errors": [why]})
+            raise BundleRolledBack(
+                f"the policy bundle {self.bundle_file} (SESSIONSTATE_POLICY_BUNDLE) is refused, "
+                f"{ROLLBACK}: {why}"
+            )
+        refusals = admit(self.opa_bin, bundle_contents(candidate))
         if refusals:
             raise PolicyRefused(
                 f"the policy bundle {self.bundle_file} (SESSIONSTATE_POLICY_BUNDLE) cannot be "
                 "served: " + "; ".join(str(refusal) for refusal in refusals),
                 refusal_codes(refusals),
             )
-        self._offered = bundle
-        return bundle
+        self._offered = candidate
+        return candidate
 
     def confirm_start(self, mark: int, timeout: float) -> str | None:
         """None once OPA activated the offered bundle; else why it did not (or no answer)."""
@@ -297,9 +347,10 @@ class SignedBundleSource:
         if report is None:
             return f"OPA reported nothing on the bundle within {timeout:.0f}s"
         if report.error is not None:
-            self._refused(report.error)
+            self._refused(REJECTED, report.error)
             return report.error
         self._good = self.served
+        self.guard.activated(self._good.serial, self._good.revision)
         return None
 
     def source_revision(self) -> str | None:
@@ -310,7 +361,8 @@ class SignedBundleSource:
             return None
 
     def reload(self, skip_tests_by: str | None = None) -> ReloadResult:
-        """Offer the file as it is now; keep it if OPA activates it, else withdraw it.
+        """Offer the file as it is now unless it is a rollback or the admission checks refuse
+        it; keep it if OPA activates it, else withdraw it.
 
         A bundle carries no tests (they ran when it was built): there are none to skip.
         """
@@ -321,16 +373,27 @@ class SignedBundleSource:
                 candidate = self._read()
             except OSError as error:
                 return self._count(
-                    ReloadResult("invalid", good.revision, (self._unreadable(error),))
+                    ReloadResult(
+                        "invalid", good.revision, (self._unreadable(error),), reason=REJECTED
+                    )
                 )
             if candidate.etag == good.etag:
-                self.rejection, self._refusals = None, ()
+                self.rejection = self.refused_as = None
+                self._refusals = ()
                 return self._count(ReloadResult("unchanged", good.revision))
+            why = self.guard.check(candidate.serial, candidate.revision)
+            if why is not None:
+                self._refused(ROLLBACK, why)
+                self._refusals = ()
+                return self._count(ReloadResult("invalid", good.revision, (why,), reason=ROLLBACK))
             refusals = admit(self.opa_bin, bundle_contents(candidate))
             if refusals:  # never offered: OPA goes on deciding with the good one
-                self.rejection, self._refusals = None, refusal_codes(refusals)
+                self.rejection = self.refused_as = None
+                self._refusals = refusal_codes(refusals)
                 errors = tuple(str(refusal) for refusal in refusals)
-                return self._count(ReloadResult("invalid", good.revision, errors, self._refusals))
+                return self._count(
+                    ReloadResult("invalid", good.revision, errors, reasons=self._refusals)
+                )
             mark = self.board.mark()
             self._offered = candidate
             report = self.board.verdict(mark, self.verdict_timeout)
@@ -341,15 +404,22 @@ class SignedBundleSource:
                     if report is not None and report.error is not None
                     else f"OPA reported nothing on the bundle within {self.verdict_timeout:.0f}s"
                 )
-                self._refused(reason)
+                self._refused(REJECTED, reason)
                 self._refusals = ()
-                return self._count(ReloadResult("invalid", good.revision, (reason,)))
-            self._good, self.rejection, self._refusals = candidate, None, ()
+                return self._count(
+                    ReloadResult("invalid", good.revision, (reason,), reason=REJECTED)
+                )
+            self._good, self.rejection, self.refused_as = candidate, None, None
+            self._refusals = ()
+            self.guard.activated(candidate.serial, candidate.revision)
             return self._count(ReloadResult("loaded", candidate.revision))
 
-    def _refused(self, reason: str) -> None:
-        self.rejections += 1
-        self.rejection = reason
+    def _refused(self, code: str, reason: str) -> None:
+        if code == ROLLBACK:
+            self.rollbacks += 1
+        else:
+            self.rejections += 1
+        self.rejection, self.refused_as = reason, code
 
     def _count(self, result: ReloadResult) -> ReloadResult:
         self._reloads[result.outcome] += 1

@@ -60,7 +60,9 @@ class ReloadResult:
     revision: str
     errors: tuple[str, ...] = field(default=())
     reasons: tuple[str, ...] = field(default=())  # the admission checks' codes, when refused
-    reason: str | None = None  # why it was refused: POLICY_SOURCE_INVALID, POLICY_TESTS_FAILED
+    # Why it was refused: POLICY_SOURCE_INVALID, POLICY_TESTS_FAILED; a signed bundle's
+    # policy_bundle_rejected or policy_bundle_rollback.
+    reason: str | None = None
     # The operator whose override serves the snapshot although its tests do not pass.
     tests_skipped_by: str | None = None
 
