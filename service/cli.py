@@ -46,6 +46,7 @@ from store.signed_head import ChainUnverified
 
 ROLES = ("model-service", "operator", "auditor")
 DEFAULT_TOKEN_TTL = 3600
+RELOAD_TOKEN_TTL = 120  # `policy reload --operator`: lives as long as a reload takes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,6 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     reload.add_argument(
         "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
+    )
+    who = reload.add_mutually_exclusive_group()
+    who.add_argument(
+        "--operator",
+        help="who reloads, on the decision log: a short-lived operator token for this id is "
+        "minted with the data dir's HS256 secret (as `sessionstate token` does)",
+    )
+    who.add_argument(
+        "--token-file",
+        type=Path,
+        help="who reloads, on the decision log: a file holding your operator bearer token "
+        "(your identity provider's, say), which the service verifies",
     )
     _add_policy_build(policy_commands)
     impact = policy_commands.add_parser(
@@ -250,9 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "policy" and args.policy == "impact":
             return _impact(settings, args)
         if args.command == "policy":
-            status = request_reload(settings.data_dir, args.timeout)
+            operator_token = _operator_token(settings, args.operator, args.token_file)
+            status = request_reload(settings.data_dir, args.timeout, operator_token)
             print(status.model_dump_json())
-            return 0 if status.source_valid and status.deciding else 1
+            loaded = status.source_valid and status.deciding and status.outcome != "refused"
+            return 0 if loaded else 1
         from service.serve import serve as run_service
 
         if args.watch_policies:
@@ -305,6 +320,21 @@ def _settings() -> Settings:
         return Settings()
     except ValidationError as error:
         raise ConfigurationError(f"invalid setting: {setting_errors(error)}") from None
+
+
+def _operator_token(
+    settings: Settings, operator: str | None, token_file: Path | None
+) -> str | None:
+    """The token that names who reloads: minted for `operator`, or read from `token_file`."""
+    if operator is not None:
+        ttl = min(RELOAD_TOKEN_TTL, settings.jwt_max_lifetime_seconds)
+        return mint_token(jwt_secret(settings), sub=operator, roles=["operator"], ttl_seconds=ttl)
+    if token_file is None:
+        return None
+    token = token_file.read_text().strip()
+    if token.startswith("Bearer "):
+        token = token.removeprefix("Bearer ").strip()
+    return token
 
 
 def _add_policy_build(policy_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -7,6 +7,12 @@ same thing. The service writes its pid into the data dir once it is up
 (`sessionstate.pid`, removed when it stops) and, after every reload, the
 outcome into `opa/policy-status.json`; the command signals, then waits for the
 next status and prints it.
+
+Before it signals, the command leaves a request (`opa/reload-request.json`, the owner's
+alone) holding the operator's token if one was given: the service takes it at the
+reload, verifies the token, and records who reloaded on the decision log's `~system`
+chain (`service.decisions.activation_log`); a token that does not verify refuses the
+reload (`refused`). A SIGHUP without a fresh request is a bare `sighup`, by `system`.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 PID_FILE = "sessionstate.pid"
 STATUS_FILE = Path("opa") / "policy-status.json"
+REQUEST_FILE = Path("opa") / "reload-request.json"
 LOCK_FILE = "sessionstate.lock"
+REQUEST_FRESH_SECONDS = 60.0  # an older request (its command gave up) names no one
 
 
 class ReloadRefused(ValueError):
@@ -36,11 +44,37 @@ class PolicyStatus(BaseModel):
 
     generation: int = Field(ge=0, description="0 at start, one more at every reload")
     checked_at: float = Field(description="Unix time at which the policy directory was read")
-    outcome: Literal["started", "loaded", "unchanged", "invalid"]
+    outcome: Literal["started", "loaded", "unchanged", "invalid", "refused"] = Field(
+        description="`refused`: the operator token of the request did not verify; nothing was read"
+    )
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
     source_valid: bool = Field(description="false when the directory did not compile")
     errors: list[str] = Field(description="why the directory was refused: path:row: code: message")
+
+
+class ReloadRequest(BaseModel):
+    """What `sessionstate policy reload` asks, beside its signal."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    asked_at: float = Field(description="Unix time of the request")
+    operator_token: str | None = Field(
+        default=None, max_length=8192, description="the operator's bearer token; null: none"
+    )
+
+
+def take_request(work_dir: Path) -> ReloadRequest | None:
+    """The reload request left in the sidecar's work dir, removed as it is read; None when
+    there is none, it does not read, or it is not fresh."""
+    path = work_dir / REQUEST_FILE.name
+    try:
+        request = ReloadRequest.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+    return request if time.time() - request.asked_at <= REQUEST_FRESH_SECONDS else None
 
 
 def write_pid(data_dir: Path) -> None:
@@ -67,8 +101,11 @@ def read_status(path: Path) -> PolicyStatus | None:
         return None
 
 
-def request_reload(data_dir: Path, timeout: float = 30.0) -> PolicyStatus:
-    """Signal the service of data_dir to reload, and return the status it then writes."""
+def request_reload(
+    data_dir: Path, timeout: float = 30.0, operator_token: str | None = None
+) -> PolicyStatus:
+    """Signal the service of data_dir to reload, and return the status it then writes; the
+    request names the operator whose token is given."""
     if not _held(data_dir / LOCK_FILE):
         raise ReloadRefused(f"no sessionstate service is running on the data dir {data_dir}")
     try:
@@ -84,6 +121,8 @@ def request_reload(data_dir: Path, timeout: float = 30.0) -> PolicyStatus:
             "SESSIONSTATE_OPA_URL; reload the policies there"
         )
     asked_at = time.time()
+    request = ReloadRequest(asked_at=asked_at, operator_token=operator_token)
+    _write_atomically(data_dir / REQUEST_FILE, request.model_dump_json(), mode=0o600)
     os.kill(pid, signal.SIGHUP)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -115,8 +154,11 @@ def _held(lock_file: Path) -> bool:
         return False
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: Path, text: str, mode: int = 0o666) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
+    partial.unlink(missing_ok=True)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
     os.replace(partial, path)

@@ -9,7 +9,11 @@
   `sessionstate policy reload`), or by the watcher with `watch_policies`
   (`service.policy.source`); each reload's outcome goes to
   `policy-status.json` in the work dir, and a revision OPA decides with
-  after a reload to `on_live` (the live intervals, `service.decisions.live`).
+  after a reload to `on_live` as an `Activated`: how it was loaded and who
+  asked (`service.policy.activation`), for the live intervals and the
+  activation entries (`service.decisions.activation_log`). A reload asked
+  with an operator token (`sessionstate policy reload --operator`) is done
+  only once `verify_operator` names its operator.
 - With a signed bundle file (`bundle_file` and `verification_key`), that file
   is what OPA gets, and OPA is configured to activate only a bundle whose
   signature verifies with the key (`service.policy.signed_bundle`); a bundle
@@ -42,9 +46,16 @@ from typing import Any
 
 import requests
 
+from service.policy.activation import (
+    SYSTEM_ACTOR,
+    Activated,
+    ActivationHow,
+    PolicySet,
+    signer_key_id,
+)
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
-from service.policy.reload import PolicyStatus, write_status
+from service.policy.reload import PolicyStatus, take_request, write_status
 from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 from service.tracing import OpaTracing
@@ -97,6 +108,7 @@ class OpaSidecar:
         verification_key: Path | None = None,
         verification_alg: SigningAlg = "RS256",
         tracing: OpaTracing | None = None,
+        policy_set: PolicySet = "live",
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
             raise ValueError("a signed bundle needs both the bundle file and the verification key")
@@ -114,6 +126,10 @@ class OpaSidecar:
         self.verification_key = verification_key
         self.verification_alg = verification_alg
         self.tracing = tracing
+        self.policy_set: PolicySet = policy_set
+        self.signer_key_id = (
+            None if verification_key is None else signer_key_id(verification_key, verification_alg)
+        )
         self.signed: SignedBundleSource | None = None
         self._status_token = secrets.token_urlsafe(32)
         self.policies: PolicySnapshots
@@ -134,7 +150,10 @@ class OpaSidecar:
         self._generation = 0
         self._loaded_at = 0.0
         # Told of each revision OPA decides with after a reload that loaded it.
-        self.on_live: Callable[[str], None] | None = None
+        self.on_live: Callable[[Activated], None] | None = None
+        # The operator a reload request's token names (raises ValueError if none); None: a
+        # request with a token is refused.
+        self.verify_operator: Callable[[str], str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -204,7 +223,13 @@ class OpaSidecar:
         """Ask for a reload, from a signal handler say; the reloader thread does it."""
         self._reload_requested.set()
 
-    def reload_policies(self) -> PolicyStatus:
+    def started_as(self) -> Activated:
+        """The policy set it started with, as an activation (`start`, by `system`)."""
+        return self._activated(self.policies.served.revision, "start", SYSTEM_ACTOR)
+
+    def reload_policies(
+        self, how: ActivationHow = "reload", who: str = SYSTEM_ACTOR
+    ) -> PolicyStatus:
         """Take a new snapshot if the directory compiles; wait until OPA decides with it."""
         with self._reload_lock:
             checked_at = time.time()
@@ -216,31 +241,49 @@ class OpaSidecar:
                     else "policy_reload_rejected",
                     extra={"policy_revision": result.revision, "errors": list(result.errors)},
                 )
-            return self._report(result, checked_at)
+            return self._report(result, checked_at, how, who)
 
     def deciding_revision(self) -> str | None:
         """The policy revision OPA decides with now; None when it does not answer."""
         trace = self._probe.probe()
         return None if trace.engine_unavailable else trace.policy_revision
 
+    def _activated(self, revision: str, how: ActivationHow, who: str) -> Activated:
+        return Activated(
+            revision=revision,
+            how=how,
+            who=who,
+            policy_set=self.policy_set,
+            signer_key_id=self.signer_key_id,
+            commit=self.policies.served.commit,
+        )
+
     def _report(
-        self, result: ReloadResult, checked_at: float, *, started: bool = False
+        self,
+        result: ReloadResult,
+        checked_at: float,
+        how: ActivationHow = "start",
+        who: str = SYSTEM_ACTOR,
+        *,
+        started: bool = False,
+        refused: str | None = None,
     ) -> PolicyStatus:
         deciding = self._wait_deciding(result.revision)
         status = PolicyStatus(
             generation=self._generation,
             checked_at=checked_at,
-            outcome="started" if started else result.outcome,
+            outcome="started" if started else "refused" if refused else result.outcome,
             revision=result.revision,
             deciding=deciding,
             source_valid=self.policies.valid,
-            errors=list(result.errors),
+            errors=[refused] if refused else list(result.errors),
         )
         self._generation += 1
-        if deciding and result.outcome == "loaded" and self.on_live is not None:
-            self.on_live(result.revision)  # recorded before the status tells of the reload
+        if deciding and result.outcome == "loaded" and not started and self.on_live is not None:
+            # Recorded before the status tells of the reload.
+            self.on_live(self._activated(result.revision, how, who))
         write_status(self.status_path, status)
-        if result.outcome != "invalid" and not started:  # a refusal was logged as an error
+        if result.outcome != "invalid" and not started and not refused:  # logged as errors
             log.info(
                 "policy_reloaded",
                 extra={
@@ -267,12 +310,35 @@ class OpaSidecar:
             asked = self._reload_requested.wait(self.poll_seconds if self.watch_policies else None)
             if self._stopping.is_set():
                 return
+            how: ActivationHow = "bundle_poll" if self.signed is not None else "watcher"
             if asked:
                 self._reload_requested.clear()
+                how = "sighup"
             elif self.policies.source_revision() in (None, watched):
                 continue
             watched = self.policies.source_revision() or watched
-            self.reload_policies()
+            self._reload_as_asked(how)
+
+    def _reload_as_asked(self, how: ActivationHow) -> None:
+        """A reload, by the operator a fresh `policy reload` request names (`reload`), or by
+        `system`; a request whose token names no operator is refused, nothing read."""
+        request = take_request(self.work_dir) if how == "sighup" else None
+        if request is None:
+            self.reload_policies(how)
+            return
+        who = SYSTEM_ACTOR
+        if request.operator_token is not None:
+            try:
+                if self.verify_operator is None:
+                    raise ValueError("this service cannot verify operator tokens")
+                who = self.verify_operator(request.operator_token)
+            except ValueError as error:
+                with self._reload_lock:
+                    log.error("policy_reload_refused", extra={"reason": str(error)})
+                    served = ReloadResult("unchanged", self.policies.served.revision)
+                    self._report(served, time.time(), refused=f"operator token: {error}")
+                return
+        self.reload_policies("reload", who)
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""

@@ -34,6 +34,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from service.policy.bundle import manifest_commit
 from service.policy.source import PolicySource, ReloadOutcome, ReloadResult
 
 SigningAlg = Literal["RS256", "ES256", "HS256"]
@@ -100,6 +101,7 @@ class BundleFile:
 
     revision: str  # from its .manifest; "" when it has none that reads
     content: bytes
+    commit: str | None = None  # its .manifest's `metadata.commit`
 
     @cached_property  # asked at every poll of OPA's; the bytes never change
     def etag(self) -> str:
@@ -111,21 +113,28 @@ class BundleFile:
 
 def read_bundle_file(path: Path) -> BundleFile:
     content = path.read_bytes()
-    return BundleFile(revision=_manifest_revision(content), content=content)
+    manifest = _manifest(content)
+    revision = manifest.get("revision", "")
+    return BundleFile(
+        revision=revision if isinstance(revision, str) else "",
+        content=content,
+        commit=manifest_commit(manifest),
+    )
 
 
-def _manifest_revision(content: bytes) -> str:
+def _manifest(content: bytes) -> dict[str, object]:
+    """The bundle's `.manifest`, parsed; empty when it has none that reads."""
     try:
         with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as archive:
             for member in archive.getmembers():
                 if member.name.lstrip("/") == ".manifest" and member.isfile():
                     handle = archive.extractfile(member)
                     if handle is not None:
-                        revision = json.loads(handle.read(65_536)).get("revision", "")
-                        return revision if isinstance(revision, str) else ""
+                        manifest = json.loads(handle.read(65_536))
+                        return manifest if isinstance(manifest, dict) else {}
     except (tarfile.TarError, OSError, EOFError, ValueError, AttributeError):
         pass
-    return ""
+    return {}
 
 
 @dataclass(frozen=True)
