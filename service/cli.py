@@ -139,9 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify = review.add_parser(
         "verify", help="verify a tenant's hash chain (or every one); exit 1 on any break"
     )
-    verify.add_argument("--tenant", help="this tenant's chain (else the checkpoint's, or the only)")
     verify.add_argument(
-        "--all-tenants", action="store_true", help="every chain, the no-tenant one included"
+        "--tenant",
+        help="this tenant's chain (~system: the policy activations'; else the checkpoint's, "
+        "or the only tenant's)",
+    )
+    verify.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="every chain, the no-tenant one and the ~system one (policy activations) included",
     )
     verify.add_argument("--checkpoint", type=Path, help="a signed checkpoint kept earlier")
     verify.add_argument(
@@ -182,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "entry (docs/operators.md: a cut decision log)",
     )
     loss.add_argument(
-        "--tenant", required=True, help="the tenant whose chain is cut (~no-tenant: no tenant's)"
+        "--tenant",
+        required=True,
+        help="the tenant whose chain is cut (~no-tenant: no tenant's; ~system: the policy "
+        "activations')",
     )
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"

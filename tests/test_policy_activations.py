@@ -29,9 +29,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from service.auth import mint_token
 from service.policy.activation import Activated, signer_key_id
+from service.policy.bundle import load_bundle
 from service.policy.reload import STATUS_FILE, read_status
 from service.policy.sidecar import OpaSidecar
 from service.policy.signed_bundle import build_signed_bundle
+from store.chain_head import SYSTEM_CHAIN
+from store.evidence_chain import is_chain_name
+from store.scope import is_scope_id
 from tests.conftest import POLICY_DIR
 from tests.live import JWT_SECRET
 from tests.served import ROOT, Served, start
@@ -258,3 +262,71 @@ def test_a_signed_bundle_names_its_signer_key_and_commit(
     assert started["signer_key_id"] == "sha256:" + hashlib.sha256(der).hexdigest()
     assert started["signer_key_id"] == signer_key_id(public, "RS256")
     assert started["commit"] == COMMIT  # signed into the bundle's manifest
+
+
+def test_the_parent_of_workers_records_its_sidecars_activations_on_postgresql(
+    postgres_conninfo: str, opa_bin: str, tmp_path: Path, policies: Path, serving: list[Served]
+) -> None:
+    env = {"SESSIONSTATE_STORE": postgres_conninfo, "SESSIONSTATE_POLICY_DIR": str(policies)}
+    serving.append(
+        served := start(opa_bin, tmp_path / "var", tmp_path, env, args=("--workers", "2"))
+    )
+    first = requests.get(served.url + "/readyz", timeout=10).json()["policy_revision"]
+    _edit(policies, "reloaded by bob, for two workers")
+    reloaded = _cli(served.data_dir, "policy", "reload", "--operator", "bob")
+    assert reloaded.returncode == 0, reloaded.stderr
+    second = json.loads(reloaded.stdout)["revision"]
+    listed = _activations(served)
+    assert [(a["how"], a["who"]) for a in listed[first]] == [("start", "system")]
+    assert [(a["how"], a["who"], a["previous_revision"]) for a in listed[second]] == [
+        ("reload", "bob", first)
+    ]
+    # PostgreSQL is verified while the service runs.
+    every = subprocess.run(
+        [sys.executable, "-m", "service.cli", "decisions", "verify", "--all-tenants"],
+        env={**os.environ, **env, "SESSIONSTATE_DATA_DIR": str(served.data_dir)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert every.returncode == 0, every.stderr
+    assert json.loads(every.stdout)["chains"]["~system"]["entries"] == 2
+    _stop(served)
+
+
+def test_no_tenant_can_be_the_system_chain() -> None:
+    assert is_chain_name(SYSTEM_CHAIN) and not is_scope_id(SYSTEM_CHAIN)
+
+
+def test_the_manifest_tool_records_the_commit_of_a_checkout_and_check_ignores_it(
+    tmp_path: Path,
+) -> None:
+    tool = load_manifest_tool()
+    repo = tmp_path / "repo"
+    shutil.copytree(POLICY_DIR, repo / "policies")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for step in (["init", "-q"], ["add", "."], ["commit", "-qm", "policies"]):
+        subprocess.run([*git, *step], check=True, capture_output=True)
+    policies = repo / "policies"
+    described = subprocess.run(
+        [*git, "describe", "--always", "--dirty"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    assert tool.main(["--policy-dir", str(policies)]) == 0
+    manifest = json.loads((policies / ".manifest").read_text())
+    assert manifest["metadata"] == {"commit": described}  # clean: the manifest was committed
+    assert manifest["revision"] == load_bundle(policies).revision
+    assert load_bundle(policies).commit == described  # what the sidecar and `policy build` carry
+    assert tool.main(["--policy-dir", str(policies), "--check"]) == 0
+    _edit(policies, "an edit after the manifest")
+    assert tool.main(["--policy-dir", str(policies), "--check"]) == 1
+    assert load_bundle(policies).commit is None  # a stale manifest claims no commit
+    assert tool.main(["--policy-dir", str(policies)]) == 0
+    assert json.loads((policies / ".manifest").read_text())["metadata"] == {
+        "commit": described + "-dirty"
+    }
+    outside = tmp_path / "outside"
+    shutil.copytree(POLICY_DIR, outside)
+    assert tool.main(["--policy-dir", str(outside)]) == 0
+    assert "metadata" not in json.loads((outside / ".manifest").read_text())

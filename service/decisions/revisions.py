@@ -46,6 +46,7 @@ from store.evidence_chain import (
     entry_key,
     marker_key,
     parse_entry,
+    tenant_chain_names,
 )
 from store.keys import LaneKey, TenantResourceLane
 
@@ -280,7 +281,7 @@ def mark_complete_if_empty(lanes: Lanes) -> bool:
     complete (already, or now)."""
     if complete(lanes):
         return True
-    if chain_names(lanes):
+    if tenant_chain_names(lanes):  # the `~system` chain's activations are never summarised
         return False
     lanes.put(SUMMARIES_COMPLETE, b"", sync=True)
     return True
