@@ -7,14 +7,17 @@ from `service.policy.bundle` (every non-test `.rego` file and every `data.json`,
 the tenant settings). Run this after any policy or tenant settings change;
 tests/test_deployment.py fails while the manifest is stale.
 
-Run in a git checkout, it also records the commit the files came from
-(`metadata.commit`: `git describe --always --dirty`, `-dirty` when the work tree
-had changes); the service names it in each activation of that revision on the
-decision log. `--check` compares the revision and roots only: a manifest written
-at another commit is not stale while it names the same files.
+With `--commit` (as `make policy-manifest` runs it) in a git checkout, it also
+records the commit the files came from (`metadata.commit`: `git describe
+--always --dirty`, `-dirty` when the work tree had changes); the service names
+it in each activation of that revision on the decision log. Without it, a
+manifest that names the same files is left as it is (with the commit it names).
+`--check` compares the revision and roots only: a manifest written at another
+commit is not stale while it names the same files.
 
     .venv/bin/python deploy/policy_manifest.py          # rewrite policies/.manifest
     .venv/bin/python deploy/policy_manifest.py --check  # exit 1 if it is stale
+    .venv/bin/python deploy/policy_manifest.py --commit # and name the checkout's commit
 """
 
 from __future__ import annotations
@@ -81,6 +84,11 @@ def _files_named(text: str | None) -> object:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the manifest is stale")
+    parser.add_argument(
+        "--commit",
+        action="store_true",
+        help="record `git describe --always --dirty` of the checkout as metadata.commit",
+    )
     parser.add_argument("--policy-dir", type=Path, default=ROOT / "policies")
     args = parser.parse_args(argv)
     path = args.policy_dir / MANIFEST
@@ -92,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         return 0
-    wanted = expected_manifest(args.policy_dir, described_commit(args.policy_dir))
-    if current != wanted:
+    wanted = expected_manifest(
+        args.policy_dir, described_commit(args.policy_dir) if args.commit else None
+    )
+    if current != wanted and (args.commit or is_stale(args.policy_dir, current)):
         path.write_text(wanted)
     print(json.loads(wanted)["revision"])
     return 0

@@ -313,7 +313,9 @@ def test_the_manifest_tool_records_the_commit_of_a_checkout_and_check_ignores_it
     described = subprocess.run(
         [*git, "describe", "--always", "--dirty"], check=True, capture_output=True, text=True
     ).stdout.strip()
-    assert tool.main(["--policy-dir", str(policies)]) == 0
+    assert tool.main(["--policy-dir", str(policies)]) == 0  # not asked: left as it was
+    assert (policies / ".manifest").read_text() == (POLICY_DIR / ".manifest").read_text()
+    assert tool.main(["--policy-dir", str(policies), "--commit"]) == 0
     manifest = json.loads((policies / ".manifest").read_text())
     assert manifest["metadata"] == {"commit": described}  # clean: the manifest was committed
     assert manifest["revision"] == load_bundle(policies).revision
@@ -322,11 +324,11 @@ def test_the_manifest_tool_records_the_commit_of_a_checkout_and_check_ignores_it
     _edit(policies, "an edit after the manifest")
     assert tool.main(["--policy-dir", str(policies), "--check"]) == 1
     assert load_bundle(policies).commit is None  # a stale manifest claims no commit
-    assert tool.main(["--policy-dir", str(policies)]) == 0
+    assert tool.main(["--policy-dir", str(policies), "--commit"]) == 0
     assert json.loads((policies / ".manifest").read_text())["metadata"] == {
         "commit": described + "-dirty"
     }
     outside = tmp_path / "outside"
     shutil.copytree(POLICY_DIR, outside)
-    assert tool.main(["--policy-dir", str(outside)]) == 0
+    assert tool.main(["--policy-dir", str(outside), "--commit"]) == 0
     assert "metadata" not in json.loads((outside / ".manifest").read_text())
