@@ -76,7 +76,7 @@ api-doc: install
 
 # After a policy edit: the bundle manifest's revision is the policies' content hash.
 policy-manifest: install
-	$(PY) deploy/policy_manifest.py
+	$(PY) deploy/policy_manifest.py --commit
 
 # Starts OPA and the service on 127.0.0.1:8080 (data in ./var), then prints a walk-through.
 run: install

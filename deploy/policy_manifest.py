@@ -7,14 +7,24 @@ from `service.policy.bundle` (every non-test `.rego` file and every `data.json`,
 the tenant settings). Run this after any policy or tenant settings change;
 tests/test_deployment.py fails while the manifest is stale.
 
+With `--commit` (as `make policy-manifest` runs it) in a git checkout, it also
+records the commit the files came from (`metadata.commit`: `git describe
+--always --dirty`, `-dirty` when the work tree had changes); the service names
+it in each activation of that revision on the decision log. Without it, a
+manifest that names the same files is left as it is (with the commit it names).
+`--check` compares the revision and roots only: a manifest written at another
+commit is not stale while it names the same files.
+
     .venv/bin/python deploy/policy_manifest.py          # rewrite policies/.manifest
     .venv/bin/python deploy/policy_manifest.py --check  # exit 1 if it is stale
+    .venv/bin/python deploy/policy_manifest.py --commit # and name the checkout's commit
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,33 +32,78 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from service.policy.bundle import BUNDLE_ROOTS, load_bundle  # noqa: E402
+from service.policy.bundle import BUNDLE_ROOTS, MAX_COMMIT, load_bundle  # noqa: E402
 
 MANIFEST = ".manifest"
 
 
-def expected_manifest(policy_dir: Path) -> str:
-    """The manifest text for the policy files as they are now."""
-    manifest = {"revision": load_bundle(policy_dir).revision, "roots": list(BUNDLE_ROOTS)}
+def expected_manifest(policy_dir: Path, commit: str | None = None) -> str:
+    """The manifest text for the policy files as they are now (naming `commit`, if given)."""
+    manifest: dict[str, object] = {
+        "revision": load_bundle(policy_dir).revision,
+        "roots": list(BUNDLE_ROOTS),
+    }
+    if commit is not None:
+        manifest["metadata"] = {"commit": commit}
     return json.dumps(manifest, indent=2) + "\n"
+
+
+def described_commit(policy_dir: Path) -> str | None:
+    """`git describe --always --dirty` of the checkout holding policy_dir; None outside one
+    (or without git)."""
+    try:
+        described = subprocess.run(  # noqa: S603 - fixed argv, no shell
+            ["git", "-C", str(policy_dir), "describe", "--always", "--dirty"],  # noqa: S607
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = described.stdout.strip()
+    return commit if described.returncode == 0 and 0 < len(commit) <= MAX_COMMIT else None
+
+
+def is_stale(policy_dir: Path, text: str | None) -> bool:
+    """Whether a manifest's text names other files than the directory's (its revision and
+    roots; the commit it names is not compared)."""
+    return _files_named(text) != _files_named(expected_manifest(policy_dir))
+
+
+def _files_named(text: str | None) -> object:
+    try:
+        manifest = json.loads(text or "")
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    return manifest.get("revision"), manifest.get("roots")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the manifest is stale")
+    parser.add_argument(
+        "--commit",
+        action="store_true",
+        help="record `git describe --always --dirty` of the checkout as metadata.commit",
+    )
     parser.add_argument("--policy-dir", type=Path, default=ROOT / "policies")
     args = parser.parse_args(argv)
     path = args.policy_dir / MANIFEST
-    wanted = expected_manifest(args.policy_dir)
     current = path.read_text() if path.exists() else None
     if args.check:
-        if current != wanted:
+        if is_stale(args.policy_dir, current):
             print(
                 f"{path} is stale: run .venv/bin/python deploy/policy_manifest.py", file=sys.stderr
             )
             return 1
         return 0
-    if current != wanted:
+    wanted = expected_manifest(
+        args.policy_dir, described_commit(args.policy_dir) if args.commit else None
+    )
+    if current != wanted and (args.commit or is_stale(args.policy_dir, current)):
         path.write_text(wanted)
     print(json.loads(wanted)["revision"])
     return 0

@@ -197,6 +197,17 @@ class TokenVerifier:
                 self._verified.popitem(last=False)
         return actor
 
+    def operator(self, token: str) -> str:
+        """Who a valid token with the `operator` role names (a `policy reload`'s); raises
+        `ValueError` naming the reason, never the token, otherwise."""
+        try:
+            actor = self.verify("Bearer " + token)
+        except AuthenticationFailed as failed:
+            raise ValueError(failed.reason.value) from None
+        if "operator" not in actor.roles:
+            raise ValueError("the token has no operator role")
+        return actor.sub
+
     def _bearer_token(self, header: str | None) -> str:
         if not header:
             raise AuthenticationFailed(Reason.TOKEN_MISSING)

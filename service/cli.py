@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import jwt
 from pydantic import ValidationError
 
 from service.approval_index import index_approvals, mark_index_complete_if_empty
@@ -49,6 +50,7 @@ from store.signed_head import ChainUnverified
 
 ROLES = ("model-service", "operator", "auditor")
 DEFAULT_TOKEN_TTL = 3600
+RELOAD_TOKEN_TTL = 120  # `policy reload --operator`: lives as long as a reload takes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,12 +89,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip-tests",
         action="store_true",
         help="serve it even if its tests fail or cover it below SESSIONSTATE_POLICY_COVERAGE_MIN "
-        "(this reload only; logged as policy_tests_skipped with --operator); needs --operator",
+        "(this reload only; logged as policy_tests_skipped with the operator); needs --operator "
+        "or --token-file",
     )
-    reload.add_argument(
+    who = reload.add_mutually_exclusive_group()
+    who.add_argument(
         "--operator",
         type=_operator,
-        help="who skips the tests, logged: an id (letters, digits, '.', '_', '-')",
+        help="who reloads, on the decision log: a short-lived operator token for this id (letters, "
+        "digits, '.', '_', '-') is minted with the data dir's HS256 secret (as `sessionstate "
+        "token` does)",
+    )
+    who.add_argument(
+        "--token-file",
+        type=Path,
+        help="who reloads, on the decision log: a file holding your operator bearer token "
+        "(your identity provider's, say), which the service verifies",
     )
     _add_policy_build(policy_commands)
     impact = policy_commands.add_parser(
@@ -140,9 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify = review.add_parser(
         "verify", help="verify a tenant's hash chain (or every one); exit 1 on any break"
     )
-    verify.add_argument("--tenant", help="this tenant's chain (else the checkpoint's, or the only)")
     verify.add_argument(
-        "--all-tenants", action="store_true", help="every chain, the no-tenant one included"
+        "--tenant",
+        help="this tenant's chain (~system: the policy activations'; else the checkpoint's, "
+        "or the only tenant's)",
+    )
+    verify.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="every chain, the no-tenant one and the ~system one (policy activations) included",
     )
     verify.add_argument("--checkpoint", type=Path, help="a signed checkpoint kept earlier")
     verify.add_argument(
@@ -183,7 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "entry (docs/operators.md: a cut decision log)",
     )
     loss.add_argument(
-        "--tenant", required=True, help="the tenant whose chain is cut (~no-tenant: no tenant's)"
+        "--tenant",
+        required=True,
+        help="the tenant whose chain is cut (~no-tenant: no tenant's; ~system: the policy "
+        "activations')",
     )
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
@@ -264,11 +285,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "policy" and args.policy == "impact":
             return _impact(settings, args)
         if args.command == "policy":
-            if args.skip_tests != (args.operator is not None):
-                reload.error("--skip-tests and --operator go together")
-            status = request_reload(settings.data_dir, args.timeout, skip_tests_by=args.operator)
+            operator_token = _operator_token(settings, args.operator, args.token_file)
+            if args.skip_tests and operator_token is None:
+                reload.error("--skip-tests needs --operator or --token-file")
+            skips = _named_operator(args.operator, operator_token) if args.skip_tests else None
+            status = request_reload(
+                settings.data_dir, args.timeout, operator_token, skip_tests_by=skips
+            )
             print(status.model_dump_json())
-            return 0 if status.source_valid and status.deciding else 1
+            loaded = status.source_valid and status.deciding and status.outcome != "refused"
+            return 0 if loaded else 1
         from service.serve import serve as run_service
 
         if args.watch_policies:
@@ -321,6 +347,34 @@ def _settings() -> Settings:
         return Settings()
     except ValidationError as error:
         raise ConfigurationError(f"invalid setting: {setting_errors(error)}") from None
+
+
+def _operator_token(
+    settings: Settings, operator: str | None, token_file: Path | None
+) -> str | None:
+    """The token that names who reloads: minted for `operator`, or read from `token_file`."""
+    if operator is not None:
+        ttl = min(RELOAD_TOKEN_TTL, settings.jwt_max_lifetime_seconds)
+        return mint_token(jwt_secret(settings), sub=operator, roles=["operator"], ttl_seconds=ttl)
+    if token_file is None:
+        return None
+    token = token_file.read_text().strip()
+    if token.startswith("Bearer "):
+        token = token.removeprefix("Bearer ").strip()
+    return token
+
+
+def _named_operator(operator: str | None, token: str | None) -> str | None:
+    """Who a reload's token names: `--operator`, or the `sub` of the token file's token, read
+    unverified (the service verifies it, and refuses a reload whose skip names another)."""
+    if operator is not None or token is None:
+        return operator
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    sub = claims.get("sub")
+    return sub if isinstance(sub, str) and is_scope_id(sub) else None
 
 
 def _add_policy_build(policy_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,6 +17,7 @@ from service.approval_index import ExpiredApprovalPruner, mark_index_complete_if
 from service.approvals import ApprovalStore
 from service.auth import ProviderSettings, TokenVerifier
 from service.decisions import revisions
+from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal, RetentionTask
 from service.decisions.live import LiveRevisions, instance_id
 from service.decisions.rate_limit_log import RateLimitLog
@@ -76,6 +77,7 @@ class ServiceContext:
     rate_limit_log: RateLimitLog
     session_tokens: SessionTokenIssuer
     live: LiveRevisions
+    activations: ActivationLog  # the sidecars it is told to follow (`serve`)
     retention: RetentionTask | None = None
     scrub: DecisionScrub | None = None  # None: SESSIONSTATE_DECISION_SCRUB_SECONDS is 0
     approval_pruner: ExpiredApprovalPruner | None = None
@@ -159,14 +161,7 @@ class ServiceContext:
                 ),
                 observe=live.observe if observes else None,
             ),
-            verifier=TokenVerifier(
-                jwt_secret(settings),
-                _public_key(settings.jwt_public_key_file),
-                max_lifetime_seconds=settings.jwt_max_lifetime_seconds,
-                provider=identity_provider(settings),
-                own_keys=session_tokens.verification_keys(),
-                own_issuer=session_tokens.issuer,
-            ),
+            verifier=token_verifier(settings, session_tokens),
             digest_key=digest_key(settings),
             metrics=metrics,
             clock=clock,
@@ -178,6 +173,7 @@ class ServiceContext:
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             session_tokens=session_tokens,
             live=live,
+            activations=ActivationLog(journal, lanes, live, clock=clock),
             retention=(
                 None
                 if settings.decision_retention_days is None
@@ -221,6 +217,21 @@ class ServiceContext:
         if self.gate.shadow is not None:
             self.gate.shadow.close()
         self.lanes.close()
+
+
+def token_verifier(
+    settings: Settings, session_tokens: SessionTokenIssuer | None = None
+) -> TokenVerifier:
+    """What verifies the bearer tokens the settings admit (and the service's own)."""
+    tokens = session_token_issuer(settings) if session_tokens is None else session_tokens
+    return TokenVerifier(
+        jwt_secret(settings),
+        _public_key(settings.jwt_public_key_file),
+        max_lifetime_seconds=settings.jwt_max_lifetime_seconds,
+        provider=identity_provider(settings),
+        own_keys=tokens.verification_keys(),
+        own_issuer=tokens.issuer,
+    )
 
 
 def deciding_revision(client: PolicyClient) -> str | None:

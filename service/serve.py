@@ -36,9 +36,11 @@ from service.context import (
     check_settings,
     configured_store,
     deciding_revision,
+    token_verifier,
     utc_now,
 )
-from service.decisions.journal import LegacyChainPresent
+from service.decisions.activation_log import ActivationLog
+from service.decisions.journal import DecisionJournal, LegacyChainPresent
 from service.decisions.live import LiveRevisions, instance_id
 from service.http import tracing as request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
@@ -60,6 +62,7 @@ from service.workers import supervise
 from store.backends.contract import Lanes
 from store.evidence_chain import EvidenceChain, chain_names, legacy_chain_present
 from store.lanes import LaneStore
+from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.serve")
 THREADS = 16  # requests run at once; reading them costs no thread
@@ -121,6 +124,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 shadow_dir,
                 settings.data_dir / "opa-shadow",
                 watch_policies=True,
+                policy_set="shadow",
             )
             shadow.start()
             shadow_url, shadow_token = shadow.url, shadow.token
@@ -133,7 +137,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             reload = _reloader(sidecar)
             if early_reload.is_set():
                 reload()
-            with _live_revisions(settings, sidecar, opa_url, opa_token):
+            with _live_revisions(settings, sidecar, opa_url, opa_token, shadow):
                 supervise(settings, listener, sidecar, on_ready, reload, shadow)
             return
         tracing.start()  # each worker of several starts its own
@@ -145,8 +149,10 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             shadow_url=shadow_url,
             shadow_token=shadow_token,
         )
+        for followed in (sidecar, shadow):
+            if followed is not None:
+                context.activations.follow(followed, context.verifier.operator)
         if sidecar is not None:
-            sidecar.on_live = context.live.activate
             _keep_serials_in(sidecar, context.lanes)
         raise_open_file_limit()
         asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
@@ -211,19 +217,35 @@ async def serve_http(
 
 @contextmanager
 def _live_revisions(
-    settings: Settings, sidecar: OpaSidecar | None, opa_url: str, opa_token: str | None
+    settings: Settings,
+    sidecar: OpaSidecar | None,
+    opa_url: str,
+    opa_token: str | None,
+    shadow: OpaSidecar | None,
 ) -> Iterator[None]:
     """The parent of workers owns the data dir's live intervals: it opens one at start, one
     at each reload of its sidecar, and closes the last when it stops (the workers learn the
-    live revision from the store, or, without a sidecar, from OPA's answers)."""
+    live revision from the store, or, without a sidecar, from OPA's answers). It records
+    its sidecars' activations too, through a journal of its own (on PostgreSQL, which
+    takes several writers)."""
     lanes = open_lanes(configured_store(settings))
     live = LiveRevisions(lanes, instance_id(settings.data_dir), utc_now, owns=True)
+    journal = DecisionJournal(
+        lanes,
+        clock=utc_now,
+        live_revision=live.current,
+        signed_heads=SignedHeads(settings.data_dir),
+    )
+    recorder = ActivationLog(journal, lanes, live, clock=utc_now)
+    operator = token_verifier(settings).operator
     try:
         if sidecar is not None:
             live.started(sidecar.policies.served.revision)
-            sidecar.on_live = live.activate
             _keep_serials_in(sidecar, lanes)
-        else:
+        for followed in (sidecar, shadow):
+            if followed is not None:
+                recorder.follow(followed, operator)
+        if sidecar is None:
             client = PolicyClient(opa_url, opa_token)
             try:
                 live.started(deciding_revision(client))
@@ -231,9 +253,12 @@ def _live_revisions(
                 client.close()
         yield
     finally:
+        for followed in (sidecar, shadow):
+            if followed is not None:
+                followed.on_live = None
         if sidecar is not None:
-            sidecar.on_live = None
             _keep_serials_in(sidecar, None)
+        journal.close()
         live.stopped()
         lanes.close()
 

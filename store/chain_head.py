@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 GENESIS_HASH = "sha256:" + "0" * 64
 NO_TENANT_CHAIN = "~no-tenant"  # the chain of entries that name no tenant; no scope id has "~"
-CHAIN_NAME_PATTERN = r"^(~no-tenant|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$"
+SYSTEM_CHAIN = "~system"  # the deployment's own entries (policy activations); no scope id either
+CHAIN_NAME_PATTERN = r"^(~no-tenant|~system|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$"
 HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 TIMESTAMP_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z$"
 

@@ -3,7 +3,8 @@
 There is one chain per tenant: its entries, its anchor and its marker are keys
 whose tenant component is the chain's name (the tenant id), so on PostgreSQL a
 chain lives under its tenant's `tenant_id`. Entries that name no tenant go on
-the chain `NO_TENANT_CHAIN`, a name no scope id can be. The name `""`
+the chain `NO_TENANT_CHAIN`, a name no scope id can be; what the deployment
+records of itself (policy activations) goes on `SYSTEM_CHAIN`. The name `""`
 (`LEGACY_CHAIN`) addresses the one global chain older versions wrote, which
 `sessionstate db upgrade` migrates (`store.chain_migration`).
 
@@ -58,6 +59,7 @@ from store.chain_head import (
     GENESIS,
     HASH_PATTERN,
     NO_TENANT_CHAIN,
+    SYSTEM_CHAIN,
     ChainHead,
     parse_timestamp,
 )
@@ -194,6 +196,12 @@ def chain_names(lanes: Lanes) -> list[str]:
         for key, _ in lanes.scan(TenantResourceLane.TRACE_META)
         if key.name == b"chain" and key.tenant != LEGACY_CHAIN
     ]
+
+
+def tenant_chain_names(lanes: Lanes) -> list[str]:
+    """Every chain of decisions (each tenant's, and the no-tenant one): all but the
+    deployment's own, `SYSTEM_CHAIN` (its policy activations)."""
+    return [name for name in chain_names(lanes) if name != SYSTEM_CHAIN]
 
 
 def legacy_chain_present(lanes: Lanes) -> bool:

@@ -42,7 +42,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 from service.decisions.reader import DecisionLogReader
 from service.policy.input import PolicyAction
 from store.canonical import canonical_digest, canonical_json
-from store.chain_head import format_timestamp
+from store.chain_head import SYSTEM_CHAIN, format_timestamp
 from store.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
 from store.evidence_chain import NO_TENANT_CHAIN, parse_entry
 from store.scope import ScopeId
@@ -202,7 +202,7 @@ def bundle_chain(reader: DecisionLogReader, selection: BundleSelection) -> str:
     """The chain a bundle is of: the selection's tenant's, else the only chain there is."""
     if selection.tenant_id is not None:
         return selection.tenant_id
-    chains = reader.chains()
+    chains = [name for name in reader.chains() if name != SYSTEM_CHAIN]
     if len(chains) > 1:
         raise ValueError("each tenant's decisions are a chain of their own: name one with --tenant")
     return chains[0] if chains else NO_TENANT_CHAIN

@@ -5,7 +5,8 @@ Every decision the service makes becomes one entry of the evidence chain
 policy input (which never holds raw text), and the outcome (HTTP status,
 whether anything was applied). Each tenant's entries are a chain of their own
 (`chain_name`: entries that name no tenant go on `NO_TENANT_CHAIN`), so a
-tenant's listing is its chain. The index by decision id lives in the
+tenant's listing is its chain. What the deployment records of itself (policy
+activations, `SystemEntryBody`) goes on `SYSTEM_CHAIN`, which is no tenant's. The index by decision id lives in the
 `trace_index` lane under the chain's name and is written in the same batch as
 the entry: a decision id is only ever looked up within one tenant's chain.
 
@@ -40,6 +41,7 @@ from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
 from store.canonical import Encoded
+from store.chain_head import SYSTEM_CHAIN
 from store.checkpoints import CheckpointSigner
 from store.derived import DerivedOnce
 from store.evidence_chain import EvidenceChain, chain_name, chain_names
@@ -88,6 +90,15 @@ class DecisionEntryBody(DerivedOnce):
         document["outcome"] = outcome.model_dump(mode="json")
         document["recorded_at"] = recorded_at
         return document
+
+
+class SystemEntryBody(DecisionEntryBody):
+    """An entry the deployment makes of itself (a policy activation): on `SYSTEM_CHAIN`,
+    whatever it targets."""
+
+    @property
+    def chain(self) -> str:
+        return SYSTEM_CHAIN
 
 
 class LegacyLink(BaseModel):

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,7 +26,7 @@ from service.auth import Actor
 from service.decisions.journal import ChainBehindSignedHead, DecisionJournal, JournalClosed
 from service.decisions.log import DecisionEntryBody
 from service.policy.input import PolicyAction, PolicyActor, PolicyTarget
-from service.policy.trace import DecisionEngine, DecisionTrace
+from service.policy.trace import DecisionTrace, service_engine
 from service.rate_limits import Budget, RateLimits, Refusal, actor_key
 from service.reasons import Reason
 from store.canonical import canonical_digest
@@ -92,7 +91,7 @@ def summary_entry_body(summary: RateLimitSummary) -> DecisionEntryBody:
         policy_revision=canonical_digest(document["limits"]),
         input_digest=canonical_digest(document),
         evaluated_at=summary.first_at,
-        engine=DecisionEngine(name="sessionstate", version=_service_version()),
+        engine=service_engine(),
         latency_ms=0.0,
     )
     return DecisionEntryBody(
@@ -188,10 +187,3 @@ class RateLimitLog:
                 self.flush()
             except Exception as error:  # the quota's bookkeeping must never take the service down
                 log.error("rate_limit_flush_failed", extra={"error_type": type(error).__name__})
-
-
-def _service_version() -> str:
-    try:
-        return version("sessionstate")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"

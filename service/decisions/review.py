@@ -25,16 +25,16 @@ from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
 from store import signed_head
 from store.backends.contract import ExpectationFailed, Lanes
-from store.chain_head import format_timestamp
+from store.chain_head import SYSTEM_CHAIN, format_timestamp
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import (
     LEGACY_CHAIN,
     NO_TENANT_CHAIN,
     ChainVerification,
     EvidenceChain,
-    chain_names,
     is_chain_name,
     legacy_chain_present,
+    tenant_chain_names,
 )
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.lanes import LaneStore
@@ -117,7 +117,7 @@ def verify(
             return EvidenceChain(lanes, LEGACY_CHAIN).verify(checkpoint, verifier)
         name = tenant_id or (checkpoint.tenant_id if checkpoint is not None else None)
         if name is None:
-            chains = chain_names(lanes)
+            chains = tenant_chain_names(lanes)
             if len(chains) > 1:
                 raise ReviewError(
                     "each tenant's decisions are a chain of their own: name one with --tenant, "
@@ -143,7 +143,7 @@ def every_chain_verified(
 
 
 def _only_chain(lanes: LaneStore) -> str:
-    chains = chain_names(lanes)
+    chains = tenant_chain_names(lanes)
     if len(chains) > 1:
         raise ReviewError(
             "each tenant's decisions are a chain of their own: name one with --tenant"
@@ -266,10 +266,10 @@ def record_loss(lanes: Lanes, data_dir: Path, chain: str) -> dict[str, Any]:
     again; the entry as written. The data dir holds the checkpoint key the head is checked
     with; `lanes` is its LevelDB (the service stopped) or the configured PostgreSQL."""
     if not is_chain_name(chain):
-        raise ReviewError("--tenant: a tenant id (or ~no-tenant)")
+        raise ReviewError("--tenant: a tenant id (or ~no-tenant, ~system)")
     members = {
         "recorded_at": format_timestamp(datetime.now(UTC)),
-        "target": {"tenant_id": None if chain == NO_TENANT_CHAIN else chain},
+        "target": {"tenant_id": None if chain in (NO_TENANT_CHAIN, SYSTEM_CHAIN) else chain},
     }
     try:
         return signed_head.record_loss(EvidenceChain(lanes, chain), data_dir, members)

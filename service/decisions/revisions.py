@@ -12,8 +12,10 @@ by retention later still count. Rate limit summaries (the service decided
 them) are not counted.
 
 A reader gets each revision's summary beside its live intervals on the
-deployment (`RevisionReport`); a revision that was live but decided nothing for
-the tenant is listed with no decisions.
+deployment and its activations (`RevisionReport`, `service.decisions.activations`:
+which set went live when, how and by whom, the same for every tenant); a
+revision that was live or activated but decided nothing for the tenant is
+listed with no decisions.
 
 A store written before the summaries existed is summarised by `sessionstate db
 upgrade` (`rebuild`), chain by chain, from the entries it still holds (a failed
@@ -29,6 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.decisions import activations
+from service.decisions.activations import ActivationRecord
 from service.decisions.live import LiveInterval, fits, live_at, stored
 from service.decisions.log import DecisionEntryBody
 from service.policy.client import UNKNOWN
@@ -42,6 +46,7 @@ from store.evidence_chain import (
     entry_key,
     marker_key,
     parse_entry,
+    tenant_chain_names,
 )
 from store.keys import LaneKey, TenantResourceLane
 
@@ -101,6 +106,10 @@ class RevisionReport(RevisionSummary):
 
     live: list[LiveInterval] = Field(
         description="when it was live, on each instance of the deployment, oldest first"
+    )
+    activations: list[ActivationRecord] = Field(
+        description="each time the deployment made OPA decide with it (its entries on the "
+        "`~system` chain), oldest first; empty for activations before they were recorded"
     )
 
 
@@ -244,18 +253,21 @@ def revisions(lanes: Lanes, chain: str) -> list[RevisionReport]:
         if key.name.startswith(_PREFIX) and (summary := _parsed(value)) is not None
     }
     live = stored(lanes)
+    activated = activations.by_revision(activations.stored(lanes))
     reports = [
         RevisionReport(
             **(found.get(revision) or RevisionSummary.empty(revision)).model_dump(),
             live=sorted(live.get(revision, []), key=lambda i: datetime.fromisoformat(i.from_)),
+            activations=activated.get(revision, []),
         )
-        for revision in found.keys() | live.keys()
+        for revision in found.keys() | live.keys() | activated.keys()
     ]
     return sorted(reports, key=lambda r: (_since(r), r.policy_revision))
 
 
 def _since(report: RevisionReport) -> datetime:
     moments = [datetime.fromisoformat(i.from_) for i in report.live]
+    moments.extend(datetime.fromisoformat(a.at) for a in report.activations)
     if report.first_decided_at is not None:
         moments.append(datetime.fromisoformat(report.first_decided_at))
     return min(moments, default=datetime.max.replace(tzinfo=UTC))
@@ -272,7 +284,7 @@ def mark_complete_if_empty(lanes: Lanes) -> bool:
     complete (already, or now)."""
     if complete(lanes):
         return True
-    if chain_names(lanes):
+    if tenant_chain_names(lanes):  # the `~system` chain's activations are never summarised
         return False
     lanes.put(SUMMARIES_COMPLETE, b"", sync=True)
     return True

@@ -3,6 +3,11 @@
 The revision names exactly the Rego and data OPA evaluates: the same in every
 decision trace until a policy file or a data document (the tenant settings,
 `service.policy.tenant_settings`) changes, and different as soon as one does.
+
+A policy directory's own `.manifest` (`make policy-manifest`) may name the commit its
+files came from (`metadata.commit`, `git describe --always --dirty` where it was
+written); the bundle carries it on only while that manifest's revision is the files'
+own, so a stale manifest names no commit.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from store.canonical import canonical_digest
 
 BUNDLE_ROOTS = ("sessionstate", "system")
 METADATA_KEY = "sessionstate"  # the manifest's `metadata` member that is ours: {"serial": N}
+MAX_COMMIT = 128  # `git describe` of a tag, distance, hash and `-dirty` fits well
 
 
 class ServedBundle(Protocol):
@@ -32,6 +38,11 @@ class ServedBundle(Protocol):
 
     def tarball(self) -> bytes: ...
 
+    @property
+    def commit(self) -> str | None:
+        """The commit its manifest names (`metadata.commit`); None when it names none."""
+        ...
+
 
 @dataclass(frozen=True)
 class PolicyBundle:
@@ -39,17 +50,23 @@ class PolicyBundle:
 
     revision: str
     files: tuple[tuple[str, bytes], ...]
+    commit: str | None = None
 
     @property
     def etag(self) -> str:
         return self.revision
 
     def manifest(self, serial: int | None = None) -> bytes:
-        """The bundle's `.manifest`: its revision and roots, and a signed bundle's serial
-        (`service.policy.rollback`)."""
+        """The bundle's `.manifest`: its revision and roots, the commit its files came from
+        (if known), and a signed bundle's serial (`service.policy.rollback`)."""
         manifest: dict[str, object] = {"revision": self.revision, "roots": list(BUNDLE_ROOTS)}
+        metadata: dict[str, object] = {}
+        if self.commit is not None:
+            metadata["commit"] = self.commit
         if serial is not None:
-            manifest["metadata"] = {METADATA_KEY: {"serial": serial}}
+            metadata[METADATA_KEY] = {"serial": serial}
+        if metadata:
+            manifest["metadata"] = metadata
         return json.dumps(manifest).encode()
 
     def write_to(self, root: Path, *, serial: int | None = None) -> None:
@@ -94,7 +111,28 @@ def policy_files(policy_dir: Path) -> tuple[tuple[str, bytes], ...]:
 
 def load_bundle(policy_dir: Path) -> PolicyBundle:
     files = policy_files(policy_dir)
-    return PolicyBundle(revision=policy_revision(files), files=files)
+    revision = policy_revision(files)
+    return PolicyBundle(
+        revision=revision, files=files, commit=_manifest_commit(policy_dir, revision)
+    )
+
+
+def manifest_commit(manifest: object) -> str | None:
+    """The commit a parsed `.manifest` names (`metadata.commit`), if it is a short string."""
+    metadata = manifest.get("metadata") if isinstance(manifest, dict) else None
+    commit = metadata.get("commit") if isinstance(metadata, dict) else None
+    return commit if isinstance(commit, str) and 0 < len(commit) <= MAX_COMMIT else None
+
+
+def _manifest_commit(policy_dir: Path, revision: str) -> str | None:
+    """The commit the directory's `.manifest` names, if that manifest is of these files."""
+    try:
+        manifest = json.loads((policy_dir / ".manifest").read_bytes()[:65_536])
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("revision") != revision:
+        return None
+    return manifest_commit(manifest)
 
 
 def policy_revision(files: tuple[tuple[str, bytes], ...]) -> str:

@@ -9,10 +9,14 @@ outcome into `opa/policy-status.json`; the command signals, then waits for the
 next status and prints it.
 
 What a signal cannot carry, the command leaves beside the status before it signals:
-a reload request (`opa/reload-request.json`: an id, when it was asked, and an
-operator's `--skip-tests` override). The service takes it (renames it away) on the
-reload the signal asks for, and only if it is fresh; a bare SIGHUP, or the watcher,
-finds none, so only the command can skip the tests (`service.policy.coverage_gate`).
+a reload request (`opa/reload-request.json`, the owner's alone: an id, when it was
+asked, the operator's token if one was given, and an operator's `--skip-tests`
+override). The service takes it (renames it away) on the reload the signal asks
+for, and only if it is fresh; verifies the token, and records who reloaded on the
+decision log's `~system` chain (`service.decisions.activation_log`); a token that
+does not verify, or a `--skip-tests` by another than the token's operator, refuses
+the reload (`refused`). A bare SIGHUP, or the watcher, finds no request: it is by
+`system`, and only the command can skip the tests (`service.policy.coverage_gate`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ class PolicyStatus(BaseModel):
 
     generation: int = Field(ge=0, description="0 at start, one more at every reload")
     checked_at: float = Field(description="Unix time at which the policy directory was read")
-    outcome: Literal["started", "loaded", "unchanged", "invalid"]
+    outcome: Literal["started", "loaded", "unchanged", "invalid", "refused"] = Field(
+        description="`refused`: the operator token of the request did not verify; nothing was read"
+    )
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
     source_valid: bool = Field(
@@ -87,14 +93,18 @@ class PolicyStatus(BaseModel):
 class ReloadRequest(BaseModel):
     """What `sessionstate policy reload` asks of the reload its signal starts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{16,64}$")
     asked_at: float
     skip_tests_by: str | None = Field(
         default=None,
         pattern=SCOPE_ID_PATTERN,
-        description="serve the directory although its tests fail: the operator who says so",
+        description="serve the directory although its tests fail: the operator who says so "
+        "(the operator `operator_token` names)",
+    )
+    operator_token: str | None = Field(
+        default=None, max_length=8192, description="the operator's bearer token; null: none"
     )
 
 
@@ -141,9 +151,14 @@ def read_status(path: Path) -> PolicyStatus | None:
 
 
 def request_reload(
-    data_dir: Path, timeout: float = 30.0, *, skip_tests_by: str | None = None
+    data_dir: Path,
+    timeout: float = 30.0,
+    operator_token: str | None = None,
+    *,
+    skip_tests_by: str | None = None,
 ) -> PolicyStatus:
-    """Signal the service of data_dir to reload, and return the status it then writes."""
+    """Signal the service of data_dir to reload, and return the status it then writes; the
+    request names the operator whose token is given (and who skips the tests, if one does)."""
     if not _held(data_dir / LOCK_FILE):
         raise ReloadRefused(f"no sessionstate service is running on the data dir {data_dir}")
     try:
@@ -160,10 +175,13 @@ def request_reload(
         )
     asked_at = time.time()
     request = ReloadRequest(
-        request_id=secrets.token_urlsafe(16), asked_at=asked_at, skip_tests_by=skip_tests_by
+        request_id=secrets.token_urlsafe(16),
+        asked_at=asked_at,
+        skip_tests_by=skip_tests_by,
+        operator_token=operator_token,
     )
     try:
-        _write_atomically(data_dir / REQUEST_FILE, request.model_dump_json())
+        _write_atomically(data_dir / REQUEST_FILE, request.model_dump_json(), mode=0o600)
         os.kill(pid, signal.SIGHUP)
         return _answer(data_dir, request, timeout)
     finally:
@@ -207,8 +225,11 @@ def _held(lock_file: Path) -> bool:
         return False
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: Path, text: str, mode: int = 0o666) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
+    partial.unlink(missing_ok=True)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
     os.replace(partial, path)

@@ -9,10 +9,15 @@
   `sessionstate policy reload`), or by the watcher with `watch_policies`
   (`service.policy.source`); each reload's outcome goes to
   `policy-status.json` in the work dir, and a revision OPA decides with
-  after a reload to `on_live` (the live intervals, `service.decisions.live`).
+  after a reload to `on_live` as an `Activated`: how it was loaded and who
+  asked (`service.policy.activation`), for the live intervals and the
+  activation entries (`service.decisions.activation_log`). A reload asked
+  with an operator token (`sessionstate policy reload --operator`) is done
+  only once `verify_operator` names its operator.
   With `tests` (a `CoverageGate`), a snapshot is served only once its tests
   pass, unless the reload request of `sessionstate policy reload --skip-tests`
-  (`reload-request.json` in the work dir) says otherwise.
+  (`reload-request.json` in the work dir, with the token of the operator who
+  skips them) says otherwise.
 - With a signed bundle file (`bundle_file` and `verification_key`), that file
   is what OPA gets, and OPA is configured to activate only a bundle whose
   signature verifies with the key (`service.policy.signed_bundle`); a bundle
@@ -47,6 +52,13 @@ from typing import Any
 
 import requests
 
+from service.policy.activation import (
+    SYSTEM_ACTOR,
+    Activated,
+    ActivationHow,
+    PolicySet,
+    signer_key_id,
+)
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.coverage_gate import CoverageGate
@@ -112,6 +124,7 @@ class OpaSidecar:
         bundle_pin: str | None = None,
         tracing: OpaTracing | None = None,
         tests: CoverageGate | None = None,
+        policy_set: PolicySet = "live",
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
             raise ValueError("a signed bundle needs both the bundle file and the verification key")
@@ -129,6 +142,10 @@ class OpaSidecar:
         self.verification_key = verification_key
         self.verification_alg = verification_alg
         self.tracing = tracing
+        self.policy_set: PolicySet = policy_set
+        self.signer_key_id = (
+            None if verification_key is None else signer_key_id(verification_key, verification_alg)
+        )
         self.signed: SignedBundleSource | None = None
         self._status_token = secrets.token_urlsafe(32)
         self.policies: PolicySnapshots
@@ -155,7 +172,10 @@ class OpaSidecar:
         self._generation = 0
         self._loaded_at = 0.0
         # Told of each revision OPA decides with after a reload that loaded it.
-        self.on_live: Callable[[str], None] | None = None
+        self.on_live: Callable[[Activated], None] | None = None
+        # The operator a reload request's token names (raises ValueError if none); None: a
+        # request with a token is refused.
+        self.verify_operator: Callable[[str], str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -229,9 +249,18 @@ class OpaSidecar:
         """Ask for a reload, from a signal handler say; the reloader thread does it."""
         self._reload_requested.set()
 
-    def reload_policies(self, request: ReloadRequest | None = None) -> PolicyStatus:
+    def started_as(self) -> Activated:
+        """The policy set it started with, as an activation (`start`, by `system`)."""
+        return self._activated(self.policies.served.revision, "start", SYSTEM_ACTOR)
+
+    def reload_policies(
+        self,
+        how: ActivationHow = "reload",
+        who: str = SYSTEM_ACTOR,
+        request: ReloadRequest | None = None,
+    ) -> PolicyStatus:
         """Take a new snapshot if the directory compiles (and passes its tests, unless the
-        request skips them); wait until OPA decides with it."""
+        request skips them, by `who`); wait until OPA decides with it."""
         with self._reload_lock:
             checked_at = time.time()
             result = self.policies.reload(None if request is None else request.skip_tests_by)
@@ -256,40 +285,54 @@ class OpaSidecar:
                         "errors": list(result.errors),
                     },
                 )
-            return self._report(result, checked_at, request)
+            return self._report(result, checked_at, how, who, request)
 
     def deciding_revision(self) -> str | None:
         """The policy revision OPA decides with now; None when it does not answer."""
         trace = self._probe.probe()
         return None if trace.engine_unavailable else trace.policy_revision
 
+    def _activated(self, revision: str, how: ActivationHow, who: str) -> Activated:
+        return Activated(
+            revision=revision,
+            how=how,
+            who=who,
+            policy_set=self.policy_set,
+            signer_key_id=self.signer_key_id,
+            commit=self.policies.served.commit,
+        )
+
     def _report(
         self,
         result: ReloadResult,
         checked_at: float,
+        how: ActivationHow = "start",
+        who: str = SYSTEM_ACTOR,
         request: ReloadRequest | None = None,
         *,
         started: bool = False,
+        refused: str | None = None,
     ) -> PolicyStatus:
         deciding = self._wait_deciding(result.revision)
         status = PolicyStatus(
             generation=self._generation,
             checked_at=checked_at,
-            outcome="started" if started else result.outcome,
+            outcome="started" if started else "refused" if refused else result.outcome,
             revision=result.revision,
             deciding=deciding,
             source_valid=self.policies.valid,
-            errors=list(result.errors),
+            errors=[refused] if refused else list(result.errors),
             reasons=list(result.reasons),
             reason=result.reason,
             tests_skipped_by=result.tests_skipped_by,
             request_id=None if request is None else request.request_id,
         )
         self._generation += 1
-        if deciding and result.outcome == "loaded" and self.on_live is not None:
-            self.on_live(result.revision)  # recorded before the status tells of the reload
+        if deciding and result.outcome == "loaded" and not started and self.on_live is not None:
+            # Recorded before the status tells of the reload.
+            self.on_live(self._activated(result.revision, how, who))
         write_status(self.status_path, status)
-        if result.outcome != "invalid" and not started:  # a refusal was logged as an error
+        if result.outcome != "invalid" and not started and not refused:  # logged as errors
             log.info(
                 "policy_reloaded",
                 extra={
@@ -316,14 +359,40 @@ class OpaSidecar:
             asked = self._reload_requested.wait(self.poll_seconds if self.watch_policies else None)
             if self._stopping.is_set():
                 return
-            request = None
+            how: ActivationHow = "bundle_poll" if self.signed is not None else "watcher"
             if asked:
                 self._reload_requested.clear()
-                request = take_request(self.request_path, time.time())  # only a signal's
+                how = "sighup"
             elif self.policies.source_revision() in (None, watched):
                 continue
             watched = self.policies.source_revision() or watched
-            self.reload_policies(request)
+            self._reload_as_asked(how)
+
+    def _reload_as_asked(self, how: ActivationHow) -> None:
+        """A reload, by the operator a fresh `policy reload` request names (`reload`), or by
+        `system`; a request whose token names no operator, or whose `--skip-tests` names
+        another than its token, is refused, nothing read. Only a signal's reload takes one."""
+        request = take_request(self.request_path, time.time()) if how == "sighup" else None
+        if request is None:
+            self.reload_policies(how)
+            return
+        who = SYSTEM_ACTOR
+        try:
+            if request.operator_token is not None:
+                if self.verify_operator is None:
+                    raise ValueError("this service cannot verify operator tokens")
+                who = self.verify_operator(request.operator_token)
+            if request.skip_tests_by is not None and request.skip_tests_by != who:
+                raise ValueError("--skip-tests needs the token of the operator who skips them")
+        except ValueError as error:
+            with self._reload_lock:
+                log.error("policy_reload_refused", extra={"reason": str(error)})
+                served = ReloadResult("unchanged", self.policies.served.revision)
+                self._report(
+                    served, time.time(), request=request, refused=f"operator token: {error}"
+                )
+            return
+        self.reload_policies("reload", who, request)
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""

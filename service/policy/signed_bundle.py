@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.policy.admission import admit
-from service.policy.bundle import METADATA_KEY, PolicyBundle
+from service.policy.bundle import METADATA_KEY, PolicyBundle, manifest_commit
 from service.policy.coverage_gate import CoverageGate
 from service.policy.rollback import ROLLBACK, RollbackGuard
 from service.policy.source import (
@@ -146,6 +146,7 @@ class BundleFile:
     revision: str  # from its .manifest; "" when it has none that reads
     serial: int | None  # from its .manifest's metadata; None when it has none
     content: bytes
+    commit: str | None = None  # its .manifest's `metadata.commit`
 
     @cached_property  # asked at every poll of OPA's; the bytes never change
     def etag(self) -> str:
@@ -157,8 +158,14 @@ class BundleFile:
 
 def read_bundle_file(path: Path) -> BundleFile:
     content = path.read_bytes()
-    revision, serial = _manifest(content)
-    return BundleFile(revision=revision, serial=serial, content=content)
+    manifest = _manifest(content)
+    revision = manifest.get("revision", "")
+    return BundleFile(
+        revision=revision if isinstance(revision, str) else "",
+        serial=_serial(manifest),
+        content=content,
+        commit=manifest_commit(manifest),
+    )
 
 
 def bundle_contents(bundle: BundleFile) -> PolicyBundle:
@@ -182,9 +189,9 @@ def bundle_contents(bundle: BundleFile) -> PolicyBundle:
 _BUNDLE_META = ("/.manifest", "/.signatures.json")
 
 
-def _manifest(content: bytes) -> tuple[str, int | None]:
-    """The revision and serial the bundle's one `.manifest` names; ("", None) when it has
-    none that reads, or more than one (which OPA might read otherwise than this)."""
+def _manifest(content: bytes) -> dict[str, object]:
+    """The bundle's one `.manifest`, parsed; empty when it has none that reads, or more than
+    one (which OPA might read otherwise than this)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as archive:
             found = [
@@ -195,17 +202,16 @@ def _manifest(content: bytes) -> tuple[str, int | None]:
             handle = archive.extractfile(found[0]) if len(found) == 1 else None
             manifest = json.loads(handle.read(65_536)) if handle is not None else {}
     except (tarfile.TarError, OSError, EOFError, ValueError):
-        return "", None
-    if not isinstance(manifest, dict):
-        return "", None
-    revision = manifest.get("revision", "")
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _serial(manifest: dict[str, object]) -> int | None:
+    """The serial `policy build --serial` signed into the manifest; None when it has none."""
     metadata = manifest.get("metadata")
     ours = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
     serial = ours.get("serial") if isinstance(ours, dict) else None
-    return (
-        revision if isinstance(revision, str) else "",
-        serial if type(serial) is int and serial >= 1 else None,
-    )
+    return serial if type(serial) is int and serial >= 1 else None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,9 +19,25 @@ class DecisionEngine(BaseModel):
 
     name: Literal["opa", "sessionstate"] = Field(
         default="opa",
-        description="`opa`, or `sessionstate` for a decision the service made before asking OPA",
+        description="`opa`, or `sessionstate` for a decision the service made before asking OPA "
+        "(a rate limit summary) or of itself (a policy activation)",
     )
     version: str = Field(max_length=64)
+
+
+@cache
+def service_engine() -> DecisionEngine:
+    """The service itself, as the engine of what it decided without OPA."""
+    try:
+        release = version("sessionstate")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        release = "unknown"
+    return DecisionEngine(name="sessionstate", version=release)
+
+
+# What the service decides of itself, without OPA: never asked of a policy.
+ServiceAction = Literal["policy.activate"]
+TraceAction = Literal[PolicyAction, ServiceAction]
 
 
 class DecisionTrace(BaseModel):
@@ -31,7 +49,10 @@ class DecisionTrace(BaseModel):
         max_length=64,
         description="OPA's decision id (local when OPA failed; `ratelimit-` for a rate limit summary)",
     )
-    action: PolicyAction
+    action: TraceAction = Field(
+        description="the policy action decided; `policy.activate` for a policy activation "
+        "(the `~system` chain)"
+    )
     policy: str = Field(description="policy path, e.g. sessionstate/write")
     allow: bool
     reasons: list[str]

@@ -57,6 +57,35 @@ def _exactly_one(model: BaseModel, first: str, second: str) -> None:
         )
 
 
+class ActivationRecord(_Response):
+    """One activation of a revision: when, where, how, by whom, from what."""
+
+    at: Annotated[
+        str,
+        Field(pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?Z$"),
+    ] = Field(description="RFC 3339: when OPA decided with it")
+    policy_set: Literal["live", "shadow"] = Field(
+        description="`live`: the set that decides; `shadow`: the shadow set (SESSIONSTATE_SHADOW_POLICIES), which decides nothing"
+    )
+    how: Literal["start", "reload", "sighup", "watcher", "bundle_poll"] = Field(
+        description="`start` of the service, `reload` (`sessionstate policy reload`), a bare `sighup`, the `watcher` of a policy directory, or the `bundle_poll` of a signed bundle file"
+    )
+    who: str = Field(
+        description="the operator the reload's token named (`policy reload --operator`), else `system`"
+    )
+    previous_revision: str | None = Field(
+        description="the revision of the same set this instance activated before; null: none"
+    )
+    signer_key_id: str | None = Field(
+        description="a signed bundle's: the sha256 of the verification key it verified with (`hmac-sha256:` for HS256); null: a policy directory"
+    )
+    commit: str | None = Field(
+        description="the commit its manifest names (`make policy-manifest` in a checkout); null: none"
+    )
+    instance: str = Field(description="the service instance (data dir) that activated it")
+    decision_id: str = Field(description="its entry on the `~system` chain")
+
+
 class AnchorKind(StrEnum):
     MEMORY_CHAIN = "memory_chain"
     GENE_CHAIN = "gene_chain"
@@ -99,7 +128,7 @@ class DecisionEngine(_Response):
 
     name: Literal["opa", "sessionstate"] = Field(
         default="opa",
-        description="`opa`, or `sessionstate` for a decision the service made before asking OPA",
+        description="`opa`, or `sessionstate` for a decision the service made before asking OPA (a rate limit summary) or of itself (a policy activation)",
     )
     version: Annotated[str, Field(max_length=64)]
 
@@ -120,7 +149,10 @@ class DecisionTrace(_Response):
         "approval.list",
         "decisions.read",
         "token.exchange",
-    ]
+        "policy.activate",
+    ] = Field(
+        description="the policy action decided; `policy.activate` for a policy activation (the `~system` chain)"
+    )
     policy: str = Field(description="policy path, e.g. sessionstate/write")
     allow: bool
     reasons: list[str]
@@ -149,7 +181,8 @@ class Checkpoint(_Response):
     """A signed chain head, as a reviewer keeps it."""
 
     tenant_id: (
-        Annotated[str, Field(pattern="^(~no-tenant|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$")] | None
+        Annotated[str, Field(pattern="^(~no-tenant|~system|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$")]
+        | None
     ) = Field(
         default=None,
         description="the chain (tenant) whose head this is; absent on checkpoints signed before chains were per tenant, which speak of the one global chain",
@@ -355,9 +388,9 @@ class RetentionAnchor(_Response):
     kind: Literal["sessionstate.retention_anchor.v1"] = Field(
         default="sessionstate.retention_anchor.v1"
     )
-    chain: Annotated[str, Field(pattern="^(~no-tenant|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$")] = (
-        Field(description="the chain (tenant) it starts")
-    )
+    chain: Annotated[
+        str, Field(pattern="^(~no-tenant|~system|[A-Za-z0-9_-][A-Za-z0-9._-]{0,127})$")
+    ] = Field(description="the chain (tenant) it starts")
     seq: Annotated[int, Field(ge=1)] = Field(description="the last pruned entry's seq")
     hash: Annotated[str, Field(pattern="^sha256:[0-9a-f]{64}$")] = Field(description="and its hash")
     origin: Literal["retention", "db_upgrade"] = Field(
@@ -475,6 +508,9 @@ class RevisionReport(_Response):
     )
     live: list[LiveInterval] = Field(
         description="when it was live, on each instance of the deployment, oldest first"
+    )
+    activations: list[ActivationRecord] = Field(
+        description="each time the deployment made OPA decide with it (its entries on the `~system` chain), oldest first; empty for activations before they were recorded"
     )
 
 
