@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +184,30 @@ def test_a_killed_shadow_changes_nothing_the_clients_see(shadowed: Served) -> No
     assert "unavailable" in outcomes or "timeout" in outcomes
     assert shadowed.process.poll() is None
     assert requests.get(shadowed.url + "/readyz", timeout=10).status_code == 200
+
+
+def test_a_shadow_set_that_does_not_compile_stops_the_start_naming_its_setting(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    candidate = tmp_path / "candidate"
+    shutil.copytree(POLICY_DIR, candidate)
+    write_rego = candidate / "sessionstate" / "write" / "write.rego"
+    write_rego.write_text(write_rego.read_text() + "\nthis is not rego\n")
+    env = {
+        **os.environ,
+        "SESSIONSTATE_DATA_DIR": str(tmp_path / "var"),
+        "SESSIONSTATE_OPA_BIN": opa_bin,
+        "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
+        "SESSIONSTATE_SHADOW_POLICIES": str(candidate),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "(SESSIONSTATE_SHADOW_POLICIES)" in done.stderr
+    assert "SESSIONSTATE_POLICY_DIR" not in done.stderr and "Traceback" not in done.stderr

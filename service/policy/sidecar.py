@@ -163,7 +163,10 @@ class OpaSidecar:
                 lambda: self.policies.served, board=board, token=self._status_token
             )
         else:
-            self.policies = PolicySource(policy_dir, opa_bin, tests=tests)
+            setting = "SESSIONSTATE_SHADOW_POLICIES" if policy_set == "shadow" else None
+            self.policies = PolicySource(
+                policy_dir, opa_bin, tests=tests, setting=setting or "SESSIONSTATE_POLICY_DIR"
+            )
             self._bundles = BundleServer(lambda: self.policies.served)
         self._probe = PolicyClient(self.url, self.token, timeout=1.0)
         self._reload_requested = threading.Event()

@@ -93,9 +93,15 @@ class PolicySource:
     """The served snapshot of one policy directory, and the reloads that replace it."""
 
     def __init__(
-        self, policy_dir: Path, opa_bin: str, *, tests: CoverageGate | None = None
+        self,
+        policy_dir: Path,
+        opa_bin: str,
+        *,
+        tests: CoverageGate | None = None,
+        setting: str = "SESSIONSTATE_POLICY_DIR",
     ) -> None:
         self.policy_dir = policy_dir
+        self.setting = setting  # what names the directory, in a refusal
         self.opa_bin = opa_bin
         self.tests = tests
         self._served: PolicyBundle | None = None
@@ -129,11 +135,9 @@ class PolicySource:
     def load(self) -> PolicyBundle:
         """Take the start snapshot; refuse a directory that cannot be served."""
         if not self.policy_dir.is_dir():
-            raise PolicySourceError(
-                f"SESSIONSTATE_POLICY_DIR is not a directory: {self.policy_dir}"
-            )
+            raise PolicySourceError(f"{self.setting} is not a directory: {self.policy_dir}")
         bundle, errors, reasons = self._read()
-        where = f"the policies in {self.policy_dir} (SESSIONSTATE_POLICY_DIR)"
+        where = f"the policies in {self.policy_dir} ({self.setting})"
         if errors:
             message = f"{where} cannot be served: " + "; ".join(errors)
             raise PolicyRefused(message, reasons) if reasons else PolicySourceError(message)
