@@ -20,9 +20,11 @@ from pathlib import Path
 from service.policy.admission_check import AdmissionCheck, Candidate, Refusal
 from service.policy.bundle import PolicyBundle
 from service.policy.defined import decisions_defined
+from service.policy.invariants import invariants_hold
 
 CHECKS: list[AdmissionCheck] = [
     decisions_defined,  # every decision package defined, of the decision schema
+    invariants_hold,  # the deployment's invariants, on generated inputs
 ]
 
 

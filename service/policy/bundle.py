@@ -23,6 +23,7 @@ from typing import Protocol
 from store.canonical import canonical_digest
 
 BUNDLE_ROOTS = ("sessionstate", "system")
+INVARIANTS_DIR = "invariants"  # the deployment's invariants: checked, never served
 METADATA_KEY = "sessionstate"  # the manifest's `metadata` member that is ours: {"serial": N}
 MAX_COMMIT = 128  # `git describe` of a tag, distance, hash and `-dirty` fits well
 
@@ -90,12 +91,15 @@ class PolicyBundle:
 
 
 def policy_files(policy_dir: Path) -> tuple[tuple[str, bytes], ...]:
-    """The files OPA serves decisions from, sorted: every `.rego` but the tests, and every
-    `data.json` under the bundle's roots (what OPA itself loads from a bundle directory)."""
+    """The files OPA serves decisions from, sorted: every `.rego` but the tests and the
+    invariants (`invariants/`, `service.policy.invariants`), and every `data.json` under the
+    bundle's roots (what OPA itself loads from a bundle directory)."""
     rego = (
         path
         for path in policy_dir.rglob("*.rego")
-        if path.is_file() and not path.name.endswith("_test.rego")
+        if path.is_file()
+        and not path.name.endswith("_test.rego")
+        and not is_invariant(path, policy_dir)
     )
     data = (
         path
@@ -107,6 +111,11 @@ def policy_files(policy_dir: Path) -> tuple[tuple[str, bytes], ...]:
     return tuple(
         ("/" + path.relative_to(policy_dir).as_posix(), path.read_bytes()) for path in found
     )
+
+
+def is_invariant(path: Path, policy_dir: Path) -> bool:
+    """True for a file of the directory's invariants (or their tests): never served."""
+    return path.relative_to(policy_dir).parts[0] == INVARIANTS_DIR
 
 
 def load_bundle(policy_dir: Path) -> PolicyBundle:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.policy.bundle import PolicyBundle
+from service.policy.bundle import PolicyBundle, is_invariant
 
 POLICY_TESTS_FAILED = "policy_tests_failed"
 POLICY_TESTS_SKIPPED = "policy_tests_skipped"  # served by an operator's override
@@ -103,10 +103,11 @@ class CoverageGate:
 
 
 def _write_tested(root: Path, policy_dir: Path, bundle: PolicyBundle) -> None:
-    """Under root: the snapshot's files, and the directory's tests as they are now."""
+    """Under root: the snapshot's files, and the directory's tests as they are now (but the
+    invariants', which test modules never served: `service.policy.invariants`)."""
     bundle.write_to(root)
     for path in sorted(policy_dir.rglob("*" + TEST_SUFFIX)):
-        if path.is_file():
+        if path.is_file() and not is_invariant(path, policy_dir):
             copy = root / path.relative_to(policy_dir)
             copy.parent.mkdir(parents=True, exist_ok=True)
             copy.write_bytes(path.read_bytes())

@@ -68,7 +68,8 @@ class PolicyStatus(BaseModel):
         default_factory=list,
         description="the admission checks' reason codes when they refused the policies "
         "(policy_decision_undefined: a decision package is undefined, or does not answer "
-        "the decision schema); empty otherwise",
+        "the decision schema; policy_invariant_violated: an input generated from the input "
+        "schema breaks one of the deployment's invariants); empty otherwise",
     )
     reason: str | None = Field(
         default=None,

@@ -1,0 +1,28 @@
+package sessionstate.invariants.no_cross_tenant_allow_test
+
+import data.sessionstate.invariants.no_cross_tenant_allow
+
+across := {
+	"action": "read",
+	"now": 1700000000,
+	"actor": {
+		"sub": "svc",
+		"roles": ["model-service"],
+		"tenant_id": "tenant-a",
+		"workspace_id": "ws-a",
+		"session_id": "s-a",
+	},
+	"target": {"tenant_id": "tenant-b", "workspace_id": "ws-a", "session_id": "s-a"},
+	"deployment": {"durable_writes_enabled": true},
+	"approval": null,
+	"record": null,
+}
+
+test_default_policies_hold if {
+	not no_cross_tenant_allow.violation with input as across
+}
+
+test_a_read_allowed_across_tenants_violates if {
+	no_cross_tenant_allow.violation with input as across
+		with data.sessionstate.read.decision as {"allow": true, "reasons": []}
+}

@@ -1,0 +1,185 @@
+"""The admission check that the deployment's invariants hold for the candidate.
+
+An invariant is a Rego module of `invariants/` beside the policies (never served:
+`service.policy.bundle`), package `sessionstate.invariants.<its file's name>`, whose
+`violation` is true for an input the decisions must not allow (it reads them itself, e.g.
+`data.sessionstate.read.decision`). A directory's own invariants are checked; a signed
+bundle, which carries none, is checked against the default policies' (`default_policy_dir`).
+
+Hypothesis generates `MAX_EXAMPLES` inputs from the input models (`service.policy.generated`),
+the same ones every time for the same candidate (derandomized), and one scratch `opa eval`
+asks every invariant of each. An invariant violated refuses the set
+(`policy_invariant_violated`), naming it and the smallest counterexample hypothesis shrinks
+to (one `opa eval` per step tried, at most `MAX_SHRINK_EVALUATIONS`). Sampling proves
+nothing: a counterexample hypothesis does not reach is missed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import strategies as st
+
+from service.policy.admission_check import Candidate, Refusal
+from service.policy.bundle import INVARIANTS_DIR
+from service.policy.defined import settings_tenants
+from service.policy.generated import policy_inputs, scope_literals
+from service.policy.scratch import EvaluationFailed, evaluate
+from service.settings import default_policy_dir
+
+VIOLATED = "policy_invariant_violated"
+MAX_EXAMPLES = 200
+MAX_SHRINK_EVALUATIONS = 150
+_QUERY = "data.sessionstate.invariant_batch.violations"
+_BATCH = """package sessionstate.invariant_batch
+
+violations := {sprintf("%d", [i]): names |
+	some i, document in input.batch
+	names := [name |
+		some name in input.invariants
+		data.sessionstate.invariants[name].violation with input as document
+	]
+}
+"""
+
+
+def invariants_hold(candidate: Candidate) -> list[Refusal]:
+    modules = invariant_modules(candidate.source_dir)
+    if not modules:
+        return []
+    names = [name for name, _ in modules]
+    files = [(f"invariant_{name}.rego", text) for name, text in modules]
+    ids = scope_literals(
+        [content for _, content in candidate.bundle.files] + [text.encode() for _, text in modules]
+    )
+    strategy = policy_inputs([*ids, *settings_tenants(candidate)])
+
+    def violated(documents: list[dict[str, Any]]) -> list[list[str]]:
+        result = evaluate(
+            candidate.opa_bin,
+            candidate.root,
+            _QUERY,
+            {"batch": documents, "invariants": names},
+            [*files, ("invariant_batch.rego", _BATCH)],
+        )
+        decided = result if isinstance(result, dict) else {}
+        return [list(decided.get(str(index), [])) for index in range(len(documents))]
+
+    try:
+        collected = _Collector()
+        _search(strategy, collected, MAX_EXAMPLES)
+        verdicts = violated(collected.documents)
+        return [
+            Refusal(VIOLATED, _detail(name, _shrunk(strategy, name, collected, verdicts, violated)))
+            for name in names
+            if any(name in found for found in verdicts)
+        ]
+    except EvaluationFailed as error:
+        return [Refusal(VIOLATED, f"the invariants could not be evaluated: {error}")]
+
+
+def invariant_modules(source_dir: Path | None) -> list[tuple[str, str]]:
+    """(name, Rego) of each invariant beside the policies, sorted by name."""
+    directory = (source_dir if source_dir is not None else default_policy_dir()) / INVARIANTS_DIR
+    if not directory.is_dir():
+        return []
+    return [
+        (path.stem, path.read_text())
+        for path in sorted(directory.glob("*.rego"))
+        if path.is_file() and not path.name.endswith("_test.rego")
+    ]
+
+
+class _Collector:
+    """A probe that keeps every input it is given and finds none violating."""
+
+    def __init__(self) -> None:
+        self.documents: list[dict[str, Any]] = []
+
+    def __call__(self, document: dict[str, Any]) -> bool:
+        self.documents.append(document)
+        return False
+
+
+class _Found(Exception):
+    """Raised by the search when the probe holds: not an error."""
+
+
+def _search(
+    strategy: st.SearchStrategy[dict[str, Any]],
+    probe: Callable[[dict[str, Any]], bool],
+    examples: int,
+    *,
+    shrink: bool = False,
+) -> dict[str, Any] | None:
+    """The (shrunk) input the probe holds true, or None. Derandomized: the same strategy
+    yields the same inputs in the same order on every call."""
+    found: list[dict[str, Any]] = []
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    @given(strategy)
+    def run(document: dict[str, Any]) -> None:
+        if probe(document):
+            found.append(document)
+            raise _Found
+
+    try:
+        run()
+    except _Found:
+        return found[-1]
+    return None
+
+
+def _shrunk(
+    strategy: st.SearchStrategy[dict[str, Any]],
+    name: str,
+    collected: _Collector,
+    verdicts: list[list[str]],
+    violated: Callable[[list[dict[str, Any]]], list[list[str]]],
+) -> dict[str, Any]:
+    """The smallest input hypothesis finds that violates the invariant `name`."""
+    known = {
+        _key(document): name in found
+        for document, found in zip(collected.documents, verdicts, strict=True)
+    }
+    budget = [MAX_SHRINK_EVALUATIONS]
+
+    def probe(document: dict[str, Any]) -> bool:
+        key = _key(document)
+        if key not in known:
+            if budget[0] <= 0:
+                return False
+            budget[0] -= 1
+            known[key] = name in violated([document])[0]
+        return known[key]
+
+    first = next(
+        document
+        for document, found in zip(collected.documents, verdicts, strict=True)
+        if name in found
+    )
+    return _search(strategy, probe, MAX_EXAMPLES, shrink=True) or first
+
+
+def _key(document: dict[str, Any]) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def _detail(name: str, document: dict[str, Any]) -> str:
+    """The invariant and its counterexample, in one line (generated ids and flags only)."""
+    shown = {key: value for key, value in document.items() if value is not None}
+    return f"sessionstate.invariants.{name} is violated by {_key(shown)}"

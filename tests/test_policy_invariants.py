@@ -1,0 +1,165 @@
+"""Invariants proven on generated inputs (`service.policy.invariants`).
+
+The default invariants (policies/invariants) hold for the default policies on the inputs
+hypothesis generates. A rule that lets any tenant read one workspace (tested, so the tests
+gate lets it through) breaks `no_cross_tenant_allow`: the admission refuses it, and so do
+`policy build` (nothing signed), a served process's reload (the old revision decides) and
+`policy impact`, each naming that workspace in the shrunk counterexample. Real OPA, real
+`sessionstate serve`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from service.auth import mint_token
+from service.policy.admission import admit
+from service.policy.bundle import load_bundle
+from service.policy.invariants import invariant_modules
+from service.policy.reload import PolicyStatus
+from tests.conftest import POLICY_DIR
+from tests.live import JWT_SECRET
+from tests.served import ROOT, Served, start
+from tests.test_signed_bundles import Keys
+
+READ = Path("sessionstate") / "read" / "read.rego"
+READ_TEST = Path("sessionstate") / "read" / "read_test.rego"
+SHARED = "ws-shared"
+_RULE = f"""
+# Any tenant's model services may read the shared workspace: breaks no_cross_tenant_allow.
+allow if {{
+	input.target.workspace_id == "{SHARED}"
+	lib.has_role(input.actor, "model-service")
+}}
+"""
+_TEST = f"""
+test_the_shared_workspace_is_readable if {{
+	read.decision.allow with input as object.union(valid_input, {{"target": {{"workspace_id": "{SHARED}"}}}})
+}}
+"""
+VIOLATED = (
+    "policy_invariant_violated: sessionstate.invariants.no_cross_tenant_allow is violated by "
+)
+
+
+def _broken(tmp: Path, name: str = "policies") -> Path:
+    """A copy of the default policies with a tested rule that reads across tenants."""
+    policies = tmp / name
+    shutil.copytree(POLICY_DIR, policies)
+    for file, added in ((READ, _RULE), (READ_TEST, _TEST)):
+        path = policies / file
+        path.write_text(path.read_text() + added)
+    return policies
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_the_default_invariants_hold_for_the_default_policies(opa_bin: str) -> None:
+    names = [name for name, _ in invariant_modules(POLICY_DIR)]
+    assert names == ["no_cross_session_read", "no_cross_tenant_allow", "no_write_without_approval"]
+    assert admit(opa_bin, load_bundle(POLICY_DIR), POLICY_DIR) == []
+
+
+def test_the_invariants_are_not_served() -> None:
+    served = [name for name, _ in load_bundle(POLICY_DIR).files]
+    assert served and not [name for name in served if name.startswith("/invariants/")]
+
+
+def test_a_broken_invariant_is_refused_with_the_same_smallest_counterexample(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    policies = _broken(tmp_path)
+    (refusal,) = admit(opa_bin, load_bundle(policies), policies)
+    assert str(refusal).startswith(VIOLATED)
+    assert f'"workspace_id":"{SHARED}"' in refusal.detail and "\n" not in refusal.detail
+    assert admit(opa_bin, load_bundle(policies), policies) == [refusal]  # derandomized
+
+
+def test_policy_build_signs_nothing_and_impact_refuses_the_candidate(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    policies = _broken(tmp_path)
+    key = Keys(tmp_path / "keys").pair("team")[0]
+    out = tmp_path / "bundle.tar.gz"
+    env = {"SESSIONSTATE_OPA_BIN": opa_bin, "SESSIONSTATE_POLICY_DIR": str(policies)}
+    built = _cli(
+        "policy", "build", "--signing-key", str(key), "--serial", "1", "--out", str(out), env=env
+    )
+    assert built.returncode == 1, built.stderr
+    assert VIOLATED in built.stderr and SHARED in built.stderr
+    assert built.stdout == "" and not out.exists()
+
+    export = tmp_path / "none.ndjson"
+    export.write_text("")
+    impact = _cli(
+        "policy",
+        "impact",
+        str(policies),
+        "--decisions",
+        str(export),
+        env={"SESSIONSTATE_OPA_BIN": opa_bin},
+    )
+    assert impact.returncode == 2
+    assert VIOLATED in impact.stderr and SHARED in impact.stderr
+
+
+@pytest.fixture
+def served_copy(opa_bin: str, tmp_path: Path) -> Iterator[tuple[Served, Path]]:
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICY_DIR, policies)
+    running = start(opa_bin, tmp_path / "var", tmp_path, {"SESSIONSTATE_POLICY_DIR": str(policies)})
+    yield running, policies
+    if running.process.poll() is None:
+        running.process.send_signal(signal.SIGTERM)
+        running.process.wait(20)
+
+
+def test_a_reload_of_a_served_process_is_refused_and_the_old_revision_decides(
+    served_copy: tuple[Served, Path], tmp_path: Path
+) -> None:
+    served, policies = served_copy
+    revision = requests.get(served.url + "/readyz", timeout=5).json()["policy_revision"]
+    shutil.rmtree(policies)
+    _broken(tmp_path)
+    reloaded = _cli("policy", "reload", env={"SESSIONSTATE_DATA_DIR": str(served.data_dir)})
+    assert reloaded.returncode == 1, reloaded.stdout
+    status = PolicyStatus.model_validate_json(reloaded.stdout)
+    assert (status.outcome, status.revision, status.deciding) == ("invalid", revision, True)
+    assert status.reasons == ["policy_invariant_violated"]
+    assert status.errors[0].startswith(VIOLATED) and SHARED in status.errors[0]
+    ready = requests.get(served.url + "/readyz", timeout=5).json()
+    assert ready["ready"] is True and ready["policy_revision"] == revision
+    assert ready["warnings"] == ["policy_source_invalid", "policy_invariant_violated"]
+    other_tenant = mint_token(
+        JWT_SECRET.encode(),
+        sub="s",
+        roles=["model-service"],
+        ttl_seconds=600,
+        tenant="tenant-b",
+        workspace=SHARED,
+        session="chat-1",
+    )
+    read = requests.get(
+        f"{served.url}/v1/tenants/tenant-a/workspaces/{SHARED}/sessions/chat-1/state",
+        headers={"Authorization": f"Bearer {other_tenant}"},
+        timeout=10,
+    )
+    assert read.status_code == 403  # the old revision decides: no read across tenants
