@@ -72,10 +72,14 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_default_invariants_hold_for_the_default_policies(opa_bin: str) -> None:
+def test_the_default_invariants_hold_for_the_default_policies(
+    opa_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     names = [name for name, _ in invariant_modules(POLICY_DIR)]
     assert names == ["no_cross_session_read", "no_cross_tenant_allow", "no_write_without_approval"]
+    monkeypatch.chdir(tmp_path)
     assert admit(opa_bin, load_bundle(POLICY_DIR), POLICY_DIR) == []
+    assert list(tmp_path.iterdir()) == []  # hypothesis wrote nothing where the service runs
 
 
 def test_the_invariants_are_not_served() -> None:

@@ -17,12 +17,15 @@ nothing: a counterexample hypothesis does not reach is missed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from service.policy.admission_check import Candidate, Refusal
 from service.policy.bundle import INVARIANTS_DIR
@@ -70,14 +73,17 @@ def invariants_hold(candidate: Candidate) -> list[Refusal]:
         return [list(decided.get(str(index), [])) for index in range(len(documents))]
 
     try:
-        collected = _Collector()
-        _search(strategy, collected, MAX_EXAMPLES)
-        verdicts = violated(collected.documents)
-        return [
-            Refusal(VIOLATED, _detail(name, _shrunk(strategy, name, collected, verdicts, violated)))
-            for name in names
-            if any(name in found for found in verdicts)
-        ]
+        with _private_storage():
+            collected = _Collector()
+            _search(strategy, collected, MAX_EXAMPLES)
+            verdicts = violated(collected.documents)
+            return [
+                Refusal(
+                    VIOLATED, _detail(name, _shrunk(strategy, name, collected, verdicts, violated))
+                )
+                for name in names
+                if any(name in found for found in verdicts)
+            ]
     except EvaluationFailed as error:
         return [Refusal(VIOLATED, f"the invariants could not be evaluated: {error}")]
 
@@ -92,6 +98,18 @@ def invariant_modules(source_dir: Path | None) -> list[tuple[str, str]]:
         for path in sorted(directory.glob("*.rego"))
         if path.is_file() and not path.name.endswith("_test.rego")
     ]
+
+
+@contextmanager
+def _private_storage() -> Iterator[None]:
+    """Hypothesis's files (its cache of constants) in a scratch directory, not in the
+    service's working directory (`.hypothesis/`); its default again afterwards."""
+    with tempfile.TemporaryDirectory(prefix="sessionstate-hypothesis-") as home:
+        set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            set_hypothesis_home_dir(None)
 
 
 class _Collector:
