@@ -40,7 +40,9 @@ reasons contains "role_not_permitted" if input.action == "read"
 
 
 def _token(role: str, **scope: str | None) -> str:
-    return mint_token(JWT_SECRET.encode(), sub=f"{role}-1", roles=[role], ttl_seconds=600, **scope)
+    return mint_token(
+        JWT_SECRET.encode(), sub=f"{role}-1", roles=[role], ttl_seconds=21_600, **scope
+    )
 
 
 MODEL = _token("model-service", tenant=TENANT, workspace=WORKSPACE, session=SESSION)

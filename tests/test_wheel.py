@@ -135,7 +135,13 @@ def test_the_wheel_carries_the_served_policies_their_tests_and_the_schemas(
         "/" + path.relative_to(POLICIES).as_posix(): path.read_bytes()
         for path in POLICIES.rglob("*_test.rego")
     }
-    assert tests and packaged == served | schemas | manifest | tests
+    # And the deployment's invariants, which are checked before a set is served, never served.
+    invariants = {
+        "/" + path.relative_to(POLICIES).as_posix(): path.read_bytes()
+        for path in (POLICIES / "invariants").rglob("*.rego")
+    }
+    assert tests and invariants
+    assert packaged == served | schemas | manifest | tests | invariants
 
 
 def installed_python(installed: Installed, code: str, env: dict[str, str], cwd: Path) -> str:
