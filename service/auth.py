@@ -200,13 +200,18 @@ class TokenVerifier:
     def operator(self, token: str) -> str:
         """Who a valid token with the `operator` role names (a `policy reload`'s); raises
         `ValueError` naming the reason, never the token, otherwise."""
+        return self.operator_actor(token).sub
+
+    def operator_actor(self, token: str) -> PolicyActor:
+        """The actor a valid token with the `operator` role names (a `policy reload`'s or
+        `policy approve`'s), as the policy input names it; `ValueError` otherwise."""
         try:
             actor = self.verify("Bearer " + token)
         except AuthenticationFailed as failed:
             raise ValueError(failed.reason.value) from None
         if "operator" not in actor.roles:
             raise ValueError("the token has no operator role")
-        return actor.sub
+        return actor.to_policy()
 
     def _bearer_token(self, header: str | None) -> str:
         if not header:

@@ -7,6 +7,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from service.impact.report import render
 from service.impact.run import analyse
 from service.policy.coverage_gate import CoverageGate
 from service.policy.engine_checks import local_opa_bin
-from service.policy.reload import LOCK_FILE, request_reload
+from service.policy.reload import LOCK_FILE, REVISION_PATTERN, PolicyStatus, request_reload
 from service.policy.sidecar import SidecarError
 from service.policy.signed_bundle import SIGNING_ALGS, build_signed_bundle
 from service.policy.source import PolicyRefused, PolicyTestsFailed
@@ -80,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reload",
         help="make the running service of the data dir serve the policy directory as it is now, "
         "if it compiles and passes its tests (as SIGHUP does); print the outcome as JSON; exit 1 "
-        "unless OPA then decides with it",
+        "unless OPA then decides with it, 3 when it waits for approvals "
+        "(SESSIONSTATE_POLICY_ACTIVATION_APPROVALS)",
     )
     reload.add_argument(
         "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
@@ -106,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="who reloads, on the decision log: a file holding your operator bearer token "
         "(your identity provider's, say), which the service verifies",
     )
+    _add_policy_approve(policy_commands)
     _add_policy_build(policy_commands)
     impact = policy_commands.add_parser(
         "impact",
@@ -284,6 +287,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _policy_build(settings, args)
         if args.command == "policy" and args.policy == "impact":
             return _impact(settings, args)
+        if args.command == "policy" and args.policy == "approve":
+            approving = _operator_token(settings, args.operator, args.token_file)
+            status = request_reload(
+                settings.data_dir, args.timeout, approving, approve=args.revision
+            )
+            print(status.model_dump_json())
+            return _reload_exit(status)
         if args.command == "policy":
             operator_token = _operator_token(settings, args.operator, args.token_file)
             if args.skip_tests and operator_token is None:
@@ -293,8 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings.data_dir, args.timeout, operator_token, skip_tests_by=skips
             )
             print(status.model_dump_json())
-            loaded = status.source_valid and status.deciding and status.outcome != "refused"
-            return 0 if loaded else 1
+            return _reload_exit(status)
         from service.serve import serve as run_service
 
         if args.watch_policies:
@@ -362,6 +371,53 @@ def _operator_token(
     if token.startswith("Bearer "):
         token = token.removeprefix("Bearer ").strip()
     return token
+
+
+def _reload_exit(status: PolicyStatus) -> int:
+    """0: OPA decides with what the directory (or the approval) made live; 3: a new revision
+    waits for approvals; 1: refused, or OPA does not decide with it."""
+    if status.outcome == "awaiting_approval":
+        return 3
+    loaded = status.source_valid and status.deciding and status.outcome != "refused"
+    return 0 if loaded else 1
+
+
+def _add_policy_approve(
+    policy_commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """`policy approve`: a second operator's approval of the revision that waits."""
+    approve = policy_commands.add_parser(
+        "approve",
+        help="approve the policy revision that waits in the running service of the data dir "
+        "(SESSIONSTATE_POLICY_ACTIVATION_APPROVALS above 1), as the operator your token names; "
+        "the sessionstate.approval policy decides, on the decision log; print the outcome as "
+        "JSON; exit 0 once OPA decides with it, 3 while it waits for more approvals, 1 when "
+        "refused",
+    )
+    approve.add_argument(
+        "revision", type=_revision, help="the revision (`pending_revision` of the reload)"
+    )
+    approve.add_argument(
+        "--timeout", type=_positive, default=30, help="seconds to wait for the outcome (30)"
+    )
+    who = approve.add_mutually_exclusive_group(required=True)
+    who.add_argument(
+        "--operator",
+        type=_operator,
+        help="who approves: a short-lived operator token for this id is minted with the data "
+        "dir's HS256 secret (as `sessionstate token` does)",
+    )
+    who.add_argument(
+        "--token-file",
+        type=Path,
+        help="who approves: a file holding your operator bearer token, which the service verifies",
+    )
+
+
+def _revision(value: str) -> str:
+    if re.fullmatch(REVISION_PATTERN, value) is None:
+        raise argparse.ArgumentTypeError("not a policy revision (letters, digits, ':._-')")
+    return value
 
 
 def _named_operator(operator: str | None, token: str | None) -> str | None:

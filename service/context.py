@@ -173,7 +173,9 @@ class ServiceContext:
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             session_tokens=session_tokens,
             live=live,
-            activations=ActivationLog(journal, lanes, live, clock=clock),
+            activations=ActivationLog(
+                journal, lanes, live, clock=clock, durable_writes=settings.durable_writes
+            ),
             retention=(
                 None
                 if settings.decision_retention_days is None

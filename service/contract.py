@@ -74,6 +74,7 @@ DECISION_PACKAGES: Mapping[PolicyAction, str] = {
     "approval.list": "approval",
     "decisions.read": "audit",
     "token.exchange": "token",
+    "policy.approve": "approval",
 }
 
 _PARAMETER = re.compile(r"\{([a-z_]+)\}")

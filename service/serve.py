@@ -39,12 +39,14 @@ from service.context import (
     token_verifier,
     utc_now,
 )
+from service.decisions import activations
 from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal, LegacyChainPresent
 from service.decisions.live import LiveRevisions, instance_id
 from service.http import tracing as request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.logs import configure_logging
+from service.policy.activation_hold import ActivationHold
 from service.policy.client import PolicyClient
 from service.policy.coverage_gate import CoverageGate
 from service.policy.engine_checks import (
@@ -110,6 +112,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
                 bundle_pin=settings.policy_bundle_pin,
                 tracing=opa_tracing,
                 tests=CoverageGate(opa_bin, settings.policy_coverage_min),
+                hold=ActivationHold(settings.policy_activation_approvals),
             )
             _start_sidecar(settings, sidecar)
             opa_url, opa_token = sidecar.url, sidecar.token
@@ -151,7 +154,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         )
         for followed in (sidecar, shadow):
             if followed is not None:
-                context.activations.follow(followed, context.verifier.operator)
+                context.activations.follow(followed, context.verifier.operator_actor)
         if sidecar is not None:
             _keep_serials_in(sidecar, context.lanes)
         raise_open_file_limit()
@@ -236,8 +239,10 @@ def _live_revisions(
         live_revision=live.current,
         signed_heads=SignedHeads(settings.data_dir),
     )
-    recorder = ActivationLog(journal, lanes, live, clock=utc_now)
-    operator = token_verifier(settings).operator
+    recorder = ActivationLog(
+        journal, lanes, live, clock=utc_now, durable_writes=settings.durable_writes
+    )
+    operator = token_verifier(settings).operator_actor
     try:
         if sidecar is not None:
             live.started(sidecar.policies.served.revision)
@@ -265,16 +270,20 @@ def _live_revisions(
 
 def _start_sidecar(settings: Settings, sidecar: OpaSidecar) -> None:
     """Start it; a signed bundle's serial is checked against the highest the store keeps,
-    and recorded there once OPA activated it (`service.policy.rollback`)."""
-    if sidecar.signed is None:
+    and recorded there once OPA activated it (`service.policy.rollback`); where new
+    revisions wait for approvals, the start's is checked against the deployment's
+    (`service.policy.activation_hold`)."""
+    if sidecar.signed is None and sidecar.hold.approvals == 1:
         sidecar.start()
         return
     lanes = open_lanes(configured_store(settings))  # the service's own opens after the start
     try:
         _keep_serials_in(sidecar, lanes)
+        sidecar.hold.deployment_revision = lambda: activations.latest_live(lanes)
         sidecar.start()
     finally:
         _keep_serials_in(sidecar, None)
+        sidecar.hold.deployment_revision = lambda: None  # until the activation log follows it
         lanes.close()
 
 

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     # The revision of a signed bundle to serve although it is older than the highest serial
     # activated on the deployment (or has none): a rollback on purpose (service.policy.rollback).
     policy_bundle_pin: str | None = None
+    # Operators who must stand behind each new live policy revision before OPA decides with
+    # it: the one who reloads it and those who approve it (service.policy.activation_hold).
+    policy_activation_approvals: int = Field(default=1, ge=1, le=3)
     # Reading requests (service.http.front): a stalled read closes the connection; a body
     # must arrive whole within its deadline; an idle kept-alive connection is closed.
     read_timeout_seconds: int = Field(default=10, ge=1, le=300)

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,10 +26,12 @@ from service.auth import mint_token
 from service.policy.admission import admit
 from service.policy.bundle import load_bundle
 from service.policy.invariants import invariant_modules
-from service.policy.reload import PolicyStatus
+from service.policy.reload import STATUS_FILE, PolicyStatus, read_status
+from service.policy.sidecar import OpaSidecar
 from tests.conftest import POLICY_DIR
 from tests.live import JWT_SECRET
 from tests.served import ROOT, Served, start
+from tests.test_policy_admission import _signed
 from tests.test_signed_bundles import Keys
 
 READ = Path("sessionstate") / "read" / "read.rego"
@@ -167,3 +170,68 @@ def test_a_reload_of_a_served_process_is_refused_and_the_old_revision_decides(
         timeout=10,
     )
     assert read.status_code == 403  # the old revision decides: no read across tenants
+
+
+def _next_status(path: Path, after: int) -> PolicyStatus:
+    """The status of the first reload after generation `after` (the watcher's, SIGHUP's)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = read_status(path)
+        if status is not None and status.generation > after:
+            return status
+        time.sleep(0.1)
+    raise AssertionError("no reload was reported")
+
+
+def test_the_watcher_and_a_bare_sighup_refuse_it_as_a_reload_does(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    shutil.copytree(POLICY_DIR, tmp_path / "good")
+    policies = tmp_path / "policies"  # a link, swapped at once: the watcher sees no half edit
+    policies.symlink_to(tmp_path / "good")
+    env = {"SESSIONSTATE_POLICY_DIR": str(policies), "SESSIONSTATE_WATCH_POLICIES": "true"}
+    served = start(opa_bin, tmp_path / "var", tmp_path, env)
+    try:
+        revision = requests.get(served.url + "/readyz", timeout=5).json()["policy_revision"]
+        (tmp_path / "next").symlink_to(_broken(tmp_path, "broken"))
+        (tmp_path / "next").replace(policies)
+        watched = _next_status(served.data_dir / STATUS_FILE, 0)
+        served.process.send_signal(signal.SIGHUP)
+        signalled = _next_status(served.data_dir / STATUS_FILE, watched.generation)
+        for status in (watched, signalled):
+            assert (status.outcome, status.revision, status.deciding) == ("invalid", revision, True)
+            assert status.reasons == ["policy_invariant_violated"]
+            assert status.errors[0].startswith(VIOLATED) and SHARED in status.errors[0]
+        assert requests.get(served.url + "/readyz", timeout=5).json()["policy_revision"] == revision
+    finally:
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(20)
+
+
+def test_a_signed_bundle_that_breaks_one_is_never_offered_at_its_poll(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    private, public = Keys(tmp_path / "keys").pair("team")
+    live = _signed(opa_bin, POLICY_DIR, private, tmp_path / "live.tar.gz", tmp_path, serial=1)
+    broken = _signed(
+        opa_bin, _broken(tmp_path), private, tmp_path / "broken.tar.gz", tmp_path, serial=2
+    )
+    sidecar = OpaSidecar(
+        opa_bin,
+        POLICY_DIR,
+        tmp_path / "opa",
+        bundle_file=live,
+        verification_key=public,
+        watch_policies=True,
+    )
+    sidecar.start()
+    try:
+        good = sidecar.policies.served.revision
+        shutil.copyfile(broken, live)  # the bundle's poll finds it
+        status = _next_status(sidecar.status_path, 0)
+        assert (status.outcome, status.revision, status.deciding) == ("invalid", good, True)
+        assert status.reasons == ["policy_invariant_violated"]
+        assert sidecar.signed is not None and sidecar.signed.rejection is None  # never offered
+        assert sidecar.deciding_revision() == good
+    finally:
+        sidecar.stop()

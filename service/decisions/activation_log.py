@@ -24,11 +24,13 @@ from datetime import datetime
 from typing import Any
 
 from service.decisions import activations
+from service.decisions.activation_approvals import ActivationApprovals
 from service.decisions.activations import PolicyActivation, activation_key
 from service.decisions.journal import DecisionJournal, JournalClosed
 from service.decisions.live import LiveRevisions
 from service.decisions.log import SystemEntryBody
 from service.policy.activation import SYSTEM_ACTOR, Activated, PolicySet
+from service.policy.activation_hold import ActivationHold
 from service.policy.input import PolicyActor, PolicyTarget
 from service.policy.sidecar import OpaSidecar
 from service.policy.trace import DecisionTrace, service_engine
@@ -70,20 +72,40 @@ class ActivationLog:
         live: LiveRevisions,
         *,
         clock: Callable[[], datetime],
+        durable_writes: bool = False,
     ) -> None:
         self._journal = journal
+        self._durable_writes = durable_writes
         self._lanes = lanes
         self._live = live
         self._clock = clock
         self._previous: dict[PolicySet, str] | None = None  # read once, then kept
+        self._holds: list[ActivationHold] = []  # of the sidecars it follows
         self._lock = threading.Lock()
 
-    def follow(self, sidecar: OpaSidecar, verify_operator: Callable[[str], str]) -> None:
+    def follow(self, sidecar: OpaSidecar, verify_operator: Callable[[str], PolicyActor]) -> None:
         """Record the set `sidecar` started with, then each one it reloads; its reloads
-        name the operator `verify_operator` finds in a request's token."""
+        name the operator `verify_operator` finds in a request's token. Where its revisions
+        wait for approvals, the approvals are decided and recorded here too."""
         sidecar.verify_operator = verify_operator
+        self._holds.append(sidecar.hold)
+        sidecar.hold.deployment_revision = lambda: activations.latest_live(self._lanes)
+        if sidecar.hold.approvals > 1:
+            approvals = ActivationApprovals(
+                self._journal,
+                sidecar.url,
+                sidecar.token,
+                approvals=sidecar.hold.approvals,
+                durable_writes=self._durable_writes,
+                clock=self._clock,
+            )
+            sidecar.decide_approval = approvals.decide
         self.record(sidecar.started_as())
         sidecar.on_live = self.activated
+
+    def awaiting_approval(self) -> list[str]:
+        """The revisions that wait for approvals in the sidecars it follows (`/readyz`)."""
+        return [hold.pending.revision for hold in self._holds if hold.pending is not None]
 
     def activated(self, activated: Activated) -> None:
         """A reload made OPA decide with a set: its live interval (live set), its entry."""
@@ -103,6 +125,7 @@ class ActivationLog:
                 previous_revision=self._previous_of(activated.policy_set),
                 signer_key_id=activated.signer_key_id,
                 commit=activated.commit,
+                approved_by=list(activated.approved_by),
                 instance=self._live.instance,
                 decision_id="activation-" + uuid.uuid4().hex,
                 revision=activated.revision,

@@ -55,6 +55,12 @@ class ActivationRecord(BaseModel):
         description="the commit its manifest names (`make policy-manifest` in a checkout); "
         "null: none"
     )
+    approved_by: list[str] = Field(
+        default_factory=list,
+        description="the operators whose approvals (`sessionstate policy approve`) it went live "
+        "after, where SESSIONSTATE_POLICY_ACTIVATION_APPROVALS asks for more than one "
+        "operator; empty otherwise",
+    )
     instance: str = Field(description="the service instance (data dir) that activated it")
     decision_id: str = Field(description="its entry on the `~system` chain")
 
@@ -83,6 +89,13 @@ def stored(lanes: Lanes) -> list[PolicyActivation]:
             except ValidationError:
                 continue
     return sorted(found, key=lambda a: datetime.fromisoformat(a.at))
+
+
+def latest_live(lanes: Lanes) -> str | None:
+    """The revision the deployment's latest activation of its live set made live (any
+    instance's); None when none is recorded."""
+    live = [activation for activation in stored(lanes) if activation.policy_set == "live"]
+    return live[-1].revision if live else None
 
 
 def by_revision(activations: Iterable[PolicyActivation]) -> dict[str, list[ActivationRecord]]:

@@ -8,6 +8,7 @@ from flask import Blueprint, Response
 
 from service.http.common import context, json_response
 from service.openapi import openapi_document
+from service.policy.activation_hold import AWAITING_APPROVAL
 from service.policy.signed_bundle import SignedBundleSource
 from service.policy.source import PolicySource
 from service.wire import Health, Readiness, StoreReadiness
@@ -63,6 +64,8 @@ def readyz() -> Response:
         warnings.append(signed.refused_as)  # OPA refused the bundle offered last, or a rollback
     if isinstance(ctx.policy_source, PolicySource):
         warnings.extend(ctx.policy_source.test_warnings())
+    if ctx.activations.awaiting_approval():  # the old revision decides meanwhile
+        warnings.append(AWAITING_APPROVAL)
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
     behind = ctx.journal.chains_behind_signed_head()

@@ -38,6 +38,7 @@ class Activated:
     policy_set: PolicySet = "live"
     signer_key_id: str | None = None  # a signed bundle's: `signer_key_id`
     commit: str | None = None  # the commit the bundle's manifest names
+    approved_by: tuple[str, ...] = ()  # the operators who approved it, where a deployment asks
 
 
 def signer_key_id(verification_key: Path, alg: str) -> str:

@@ -31,6 +31,7 @@ PolicyAction = Literal[
     "approval.list",
     "decisions.read",
     "token.exchange",
+    "policy.approve",
 ]
 Role = Literal["model-service", "operator", "auditor"]
 
@@ -134,6 +135,26 @@ class PolicyExchange(_Strict):
     )
 
 
+class PolicyActivationAsk(_Strict):
+    """`policy.approve`: the policy revision an operator approves, and who stands behind it
+    already (SESSIONSTATE_POLICY_ACTIVATION_APPROVALS)."""
+
+    revision: str = Field(min_length=1, max_length=160, description="the revision that waits")
+    previous_revision: str = Field(
+        min_length=1, max_length=160, description="the revision that decides while it waits"
+    )
+    requested_by: str = Field(
+        min_length=1,
+        max_length=256,
+        description="the operator whose `policy reload` asked for it, or `system` (a bare "
+        "SIGHUP, the watcher, a bundle's poll)",
+    )
+    approved_by: list[str] = Field(
+        max_length=8, description="the operators who approved it so far, in order"
+    )
+    approvals: Literal[2, 3] = Field(description="how many operators the deployment asks for")
+
+
 class PolicyInput(_Strict):
     """The whole `input` document of every sessionstate decision."""
 
@@ -148,6 +169,11 @@ class PolicyInput(_Strict):
         default=None,
         exclude_if=lambda value: value is None,  # other actions' inputs stay as they were
         description="`token.exchange` only: what the request held; absent otherwise",
+    )
+    activation: PolicyActivationAsk | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="`policy.approve` only: the revision approved; absent otherwise",
     )
 
 

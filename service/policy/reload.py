@@ -37,6 +37,7 @@ PID_FILE = "sessionstate.pid"
 STATUS_FILE = Path("opa") / "policy-status.json"
 REQUEST_FILE = Path("opa") / "reload-request.json"
 LOCK_FILE = "sessionstate.lock"
+REVISION_PATTERN = r"^[A-Za-z0-9:._-]{1,160}$"
 REQUEST_SECONDS = 60.0  # an older request (a command killed before it signalled) is void
 
 
@@ -51,8 +52,13 @@ class PolicyStatus(BaseModel):
 
     generation: int = Field(ge=0, description="0 at start, one more at every reload")
     checked_at: float = Field(description="Unix time at which the policy directory was read")
-    outcome: Literal["started", "loaded", "unchanged", "invalid", "refused"] = Field(
-        description="`refused`: the operator token of the request did not verify; nothing was read"
+    outcome: Literal[
+        "started", "loaded", "unchanged", "invalid", "refused", "awaiting_approval"
+    ] = Field(
+        description="`refused`: the operator token of the request did not verify (nothing "
+        "was read), or an approval was refused (`reason`); `awaiting_approval`: the new set "
+        "passed every check and waits for the approvals SESSIONSTATE_POLICY_ACTIVATION_"
+        "APPROVALS asks for (`pending_revision`) while `revision` decides"
     )
     revision: str = Field(description="the served snapshot's revision: the last good one")
     deciding: bool = Field(description="OPA decided with `revision` when the reload ended")
@@ -89,6 +95,21 @@ class PolicyStatus(BaseModel):
     request_id: str | None = Field(
         default=None, description="the `policy reload` request this reload answered, if any"
     )
+    pending_revision: str | None = Field(
+        default=None,
+        description="the revision that waits for approval (`sessionstate policy approve`); "
+        "null: none waits",
+    )
+    requested_by: str | None = Field(
+        default=None,
+        description="who asked for `pending_revision`, or for the revision a reload just "
+        "activated after its approvals: an operator, or `system`",
+    )
+    approved_by: list[str] = Field(
+        default_factory=list,
+        description="the operators whose approvals `pending_revision` (or the revision an "
+        "approval just activated) has",
+    )
 
 
 class ReloadRequest(BaseModel):
@@ -106,6 +127,12 @@ class ReloadRequest(BaseModel):
     )
     operator_token: str | None = Field(
         default=None, max_length=8192, description="the operator's bearer token; null: none"
+    )
+    approve: str | None = Field(
+        default=None,
+        pattern=REVISION_PATTERN,
+        description="`sessionstate policy approve`: the revision the token's operator approves; "
+        "nothing is read",
     )
 
 
@@ -157,9 +184,11 @@ def request_reload(
     operator_token: str | None = None,
     *,
     skip_tests_by: str | None = None,
+    approve: str | None = None,
 ) -> PolicyStatus:
-    """Signal the service of data_dir to reload, and return the status it then writes; the
-    request names the operator whose token is given (and who skips the tests, if one does)."""
+    """Signal the service of data_dir to reload (or, with `approve`, to approve that waiting
+    revision), and return the status it then writes; the request names the operator whose
+    token is given (and who skips the tests, if one does)."""
     if not _held(data_dir / LOCK_FILE):
         raise ReloadRefused(f"no sessionstate service is running on the data dir {data_dir}")
     try:
@@ -180,6 +209,7 @@ def request_reload(
         asked_at=asked_at,
         skip_tests_by=skip_tests_by,
         operator_token=operator_token,
+        approve=approve,
     )
     try:
         _write_atomically(data_dir / REQUEST_FILE, request.model_dump_json(), mode=0o600)

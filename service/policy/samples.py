@@ -7,7 +7,7 @@ tenant (`TENANTS`, and the tenants a candidate's tenant settings name), one inpu
 would allow, then that input changed one part at a time: the actor's roles and scope (the
 target's session, its workspace, its tenant only, another tenant's, none), the approval (none,
 expired, revoked, another workspace's), the record (none, one with blockers), the deployment's
-durable writes, and each word of a token exchange. Not every input: only what a gate is
+durable writes, each word of a token exchange, and who stands behind a policy activation. Not every input: only what a gate is
 likely to turn on. `service.policy.invariants` samples many more.
 """
 
@@ -33,6 +33,7 @@ _ROLE_OF: dict[str, Role] = {
     "approval.revoke": "operator",
     "approval.list": "operator",
     "decisions.read": "auditor",
+    "policy.approve": "operator",
 }
 _WITH_RECORD = ("write", "preview")
 
@@ -109,6 +110,17 @@ def _exchange(**changes: str) -> dict[str, str]:
     }
 
 
+def _activation(**changes: Any) -> dict[str, Any]:
+    return {
+        "revision": "sha256:" + "cd" * 32,
+        "previous_revision": "sha256:" + "ab" * 32,
+        "requested_by": "op-1",
+        "approved_by": [],
+        "approvals": 2,
+        **changes,
+    }
+
+
 def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
     scope = _scope(tenant)
     actor: dict[str, Any] = {"sub": "svc-1", "roles": [_ROLE_OF.get(action, "model-service")]}
@@ -122,6 +134,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
         "approval": _approval(tenant) if action in _WITH_RECORD else None,
         "record": _record() if action in _WITH_RECORD else None,
         **({"exchange": _exchange()} if action == "token.exchange" else {}),
+        **({"activation": _activation()} if action == "policy.approve" else {}),
     }
 
 
@@ -145,6 +158,14 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
         _record(digest_valid=False, blockers=["session_state_digest_mismatch"]),
     ):
         yield {**base, "record": record}
+    if action == "policy.approve":
+        for activation in (
+            None,
+            _activation(requested_by="svc-1"),  # the actor asked for it
+            _activation(approved_by=["svc-1"]),  # the actor approved it already
+            _activation(requested_by="system", approved_by=["op-2"], approvals=3),
+        ):
+            yield {**base, "activation": activation}
     if action == "token.exchange":
         for field, info in PolicyExchange.model_fields.items():
             for word in get_args(info.annotation):

@@ -59,9 +59,17 @@ from service.policy.activation import (
     PolicySet,
     signer_key_id,
 )
+from service.policy.activation_hold import (
+    POLICY_ACTIVATION_DENIED,
+    POLICY_ACTIVATION_NOT_PENDING,
+    ActivationHold,
+    ApprovalVerdict,
+    PendingActivation,
+)
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.coverage_gate import CoverageGate
+from service.policy.input import PolicyActor
 from service.policy.reload import (
     REQUEST_FILE,
     PolicyStatus,
@@ -125,6 +133,7 @@ class OpaSidecar:
         tracing: OpaTracing | None = None,
         tests: CoverageGate | None = None,
         policy_set: PolicySet = "live",
+        hold: ActivationHold | None = None,
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
             raise ValueError("a signed bundle needs both the bundle file and the verification key")
@@ -143,6 +152,8 @@ class OpaSidecar:
         self.verification_alg = verification_alg
         self.tracing = tracing
         self.policy_set: PolicySet = policy_set
+        # The revisions that wait for approval (SESSIONSTATE_POLICY_ACTIVATION_APPROVALS).
+        self.hold = hold if hold is not None else ActivationHold()
         self.signer_key_id = (
             None if verification_key is None else signer_key_id(verification_key, verification_alg)
         )
@@ -178,7 +189,13 @@ class OpaSidecar:
         self.on_live: Callable[[Activated], None] | None = None
         # The operator a reload request's token names (raises ValueError if none); None: a
         # request with a token is refused.
-        self.verify_operator: Callable[[str], str] | None = None
+        self.verify_operator: Callable[[str], PolicyActor] | None = None
+        # What the approval policy decides of an operator's approval of the waiting
+        # revision (and records on the log); None: every approval is refused.
+        # (pending, approver, the revision deciding now) -> verdict
+        self.decide_approval: (
+            Callable[[PendingActivation, PolicyActor, str], ApprovalVerdict] | None
+        ) = None
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -215,6 +232,9 @@ class OpaSidecar:
         """
         self._loaded_at = time.time()
         self.policies.load()
+        refusal = self.hold.start_refusal(self.policies.served.revision)
+        if refusal is not None:
+            raise SidecarError(refusal)
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._bundles.start()
         self._write_config()
@@ -263,39 +283,84 @@ class OpaSidecar:
         request: ReloadRequest | None = None,
     ) -> PolicyStatus:
         """Take a new snapshot if the directory compiles (and passes its tests, unless the
-        request skips them, by `who`); wait until OPA decides with it."""
+        request skips them, by `who`); wait until OPA decides with it. Where the deployment
+        asks for approvals, a new snapshot waits for them instead (`awaiting_approval`)."""
         with self._reload_lock:
             checked_at = time.time()
-            result = self.policies.reload(None if request is None else request.skip_tests_by)
-            if result.outcome == "invalid":
-                log.error(
-                    "policy_reload_rejected"
-                    if self.signed is None
-                    else result.reason or "policy_bundle_rejected",
-                    extra={
-                        "policy_revision": result.revision,
-                        "reason": result.reason,
-                        "errors": list(result.errors),
-                        "reasons": list(result.reasons),
-                    },
-                )
-            elif result.outcome == "loaded" and result.tests_skipped_by is not None:
-                log.warning(  # the operator's id only: the override carries no free text
-                    "policy_tests_skipped",
-                    extra={
-                        "actor": result.tests_skipped_by,
-                        "policy_revision": result.revision,
-                        "errors": list(result.errors),
-                    },
-                )
+            staged = self.policies.stage(None if request is None else request.skip_tests_by)
+            if isinstance(staged, ReloadResult):
+                result = staged
+                if self.hold.withdraw() is not None:
+                    log.warning("policy_activation_withdrawn", extra={"outcome": result.outcome})
+            else:
+                pending = self.hold.hold(staged, how, who)
+                if pending is not None:
+                    return self._waiting(pending, checked_at, request)
+                result = self.policies.serve(staged)
+            self._log_reload(result)
             return self._report(result, checked_at, how, who, request)
+
+    def approve_activation(
+        self, revision: str, approver: PolicyActor, request: ReloadRequest | None = None
+    ) -> PolicyStatus:
+        """An operator approves the revision that waits: the approval policy decides; with
+        every approval the deployment asks for, the revision goes live."""
+        with self._reload_lock:
+            checked_at = time.time()
+            pending = self.hold.waiting_for(revision)
+            if pending is None:
+                why = "no activation of that revision awaits approval"
+                return self._refuse(request, why, POLICY_ACTIVATION_NOT_PENDING)
+            verdict = (
+                ApprovalVerdict(False, ("approval_undecidable",))
+                if self.decide_approval is None
+                else self.decide_approval(pending, approver, self.policies.served.revision)
+            )
+            if not verdict.allow:
+                why = "the approval policy (sessionstate.approval) refused the approval"
+                return self._refuse(request, why, POLICY_ACTIVATION_DENIED, verdict.reasons)
+            approved = self.hold.approve(pending, approver.sub)
+            if approved is None:
+                waits = self.hold.pending
+                assert waits is not None
+                return self._waiting(waits, checked_at, request)
+            result = self.policies.serve(approved.staged)
+            self._log_reload(result)
+            return self._report(
+                result, checked_at, approved.how, approved.requested_by, request, approved=approved
+            )
+
+    def _log_reload(self, result: ReloadResult) -> None:
+        if result.outcome == "invalid":
+            log.error(
+                "policy_reload_rejected"
+                if self.signed is None
+                else result.reason or "policy_bundle_rejected",
+                extra={
+                    "policy_revision": result.revision,
+                    "reason": result.reason,
+                    "errors": list(result.errors),
+                    "reasons": list(result.reasons),
+                },
+            )
+        elif result.outcome == "loaded" and result.tests_skipped_by is not None:
+            log.warning(  # the operator's id only: the override carries no free text
+                "policy_tests_skipped",
+                extra={
+                    "actor": result.tests_skipped_by,
+                    "policy_revision": result.revision,
+                    "errors": list(result.errors),
+                },
+            )
 
     def deciding_revision(self) -> str | None:
         """The policy revision OPA decides with now; None when it does not answer."""
         trace = self._probe.probe()
         return None if trace.engine_unavailable else trace.policy_revision
 
-    def _activated(self, revision: str, how: ActivationHow, who: str) -> Activated:
+    def _activated(
+        self, revision: str, how: ActivationHow, who: str, approved_by: tuple[str, ...] = ()
+    ) -> Activated:
         return Activated(
             revision=revision,
             how=how,
@@ -303,6 +368,7 @@ class OpaSidecar:
             policy_set=self.policy_set,
             signer_key_id=self.signer_key_id,
             commit=self.policies.served.commit,
+            approved_by=approved_by,
         )
 
     def _report(
@@ -314,26 +380,16 @@ class OpaSidecar:
         request: ReloadRequest | None = None,
         *,
         started: bool = False,
-        refused: str | None = None,
+        refused: bool = False,
+        approved: PendingActivation | None = None,
     ) -> PolicyStatus:
         deciding = self._wait_deciding(result.revision)
-        status = PolicyStatus(
-            generation=self._generation,
-            checked_at=checked_at,
-            outcome="started" if started else "refused" if refused else result.outcome,
-            revision=result.revision,
-            deciding=deciding,
-            source_valid=self.policies.valid,
-            errors=[refused] if refused else list(result.errors),
-            reasons=list(result.reasons),
-            reason=result.reason,
-            tests_skipped_by=result.tests_skipped_by,
-            request_id=None if request is None else request.request_id,
-        )
-        self._generation += 1
+        outcome = "started" if started else "refused" if refused else result.outcome
+        status = self._status(result, checked_at, outcome, deciding, request, approved)
         if deciding and result.outcome == "loaded" and not started and self.on_live is not None:
             # Recorded before the status tells of the reload.
-            self.on_live(self._activated(result.revision, how, who))
+            approvers = () if approved is None else approved.approved_by
+            self.on_live(self._activated(result.revision, how, who, approvers))
         write_status(self.status_path, status)
         if result.outcome != "invalid" and not started and not refused:  # logged as errors
             log.info(
@@ -345,6 +401,75 @@ class OpaSidecar:
                 },
             )
         return status
+
+    def _status(
+        self,
+        result: ReloadResult,
+        checked_at: float,
+        outcome: str,
+        deciding: bool,
+        request: ReloadRequest | None,
+        approved: PendingActivation | None = None,
+    ) -> PolicyStatus:
+        """The status a reload (or an approval) ends with; the activation that waits, or the
+        one an approval just made live, with who asked for it and who approved it."""
+        pending = self.hold.pending
+        shown = pending or approved
+        generation, self._generation = self._generation, self._generation + 1
+        return PolicyStatus.model_validate(
+            {
+                "generation": generation,
+                "checked_at": checked_at,
+                "outcome": outcome,
+                "revision": result.revision,
+                "deciding": deciding,
+                "source_valid": self.policies.valid,
+                "errors": list(result.errors),
+                "reasons": list(result.reasons),
+                "reason": result.reason,
+                "tests_skipped_by": result.tests_skipped_by,
+                "request_id": None if request is None else request.request_id,
+                "pending_revision": None if pending is None else pending.revision,
+                "requested_by": None if shown is None else shown.requested_by,
+                "approved_by": [] if shown is None else list(shown.approved_by),
+            }
+        )
+
+    def _waiting(
+        self, pending: PendingActivation, checked_at: float, request: ReloadRequest | None
+    ) -> PolicyStatus:
+        """A new revision waits for its approvals; the served one goes on deciding."""
+        served = self.policies.served.revision
+        log.warning(
+            "policy_activation_awaiting_approval",
+            extra={
+                "policy_revision": pending.revision,
+                "actor": pending.requested_by,
+                "approvals": len(set(pending.operators)),
+            },
+        )
+        result = ReloadResult("unchanged", served)
+        status = self._status(
+            result, checked_at, "awaiting_approval", self._wait_deciding(served), request
+        )
+        write_status(self.status_path, status)
+        return status
+
+    def _refuse(
+        self,
+        request: ReloadRequest | None,
+        why: str,
+        reason: str | None = None,
+        reasons: tuple[str, ...] = (),
+    ) -> PolicyStatus:
+        """A request refused: nothing was read, or the approval does not count."""
+        log.error(
+            "policy_reload_refused", extra={"reason": reason or why, "reasons": list(reasons)}
+        )
+        served = ReloadResult(
+            "unchanged", self.policies.served.revision, (why,), reasons=reasons, reason=reason
+        )
+        return self._report(served, time.time(), request=request, refused=True)
 
     def _wait_deciding(self, revision: str) -> bool:
         """OPA polls the bundle every `poll_seconds`: wait for it to decide with revision."""
@@ -366,7 +491,9 @@ class OpaSidecar:
             if asked:
                 self._reload_requested.clear()
                 how = "sighup"
-            elif self.policies.source_revision() in (None, watched):
+            elif self.policies.source_revision() in (None, watched) and not (
+                self.hold.approved_elsewhere()  # another instance's approvals made it live
+            ):
                 continue
             watched = self.policies.source_revision() or watched
             self._reload_as_asked(how)
@@ -379,23 +506,24 @@ class OpaSidecar:
         if request is None:
             self.reload_policies(how)
             return
-        who = SYSTEM_ACTOR
+        actor = PolicyActor(sub=SYSTEM_ACTOR, roles=[])
         try:
             if request.operator_token is not None:
                 if self.verify_operator is None:
                     raise ValueError("this service cannot verify operator tokens")
-                who = self.verify_operator(request.operator_token)
-            if request.skip_tests_by is not None and request.skip_tests_by != who:
+                actor = self.verify_operator(request.operator_token)
+            if request.skip_tests_by is not None and request.skip_tests_by != actor.sub:
                 raise ValueError("--skip-tests needs the token of the operator who skips them")
+            if request.approve is not None and request.operator_token is None:
+                raise ValueError("an approval needs the approving operator's token")
         except ValueError as error:
             with self._reload_lock:
-                log.error("policy_reload_refused", extra={"reason": str(error)})
-                served = ReloadResult("unchanged", self.policies.served.revision)
-                self._report(
-                    served, time.time(), request=request, refused=f"operator token: {error}"
-                )
+                self._refuse(request, f"operator token: {error}")
             return
-        self.reload_policies("reload", who, request)
+        if request.approve is not None:
+            self.approve_activation(request.approve, actor, request)
+            return
+        self.reload_policies("reload", actor.sub, request)
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""

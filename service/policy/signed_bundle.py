@@ -56,6 +56,7 @@ from service.policy.source import (
     PolicySource,
     ReloadOutcome,
     ReloadResult,
+    StagedPolicies,
     refusal_codes,
 )
 
@@ -368,7 +369,14 @@ class SignedBundleSource:
 
     def reload(self, skip_tests_by: str | None = None) -> ReloadResult:
         """Offer the file as it is now unless it is a rollback or the admission checks refuse
-        it; keep it if OPA activates it, else withdraw it.
+        it; keep it if OPA activates it, else withdraw it."""
+        staged = self.stage(skip_tests_by)
+        return staged if isinstance(staged, ReloadResult) else self.serve(staged)
+
+    def stage(self, skip_tests_by: str | None = None) -> ReloadResult | StagedPolicies:
+        """The file as it is now, when it is new and neither a rollback nor refused by the
+        admission checks (OPA, which verifies its signature, has not seen it yet); else the
+        reload's result.
 
         A bundle carries no tests (they ran when it was built): there are none to skip.
         """
@@ -400,6 +408,19 @@ class SignedBundleSource:
                 return self._count(
                     ReloadResult("invalid", good.revision, errors, reasons=self._refusals)
                 )
+            return StagedPolicies(candidate)
+
+    def serve(self, staged: StagedPolicies) -> ReloadResult:
+        """Offer what `stage` found to OPA; keep it if OPA activates it, else withdraw it."""
+        candidate = staged.bundle
+        if not isinstance(candidate, BundleFile):
+            raise TypeError("staged by another source")
+        with self._lock:
+            good = self._good if self._good is not None else self.served
+            why = self.guard.check(candidate.serial, candidate.revision)  # it waited, maybe
+            if why is not None:
+                self._refused(ROLLBACK, why)
+                return self._count(ReloadResult("invalid", good.revision, (why,), reason=ROLLBACK))
             mark = self.board.mark()
             self._offered = candidate
             report = self.board.verdict(mark, self.verdict_timeout)

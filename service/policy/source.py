@@ -67,6 +67,19 @@ class ReloadResult:
     tests_skipped_by: str | None = None
 
 
+@dataclass(frozen=True)
+class StagedPolicies:
+    """A new policy set that passed every check a reload makes, not yet served."""
+
+    bundle: ServedBundle
+    findings: tuple[str, ...] = ()  # what its tests found, when an operator skips them
+    tests_skipped_by: str | None = None
+
+    @property
+    def revision(self) -> str:
+        return self.bundle.revision
+
+
 class PolicySnapshots(Protocol):
     """What the sidecar serves OPA and reloads: a policy directory's snapshot
     (`PolicySource`) or a signed bundle file (`service.policy.signed_bundle`)."""
@@ -85,6 +98,10 @@ class PolicySnapshots(Protocol):
     def load(self) -> ServedBundle: ...
 
     def reload(self, skip_tests_by: str | None = None) -> ReloadResult: ...
+
+    def stage(self, skip_tests_by: str | None = None) -> ReloadResult | StagedPolicies: ...
+
+    def serve(self, staged: StagedPolicies) -> ReloadResult: ...
 
     def source_revision(self) -> str | None: ...
 
@@ -157,6 +174,12 @@ class PolicySource:
     def reload(self, skip_tests_by: str | None = None) -> ReloadResult:
         """Serve the directory as it is now if it compiles and passes its tests (or an
         operator skips them: `skip_tests_by`); else keep the last good snapshot."""
+        staged = self.stage(skip_tests_by)
+        return staged if isinstance(staged, ReloadResult) else self.serve(staged)
+
+    def stage(self, skip_tests_by: str | None = None) -> ReloadResult | StagedPolicies:
+        """The directory as it is now, checked as a reload checks it but not yet served: a
+        `StagedPolicies` when it could be, else the reload's result (refused, unchanged)."""
         with self._lock:
             served = self.served
             bundle, errors, reasons = self._read()
@@ -165,32 +188,58 @@ class PolicySource:
             gated = not errors and (not same or self.tests_skipped_by is not None)
             untested = self._untested(bundle) if gated else []
             if errors:
-                result = ReloadResult(
-                    "invalid",
-                    served.revision,
-                    tuple(errors),
-                    reasons=reasons,
-                    reason=POLICY_SOURCE_INVALID,
+                return self._ended(
+                    ReloadResult(
+                        "invalid",
+                        served.revision,
+                        tuple(errors),
+                        reasons=reasons,
+                        reason=POLICY_SOURCE_INVALID,
+                    )
                 )
-            elif untested and not same and skip_tests_by is None:
-                result = ReloadResult(
-                    "invalid", served.revision, tuple(untested), reason=POLICY_TESTS_FAILED
+            if untested and not same and skip_tests_by is None:
+                return self._ended(
+                    ReloadResult(
+                        "invalid", served.revision, tuple(untested), reason=POLICY_TESTS_FAILED
+                    )
                 )
-            else:
-                if not (same and untested):  # an unchanged snapshot keeps its override
-                    self.tests_skipped_by = skip_tests_by if untested else None
+            if same:
+                if not untested:  # an unchanged snapshot keeps its override while it fails
+                    self.tests_skipped_by = None
                 self._served = bundle
                 result = ReloadResult(
-                    "unchanged" if same else "loaded",
+                    "unchanged",
                     bundle.revision,
                     tuple(untested),
                     tests_skipped_by=self.tests_skipped_by,
                 )
-            self._valid = result.outcome != "invalid"
-            self._refusals = result.reasons
-            self.refusal = result.reason
-            self._reloads[result.outcome] += 1
-            return result
+                return self._ended(result)
+            return StagedPolicies(bundle, tuple(untested), skip_tests_by if untested else None)
+
+    def serve(self, staged: StagedPolicies) -> ReloadResult:
+        """Serve what `stage` found (at once, or once the operators a deployment asks for
+        approved it: `service.policy.activation_hold`)."""
+        if not isinstance(staged.bundle, PolicyBundle):
+            raise TypeError("staged by another source")
+        with self._lock:
+            self.tests_skipped_by = staged.tests_skipped_by
+            self._served = staged.bundle
+            return self._ended(
+                ReloadResult(
+                    "loaded",
+                    staged.revision,
+                    staged.findings,
+                    tests_skipped_by=staged.tests_skipped_by,
+                )
+            )
+
+    def _ended(self, result: ReloadResult) -> ReloadResult:
+        """A reload ends: what it did is the source's state until the next one."""
+        self._valid = result.outcome != "invalid"
+        self._refusals = result.reasons
+        self.refusal = result.reason
+        self._reloads[result.outcome] += 1
+        return result
 
     def test_warnings(self) -> list[str]:
         """For /readyz: the latest reload was refused for its tests; the served snapshot's

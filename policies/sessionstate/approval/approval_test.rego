@@ -111,3 +111,52 @@ test_grant_without_a_tenant_limit_allowed if {
 	decision := approval.decision with input as grant_input with data.sessionstate.tenants as {"settings": []}
 	decision == {"allow": true, "reasons": []}
 }
+
+activation_input := {
+	"action": "policy.approve",
+	"now": 1700000000,
+	"actor": {"sub": "operator-b", "roles": ["operator"]},
+	"target": {},
+	"deployment": {"durable_writes_enabled": false},
+	"activation": {
+		"revision": "sha256:new",
+		"previous_revision": "sha256:old",
+		"requested_by": "operator-a",
+		"approved_by": [],
+		"approvals": 2,
+	},
+}
+
+test_second_operator_may_approve_an_activation if {
+	decision := approval.decision with input as activation_input
+	decision == {"allow": true, "reasons": []}
+}
+
+test_requester_may_not_approve_own_activation if {
+	changes := {"actor": {"sub": "operator-a"}}
+	decision := approval.decision with input as object.union(activation_input, changes)
+	decision == denied(["operator_already_approved"])
+}
+
+test_an_approver_counts_once if {
+	changes := {"actor": {"sub": "operator-c"}, "activation": {"approved_by": ["operator-c"]}}
+	decision := approval.decision with input as object.union(activation_input, changes)
+	decision == denied(["operator_already_approved"])
+}
+
+test_tenant_operator_may_not_approve_an_activation if {
+	changes := {"actor": {"tenant_id": "tenant-a"}}
+	decision := approval.decision with input as object.union(activation_input, changes)
+	decision == denied(["deployment_operator_required"])
+}
+
+test_model_service_may_not_approve_an_activation if {
+	changes := {"actor": {"roles": ["model-service"]}}
+	decision := approval.decision with input as object.union(activation_input, changes)
+	decision == denied(["role_not_permitted"])
+}
+
+test_activation_without_its_revision_rejected if {
+	decision := approval.decision with input as object.remove(activation_input, ["activation"])
+	decision == denied(["activation_missing"])
+}
