@@ -398,3 +398,32 @@ def _exchanged(url: str) -> str:
     assert answer.status_code == 200, answer.text
     token: str = answer.json()["access_token"]
     return token
+
+
+def test_a_failed_fetch_starts_the_cooldown_as_a_successful_one_does(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    provider.down = True
+    with _service(sidecar, tmp_path, provider, jwt_jwks_refresh_cooldown_seconds=3600) as service:
+        for _ in range(10):
+            assert _preview(service, provider.token("key-1")) == (503, "token_keys_unavailable")
+        assert provider.fetches == 1
+        # Tokens of the service's own keys never needed the provider.
+        assert _preview(service, service.token()) == (200, None)
+
+
+def test_a_set_getting_old_is_fetched_again_while_requests_go_on_with_it(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    with _service(sidecar, tmp_path, provider, jwt_jwks_cache_seconds=4) as service:
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        time.sleep(2.1)  # past half the cache seconds
+        provider.held.clear()
+        # The set is old enough to be fetched again: this request starts that fetch, and
+        # is answered with the set at hand while the provider holds the fetch.
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        assert provider.entered.wait(10)
+        assert provider.fetches == 2
+        provider.held.set()
