@@ -4,10 +4,13 @@ The key is chosen by the token's `alg` from a fixed table (HS256 -> the shared
 secret, RS256 -> the configured public key) and PyJWT is told to accept that
 one algorithm only. With an identity provider's JWKS URL, an RS256 or ES256
 token naming a `kid` is verified with that key of the provider's set
-(PyJWT's `PyJWKClient`: the set cached, fetched again when it expires or when
-a token names a key it lacks, at most once per cooldown), and only if the
+(`service.provider_keys`: one fetch at a time, bounded, at most one per
+cooldown, no request thread waiting behind another's fetch), and only if the
 key's own algorithm is the token's; such tokens (and those verified with the
-key file) must carry the configured `iss` and `aud`, when set. The session
+key file) must carry the configured `iss` and `aud`, when set. A token
+verified with a provider's key is remembered only as long as the provider's
+current set holds that same key under its `kid`: a key withdrawn from the set
+stops its tokens once the set it was in has expired. The session
 tokens the service issues itself (`service.session_tokens`) are ES256 with a
 `kid` of its own key: that key verifies them (a dictionary lookup, before any
 JWKS), and they must name the service's own issuer as `iss` and `aud`.
@@ -33,19 +36,21 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
-from jwt import PyJWKClient
+from jwt import PyJWK
 from jwt import exceptions as jwt_errors
 from jwt.algorithms import HMACAlgorithm
 from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.policy.input import PolicyActor
+from service.provider_keys import KeysUnavailable, ProviderKeys, UnknownKey
 from service.reasons import Reason
 from store.scope import ScopeId, is_scope_id
 
@@ -137,6 +142,16 @@ class ProviderSettings(BaseModel):
 VERIFIED_TOKENS_KEPT = 4096  # verified tokens remembered, the least recently used dropped
 
 
+@dataclass(frozen=True)
+class _Verified:
+    """A token that verified: its actor, its claims, and the provider's key that verified it
+    (None: one of the service's own keys, which do not change while it runs)."""
+
+    actor: Actor
+    claims: dict[str, Any]
+    provider_key: PyJWK | None
+
+
 class TokenVerifier:
     """Verifies `Authorization: Bearer <JWT>` headers against the configured keys."""
 
@@ -162,11 +177,11 @@ class TokenVerifier:
         self._jwks = (
             None
             if self._provider.jwks_url is None
-            else PyJWKClient(
+            else ProviderKeys(
                 self._provider.jwks_url,
-                lifespan=self._provider.jwks_cache_seconds,
-                cooldown_duration=self._provider.jwks_refresh_cooldown_seconds,
-                timeout=self._provider.jwks_timeout_seconds,
+                cache_seconds=self._provider.jwks_cache_seconds,
+                cooldown_seconds=self._provider.jwks_refresh_cooldown_seconds,
+                timeout_seconds=self._provider.jwks_timeout_seconds,
             )
         )
         if rs256_public_key_pem is not None:
@@ -175,8 +190,9 @@ class TokenVerifier:
         self._max_lifetime = max_lifetime_seconds
         self._clock = clock
         # Tokens whose signature and claims verified, by their exact text: a model service
-        # sends the same token with every turn. Dates are checked again on every use.
-        self._verified: OrderedDict[str, tuple[Actor, dict[str, Any]]] = OrderedDict()
+        # sends the same token with every turn. Dates are checked again on every use, and
+        # the provider's key again against the provider's current set.
+        self._verified: OrderedDict[str, _Verified] = OrderedDict()
         self._verified_guard = threading.Lock()
 
     def verify(self, authorization_header: str | None) -> Actor:
@@ -186,16 +202,26 @@ class TokenVerifier:
             known = self._verified.get(token)
             if known is not None:
                 self._verified.move_to_end(token)
-        if known is None:
-            claims = self._verified_claims(token)
-            known = (_actor(claims), claims)
-        actor, claims = known
-        _check_dates(claims, now=self._clock(), max_lifetime=self._max_lifetime)
+        if known is None or not self._key_still_current(known):
+            claims, provider_key = self._verified_claims(token)
+            known = _Verified(_actor(claims), claims, provider_key)
+        _check_dates(known.claims, now=self._clock(), max_lifetime=self._max_lifetime)
         with self._verified_guard:
             self._verified[token] = known
             if len(self._verified) > VERIFIED_TOKENS_KEPT:
                 self._verified.popitem(last=False)
-        return actor
+        return known.actor
+
+    def _key_still_current(self, known: _Verified) -> bool:
+        """Whether the provider's current set still holds the key `known` was verified with
+        (a key withdrawn: `AuthenticationFailed`); always, for the service's own keys."""
+        verified_with = known.provider_key
+        if verified_with is None:
+            return True
+        kid = verified_with.key_id
+        assert isinstance(kid, str)  # `ProviderKeys` holds only keys with a `kid`
+        current = self._provider_key(kid, verified_with.algorithm_name)
+        return bool(current.key == verified_with.key)
 
     def operator(self, token: str) -> str:
         """Who a valid token with the `operator` role names (a `policy reload`'s); raises
@@ -221,7 +247,9 @@ class TokenVerifier:
             raise AuthenticationFailed(Reason.TOKEN_INVALID)
         return match.group(1)
 
-    def _verified_claims(self, token: str) -> dict[str, Any]:
+    def _verified_claims(self, token: str) -> tuple[dict[str, Any], PyJWK | None]:
+        """The token's claims, and the provider's key that verified them (None: a key of
+        the service's own)."""
         try:
             header = jwt.get_unverified_header(token)
             algorithm, kid = header.get("alg"), header.get("kid")
@@ -236,22 +264,24 @@ class TokenVerifier:
                     *(["aud"] if audience is not None else []),
                 ],
             }
-            return jwt.decode(
+            claims = jwt.decode(
                 token,
-                key,
+                key.key if isinstance(key, PyJWK) else key,
                 algorithms=[algorithm],
                 options=options,
                 issuer=issuer,
                 audience=audience,
             )
+            return claims, key if isinstance(key, PyJWK) else None
         except _CLAIM_ERRORS:
             raise AuthenticationFailed(Reason.TOKEN_CLAIMS_INVALID) from None
         except jwt_errors.PyJWTError:  # bad encoding, bad signature
             raise AuthenticationFailed(Reason.TOKEN_INVALID) from None
 
     def _key_for(self, algorithm: str, kid: object) -> tuple[Any, str | None, str | None]:
-        """The key that verifies a token of `algorithm` naming `kid`, and the `iss` and `aud`
-        the token must then carry (None: not checked; a token with `aud` is then refused)."""
+        """The key that verifies a token of `algorithm` naming `kid` (the provider's: a
+        `PyJWK`), and the `iss` and `aud` the token must then carry (None: not checked; a
+        token with `aud` is then refused)."""
         if algorithm == "ES256" and isinstance(kid, str) and kid in self._own_keys:
             return self._own_keys[kid], self._own_issuer, self._own_issuer  # issued here
         if self._jwks is not None and isinstance(kid, str) and algorithm in PROVIDER_ALGORITHMS:
@@ -264,18 +294,18 @@ class TokenVerifier:
             return key, None, None
         return key, self._provider.issuer, self._provider.audience
 
-    def _provider_key(self, kid: str, algorithm: str) -> Any:
+    def _provider_key(self, kid: str, algorithm: str) -> PyJWK:
         """The provider's key `kid`, if its algorithm is the token's; fetched when unknown."""
         assert self._jwks is not None
         try:
-            signing_key = self._jwks.get_signing_key(kid)
-        except jwt_errors.PyJWKClientConnectionError:
+            signing_key = self._jwks.key(kid)
+        except KeysUnavailable:  # none fetched in time, or a fetch under way
             raise AuthenticationFailed(Reason.TOKEN_KEYS_UNAVAILABLE) from None
-        except jwt_errors.PyJWKClientError:  # no such key, or a set that does not parse
+        except UnknownKey:
             raise AuthenticationFailed(Reason.TOKEN_INVALID) from None
         if signing_key.algorithm_name != algorithm:
             raise AuthenticationFailed(Reason.TOKEN_INVALID)
-        return signing_key.key
+        return signing_key
 
 
 def _numeric_date(claims: Mapping[str, Any], name: str) -> int | float | None:

@@ -293,6 +293,7 @@ def identity_provider(settings: Settings) -> ProviderSettings:
         audience=settings.jwt_audience,
         jwks_cache_seconds=settings.jwt_jwks_cache_seconds,
         jwks_refresh_cooldown_seconds=settings.jwt_jwks_refresh_cooldown_seconds,
+        jwks_timeout_seconds=settings.jwt_jwks_timeout_ms / 1000,
     )
 
 

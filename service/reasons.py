@@ -111,8 +111,9 @@ class Reason(StrEnum):
     TOKEN_KEYS_UNAVAILABLE = (
         "token_keys_unavailable",
         503,
-        "The identity provider's keys (SESSIONSTATE_JWT_JWKS_URL) could not be fetched, "
-        "so the bearer token could not be verified; retry later.",
+        "The identity provider's keys (SESSIONSTATE_JWT_JWKS_URL) could not be had (no "
+        "key set in time, an answer that is no key set, or a fetch under way), so the "
+        "bearer token could not be verified; retry later.",
         5,
     )
 

@@ -1,13 +1,17 @@
 """Tokens from an identity provider (issue 16): keys from a JWKS URL, chosen by `kid`,
-refreshed on rotation, with `iss` and `aud` checked. Real HTTP, real OPA; the provider is a
-local JWKS endpoint whose keys the tests rotate."""
+refreshed on rotation, with `iss` and `aud` checked. A slow or broken provider costs one
+fetch at a time and stalls nothing else, and a withdrawn key stops its remembered tokens
+(issue 27). Real HTTP, real OPA; the provider is a local JWKS endpoint whose keys the tests
+rotate, which can hang or answer something that is no key set."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,12 +19,15 @@ from typing import Any
 
 import jwt
 import pytest
+import requests
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from service.auth import mint_token
 from service.policy.sidecar import OpaSidecar
 from tests.factories import state_input
-from tests.live import LiveService, live_service, service_settings
+from tests.live import JWT_SECRET, LiveService, live_service, service_settings
+from tests.served import start
 
 ISSUER = "https://idp.example.test"
 AUDIENCE = "sessionstate"
@@ -29,12 +36,22 @@ PREVIEW = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1/state/preview"
 
 @dataclass
 class Provider:
-    """A JWKS endpoint serving whichever public keys `keys` holds now; counts its fetches."""
+    """A JWKS endpoint serving whichever public keys `keys` holds now; counts its fetches.
+
+    With `body` set it answers that instead of the key set; while `held` is clear it holds
+    every fetch unanswered (`entered` is set once one is held)."""
 
     keys: dict[str, Any] = field(default_factory=dict)  # kid -> private key
     fetches: int = 0
     down: bool = False
+    body: bytes | None = None
+    held: threading.Event = field(default_factory=threading.Event)
+    entered: threading.Event = field(default_factory=threading.Event)
     url: str = ""
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.held.set()  # not holding
 
     def add(self, kid: str, alg: str = "RS256") -> Any:
         key = (
@@ -88,12 +105,16 @@ def provider() -> Iterator[Provider]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            state.fetches += 1
+            with state.guard:
+                state.fetches += 1
+            if not state.held.is_set():
+                state.entered.set()
+                state.held.wait()
             if state.down:
                 self.send_response(503)
                 self.end_headers()
                 return
-            body = state.jwks()
+            body = state.jwks() if state.body is None else state.body
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -108,6 +129,7 @@ def provider() -> Iterator[Provider]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield state
+    state.held.set()
     server.shutdown()
 
 
@@ -221,3 +243,187 @@ def test_a_provider_that_cannot_be_reached_fails_closed_with_503(
         assert service.call("GET", state, service.token()).status_code == 404  # nothing written
         provider.down = False
         assert _preview(service, provider.token("key-1")) == (200, None)
+
+
+def test_a_provider_answering_anything_but_a_key_set_is_503_never_500(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    with _service(sidecar, tmp_path, provider) as service:
+        for body in (
+            b"<html>502 Bad Gateway</html>",  # not JSON
+            b"\xff\xfe not even text",
+            b"[]",  # JSON, not an object
+            b'{"keys": "none"}',
+            b'{"keys": []}',
+            b'{"keys": [{"kty": "RSA", "kid": "key-1", "n": 5, "e": []}]}',  # no usable key
+            b'{"keys": [{"kty": "oct", "kid": "key-1", "k": "c2VjcmV0", "use": "enc"}]}',
+        ):
+            provider.body = body
+            answer = service.call("POST", PREVIEW, provider.token("key-1"), json=state_input())
+            assert answer.status_code == 503, body
+            assert answer.json()["reason"] == "token_keys_unavailable"
+            assert answer.headers["Retry-After"] == "5"
+        provider.body = None
+        assert _preview(service, provider.token("key-1")) == (200, None)
+
+
+def test_a_key_withdrawn_from_the_set_stops_its_remembered_tokens_after_the_cache_seconds(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    provider.add("key-2")
+    provider.add("key-3")
+    withdrawn, kept, replaced = (provider.token(kid) for kid in ("key-1", "key-2", "key-3"))
+    # The cooldown is long: only the set's expiry makes the service fetch it again.
+    with _service(
+        sidecar,
+        tmp_path,
+        provider,
+        jwt_jwks_cache_seconds=1,
+        jwt_jwks_refresh_cooldown_seconds=3600,
+    ) as service:
+        for token in (withdrawn, kept, replaced) * 2:  # the second time from what it remembers
+            assert _preview(service, token) == (200, None)
+        fetched = provider.fetches
+        del provider.keys["key-1"]
+        provider.add("key-3")  # the same kid, another key
+        time.sleep(1.2)  # past SESSIONSTATE_JWT_JWKS_CACHE_SECONDS
+        assert _preview(service, withdrawn) == (401, "token_invalid")
+        assert _preview(service, replaced) == (401, "token_invalid")
+        assert _preview(service, kept) == (200, None)
+        assert provider.fetches > fetched
+
+
+def _forged(kid: str, key: rsa.RSAPrivateKey) -> str:
+    """An RS256 token naming a `kid` the provider never had, signed with a key of no one's."""
+    claims = {"sub": "x", "roles": ["model-service"], "iss": ISSUER, "aud": AUDIENCE}
+    return jwt.encode(
+        {**claims, "tenant": "tenant-a", "workspace": "ws-1", "session": "chat-1"}
+        | {"exp": int(time.time()) + 300},
+        key,
+        algorithm="RS256",
+        headers={"kid": kid},
+    )
+
+
+def test_forged_tokens_against_a_hanging_provider_cost_one_fetch_and_stall_nothing_else(
+    opa_bin: str, tmp_path: Path, provider: Provider
+) -> None:
+    """Issue 27, finding 1, against `sessionstate serve` (hypercorn, 16 request threads)."""
+    provider.add("key-1")
+    provider.held.clear()
+    served = start(
+        opa_bin,
+        tmp_path / "var",
+        tmp_path,
+        extra_env={
+            "SESSIONSTATE_JWT_JWKS_URL": provider.url,
+            "SESSIONSTATE_JWT_ISSUER": ISSUER,
+            "SESSIONSTATE_JWT_AUDIENCE": AUDIENCE,
+            "SESSIONSTATE_JWT_JWKS_REFRESH_COOLDOWN_SECONDS": "3600",
+            # Long enough that the fetch is still held while everything below is asked.
+            "SESSIONSTATE_JWT_JWKS_TIMEOUT_MS": "30000",
+        },
+    )
+    nobody = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def preview(token: str) -> tuple[int, str | None]:
+        answer = requests.post(
+            served.url + PREVIEW,
+            json=state_input(),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+        return answer.status_code, None if answer.ok else answer.json().get("reason")
+
+    try:
+        with ThreadPoolExecutor(40) as pool:
+            forged = [pool.submit(preview, _forged(f"made-up-{n}", nobody)) for n in range(40)]
+            answered: list[Future[tuple[int, str | None]]] = []
+            for future in as_completed(forged):
+                answered.append(future)
+                if len(answered) == 39:
+                    break
+            # One request waits for the one fetch; the other 39 were refused at once.
+            assert Counter(f.result() for f in answered) == {(503, "token_keys_unavailable"): 39}
+            assert provider.entered.is_set()
+            waiting = next(f for f in forged if f not in answered)
+            # While that fetch is held: probes, the service's own tokens, an exchange.
+            assert requests.get(served.url + "/healthz", timeout=60).status_code == 200
+            own = mint_token(
+                JWT_SECRET.encode(),
+                sub="svc-1",
+                roles=["model-service"],
+                tenant="tenant-a",
+                workspace="ws-1",
+                session="chat-1",
+                ttl_seconds=600,
+            )
+            assert preview(own) == (200, None)
+            assert preview(_exchanged(served.url)) == (200, None)
+            assert not waiting.done()
+            assert provider.fetches == 1
+            provider.held.set()
+            # The set came, without the made-up kid.
+            assert waiting.result() == (401, "token_invalid")
+        # Made-up kids within the cooldown: refused, with no fetch of their own.
+        for n in range(40, 50):
+            assert preview(_forged(f"made-up-{n}", nobody)) == (401, "token_invalid")
+        assert preview(provider.token("key-1")) == (200, None)
+        assert provider.fetches == 1
+    finally:
+        provider.held.set()
+        served.process.terminate()
+        served.process.wait(20)
+
+
+def _exchanged(url: str) -> str:
+    """A session token from `POST /v1/token` for a bot's own HS256 token."""
+    bot = mint_token(
+        JWT_SECRET.encode(),
+        sub="bot-1",
+        roles=["model-service"],
+        tenant="tenant-a",
+        workspace="ws-1",
+        ttl_seconds=600,
+    )
+    form = {
+        "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+        "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+        "subject_token": bot,
+        "resource": PREVIEW.removesuffix("/state/preview"),
+    }
+    answer = requests.post(url + "/v1/token", data=form, timeout=60)
+    assert answer.status_code == 200, answer.text
+    token: str = answer.json()["access_token"]
+    return token
+
+
+def test_a_failed_fetch_starts_the_cooldown_as_a_successful_one_does(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    provider.down = True
+    with _service(sidecar, tmp_path, provider, jwt_jwks_refresh_cooldown_seconds=3600) as service:
+        for _ in range(10):
+            assert _preview(service, provider.token("key-1")) == (503, "token_keys_unavailable")
+        assert provider.fetches == 1
+        # Tokens of the service's own keys never needed the provider.
+        assert _preview(service, service.token()) == (200, None)
+
+
+def test_a_set_getting_old_is_fetched_again_while_requests_go_on_with_it(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    provider.add("key-1")
+    with _service(sidecar, tmp_path, provider, jwt_jwks_cache_seconds=4) as service:
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        time.sleep(2.1)  # past half the cache seconds
+        provider.held.clear()
+        # The set is old enough to be fetched again: this request starts that fetch, and
+        # is answered with the set at hand while the provider holds the fetch.
+        assert _preview(service, provider.token("key-1")) == (200, None)
+        assert provider.entered.wait(10)
+        assert provider.fetches == 2
+        provider.held.set()
