@@ -39,6 +39,7 @@ from service.store_backend import (
     reachable,
     store_target,
 )
+from service.token_exchange import public_origin
 from store.backends.contract import Lanes
 from store.digests import DigestKey
 from store.lanes import LaneStore
@@ -85,6 +86,7 @@ class ServiceContext:
         None  # the sidecar's policy snapshot; None: external OPA
     )
     worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
+    public_origin: str | None = None  # SESSIONSTATE_PUBLIC_URL's origin; None: unset
 
     @classmethod
     def open(
@@ -199,6 +201,7 @@ class ServiceContext:
             ),
             policy_source=policy_source,
             approval_pruner=ExpiredApprovalPruner(lanes, clock=clock),
+            public_origin=configured_public_origin(settings),
         )
 
     def store_reachable(self) -> bool:
@@ -264,6 +267,7 @@ def check_settings(settings: Settings) -> None:
     _public_key(settings.jwt_public_key_file)
     identity_provider(settings)
     rate_limits(settings)
+    configured_public_origin(settings)
     session_token_issuer(settings)  # generates the data dir's key before workers start
     store = configured_store(settings)
     if settings.workers > 1 and not store.shared:
@@ -295,6 +299,16 @@ def identity_provider(settings: Settings) -> ProviderSettings:
         jwks_refresh_cooldown_seconds=settings.jwt_jwks_refresh_cooldown_seconds,
         jwks_timeout_seconds=settings.jwt_jwks_timeout_ms / 1000,
     )
+
+
+def configured_public_origin(settings: Settings) -> str | None:
+    """SESSIONSTATE_PUBLIC_URL as the origin a token request's resource URL must name."""
+    if settings.public_url is None:
+        return None
+    try:
+        return public_origin(settings.public_url)
+    except ValueError as error:
+        raise ConfigurationError(f"SESSIONSTATE_PUBLIC_URL {error}") from None
 
 
 def session_token_issuer(settings: Settings) -> SessionTokenIssuer:

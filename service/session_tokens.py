@@ -12,7 +12,8 @@ its RFC 7638 thumbprint, so any verifier can check the tokens; the service's own
 An issued token names what the exchange decided and nothing more: the subject's
 `sub`, the role `model-service`, the target session's `tenant`, `workspace` and
 `session`, `iss` and `aud` (both `SESSIONSTATE_TOKEN_ISSUER`), `iat` and `exp`
-(`SESSIONSTATE_TOKEN_EXCHANGE_TTL_SECONDS` later), `act` (RFC 8693 section 4.1:
+(`SESSIONSTATE_TOKEN_EXCHANGE_TTL_SECONDS` later, and never later than the subject
+token's own `exp`: a token about to expire cannot be stretched), `act` (RFC 8693 section 4.1:
 the service that asked, by its `sub`), and `jti`, the id of the decision that
 allowed it, so the log names the decision behind every token.
 """
@@ -133,9 +134,19 @@ class SessionTokenIssuer:
         self.ttl_seconds = ttl_seconds
 
     def issue(
-        self, subject: Actor, session: TenantScope, *, token_id: str, now: int
+        self,
+        subject: Actor,
+        session: TenantScope,
+        *,
+        token_id: str,
+        now: int,
+        not_after: int,
     ) -> IssuedToken:
-        """A token for `session`, for the subject that asked (its `sub`, and in `act`)."""
+        """A token for `session`, for the subject that asked (its `sub`, and in `act`),
+        ending at `not_after` (the subject token's `exp`) if that comes before the TTL."""
+        expires_at = min(now + self.ttl_seconds, not_after)
+        if expires_at <= now:
+            raise ValueError("the subject token has expired: nothing can be issued")
         claims = {
             "iss": self.issuer,
             "aud": self.issuer,
@@ -146,10 +157,10 @@ class SessionTokenIssuer:
             "workspace": session.workspace_id,
             "session": session.session_id,
             "iat": now,
-            "exp": now + self.ttl_seconds,
+            "exp": expires_at,
             "jti": token_id,
         }
-        return IssuedToken(self.key.sign(claims), self.ttl_seconds)
+        return IssuedToken(self.key.sign(claims), expires_at - now)
 
     def key_set(self) -> JsonWebKeySet:
         return JsonWebKeySet(keys=[self.key.jwk])

@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     token_exchange_ttl_seconds: int = Field(default=900, ge=60, le=86_400)
     token_issuer: str = Field(default="sessionstate", min_length=1, max_length=256)
     token_signing_key_file: Path | None = None
+    # The service's public origin, `http(s)://host[:port]`: a token request's `resource`
+    # may be a session's URL under it. Unset: only a session's path is accepted.
+    public_url: str | None = None
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     # The decision scrub (service.decisions.scrub): each tenant's chain walked whole at

@@ -3,20 +3,26 @@
 `read_exchange` turns the form of `POST /v1/token` into what the policy judges
 (`PolicyExchange`: one word per parameter, never its value), the actor (the
 subject token's, verified as any request's bearer token is, else the anonymous
-one) and the session the `resource` names, if it names one. Nothing here
-refuses: `sessionstate.token` decides every request, so that every exchange,
-allowed or not, is a decision on the log. The OAuth error an answer names is
-chosen from the decision's reason (`oauth_error`).
+one), when the subject token expires, and the session the `resource` names, if
+it names one. Nothing here refuses: `sessionstate.token` decides every request,
+so that every exchange, allowed or not, is a decision on the log. The OAuth
+error an answer names is chosen from the decision's reason (`oauth_error`).
+
+A `resource` is a session's path, or its URL under the service's public origin
+(`SESSIONSTATE_PUBLIC_URL`, read by `public_origin`), never under whatever the
+request's `Host` header claims; without that setting only the path is accepted.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
+import jwt
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth import Actor, AuthenticationFailed
@@ -34,8 +40,10 @@ ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"  # noqa: S10
 FORM = "application/x-www-form-urlencoded"
 MAX_RESOURCE_CHARS = 2048
 # Who asks when the subject token did not verify: no roles, no scope. Its rate limits
-# are one budget for every unauthenticated caller (service.rate_limits).
+# are its client address's (service.rate_limits), its decisions name no tenant.
 ANONYMOUS = Actor(sub="anonymous", roles=())
+NO_TARGET = PolicyTarget(tenant_id=None, workspace_id=None, session_id=None)
+SubjectToken = Literal["valid", "missing", "invalid", "expired", "unverifiable"]
 
 _SESSION_PATH = re.compile(r"/v1/tenants/([^/]*)/workspaces/([^/]*)/sessions/([^/]*)")
 _PARAMETERS = (
@@ -95,8 +103,9 @@ class TokenExchangeRequest(BaseModel):
     resource: str = Field(
         min_length=1,
         max_length=MAX_RESOURCE_CHARS,
-        description="the session: `/v1/tenants/{t}/workspaces/{w}/sessions/{s}`, or this "
-        "service's absolute URL of it; ids are scope ids, as sent",
+        description="the session: `/v1/tenants/{t}/workspaces/{w}/sessions/{s}`, or its "
+        "absolute URL under the service's `SESSIONSTATE_PUBLIC_URL` (when set); ids are "
+        "scope ids, as sent",
     )
 
 
@@ -110,7 +119,9 @@ class TokenExchangeResponse(BaseModel):
     )
     issued_token_type: Literal["urn:ietf:params:oauth:token-type:jwt"] = JWT_TOKEN_TYPE
     token_type: Literal["Bearer"] = "Bearer"  # noqa: S105 - the scheme's name
-    expires_in: int = Field(ge=1, description="seconds the token lives")
+    expires_in: int = Field(
+        ge=1, description="seconds the token lives: never beyond the subject token's `exp`"
+    )
     decision: DecisionTrace
 
 
@@ -130,11 +141,14 @@ class ExchangeRequest:
     actor: Actor
     verified: bool
     session: TenantScope | None  # the resource's session, when it names one
+    subject_expires_at: int | None  # the verified subject token's `exp`, whole seconds
 
     @property
     def target(self) -> PolicyTarget:
-        """The session; else the caller's own scope (the anonymous one has none), so the
-        refusal goes on the caller's tenant's chain."""
+        """The session; else the caller's own scope. An unverified caller's request names
+        no tenant whatever its resource says, so its refusal goes on no tenant's chain."""
+        if not self.verified:
+            return NO_TARGET
         if self.session is not None:
             return PolicyTarget(
                 tenant_id=self.session.tenant_id,
@@ -154,14 +168,41 @@ class FormFields(Protocol):
     def getlist(self, key: str) -> list[str]: ...
 
 
+def public_origin(url: str) -> str:
+    """`SESSIONSTATE_PUBLIC_URL` as the origin a resource's URL must start with exactly:
+    `http(s)://host[:port]`, lowercased, without a trailing `/`.
+
+    Raises ValueError (a fixed message, never the value) for anything else: a path, a
+    query, a fragment, credentials, no host, a port that is no port.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        raise ValueError("is not a URL") from None
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ValueError("must be http(s)://host[:port]")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must name no user or password")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ValueError("must have no path, query or fragment: only scheme, host and port")
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return f"{parts.scheme}://{host}" + ("" if port is None else f":{port}")
+
+
 def read_exchange(
     mimetype: str,
     form: FormFields,
     verify: Callable[[str], Actor],
-    own_origin: str,
+    origin: str | None,
+    *,
+    now: int,
 ) -> ExchangeRequest:
     """The facts, actor and session of a token request (`verify` takes an Authorization
-    header's value); `own_origin` is this service's `scheme://host` as the request named it."""
+    header's value). `origin` is the service's public origin (`public_origin`), None when
+    none is configured: then only a resource's path is accepted. A subject token that
+    verifies but ends within the second (`now`, the issuing clock's) counts as expired:
+    nothing can be issued that ends with it."""
     is_form = mimetype == FORM
     well_formed = is_form
     values: dict[str, str | None] = {}
@@ -170,8 +211,8 @@ def read_exchange(
         if len(given) > 1:  # RFC 6749 section 3.2: a parameter at most once
             well_formed = False
         values[name] = given[0] if len(given) == 1 and given[0] != "" else None
-    actor, subject = _subject(values["subject_token"], verify)
-    session = _session(values["resource"], own_origin)
+    actor, subject, expires_at = _subject(values["subject_token"], verify, now)
+    session = _session(values["resource"], origin)
     facts = PolicyExchange(
         form="valid" if well_formed else "malformed",
         grant_type=_grant_type(values["grant_type"]),
@@ -186,7 +227,7 @@ def read_exchange(
         if session is None
         else "valid",
     )
-    return ExchangeRequest(facts, actor, subject == "valid", session)
+    return ExchangeRequest(facts, actor, subject == "valid", session, expires_at)
 
 
 def oauth_error(reason: str, status: int) -> OAuthError:
@@ -215,36 +256,45 @@ def _token_type(value: str | None) -> Literal["jwt", "access_token", "missing", 
 
 
 def _subject(
-    token: str | None, verify: Callable[[str], Actor]
-) -> tuple[Actor, Literal["valid", "missing", "invalid", "expired", "unverifiable"]]:
+    token: str | None, verify: Callable[[str], Actor], now: int
+) -> tuple[Actor, SubjectToken, int | None]:
+    """The subject's actor, what its token is, and (verified) its `exp` in whole seconds."""
     if token is None:
-        return ANONYMOUS, "missing"
+        return ANONYMOUS, "missing", None
     try:
-        return verify(f"Bearer {token}"), "valid"
+        actor = verify(f"Bearer {token}")
     except AuthenticationFailed as failed:
         if failed.reason is Reason.TOKEN_EXPIRED:
-            return ANONYMOUS, "expired"
+            return ANONYMOUS, "expired", None
         if failed.reason is Reason.TOKEN_KEYS_UNAVAILABLE:
-            return ANONYMOUS, "unverifiable"
-        return ANONYMOUS, "invalid"
+            return ANONYMOUS, "unverifiable", None
+        return ANONYMOUS, "invalid", None
+    # Verified just now, so `exp` is a finite JSON number within the maximum lifetime.
+    expires_at = math.floor(jwt.decode(token, options={"verify_signature": False})["exp"])
+    if expires_at <= now:
+        return ANONYMOUS, "expired", None
+    return actor, "valid", expires_at
 
 
-def _session(resource: str | None, own_origin: str) -> TenantScope | None:
-    """The session a resource names exactly: its path, or this service's URL of it.
+def _session(resource: str | None, origin: str | None) -> TenantScope | None:
+    """The session a resource names exactly: its path, or its URL under `origin`.
 
     Nothing is decoded or normalised: a segment that is not a scope id as sent
-    (percent-escapes included) makes the resource malformed.
+    (percent-escapes included) makes the resource malformed, and so does a URL when
+    no origin is configured, or one whose scheme, host and port are not `origin`'s.
     """
     if resource is None or len(resource) > MAX_RESOURCE_CHARS:
         return None
     path = resource
     if not resource.startswith("/"):
+        if origin is None:
+            return None
         try:
             parts = urlsplit(resource)
         except ValueError:
             return None
-        origin = f"{parts.scheme}://{parts.netloc}"
-        if origin != own_origin.rstrip("/") or parts.query or parts.fragment or "#" in resource:
+        named = f"{parts.scheme}://{parts.netloc}"
+        if named != origin or parts.query or parts.fragment or "#" in resource:
             return None
         path = parts.path
     if "?" in path or "#" in path:

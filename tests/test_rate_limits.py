@@ -23,7 +23,10 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.context import ConfigurationError, check_settings, rate_limits, utc_now
+from service.policy.input import PolicyTarget
 from service.policy.sidecar import OpaSidecar
+from service.rate_limits import ActorRateLimiter, actor_key, peer_key
+from service.token_exchange import ANONYMOUS
 from store.evidence_chain import chain_names
 from store.keys import TenantResourceLane
 from tests.factories import state_input
@@ -337,6 +340,34 @@ def test_budgets_parse_or_turn_off(tmp_path: Path) -> None:
     assert (off.requests, off.denials) == ((), ())
     daily = rate_limits(service_settings(tmp_path, denial_rate_limit="100/day"))
     assert daily.summary_window_seconds == 3600  # a summary is never more than an hour late
+
+
+def test_anonymous_budgets_are_per_address_and_their_memory_is_bounded(tmp_path: Path) -> None:
+    """The anonymous caller's budgets are its address's; the least recent address is
+    forgotten, budgets and all, once more are kept than the limiter holds."""
+    limiter = ActorRateLimiter(
+        rate_limits(service_settings(tmp_path, denial_rate_limit="1/hour")), peers_kept=2
+    )
+    nowhere = PolicyTarget(tenant_id=None, workspace_id=None, session_id=None)
+    for peer in ("192.0.2.1", "192.0.2.2"):
+        assert limiter.admit(ANONYMOUS, peer=peer) is None
+        limiter.charge_denial(ANONYMOUS, nowhere, peer=peer)
+        refusal = limiter.admit(ANONYMOUS, peer=peer)
+        assert refusal is not None and refusal.budget == "denials"
+    assert limiter.admit(ANONYMOUS) is None  # the verified-actor key is none of theirs
+    assert limiter.admit(ANONYMOUS, peer="192.0.2.2") is not None  # now the most recent
+    assert limiter.admit(ANONYMOUS, peer="192.0.2.3") is None  # 192.0.2.1 is forgotten
+    assert limiter.admit(ANONYMOUS, peer="192.0.2.1") is None
+    assert len(limiter._peers) == 2
+
+
+def test_a_client_address_is_keyed_as_one_client_holds_it() -> None:
+    assert peer_key("2001:db8:1:2::1") == peer_key("2001:db8:1:2:ffff::9")  # one /64
+    assert peer_key("2001:db8:1:2::1") != peer_key("2001:db8:1:3::1")
+    assert peer_key("::ffff:192.0.2.1") == peer_key("192.0.2.1")
+    assert peer_key("192.0.2.1") != peer_key("192.0.2.2")
+    assert peer_key("") == peer_key("not an address")
+    assert peer_key("192.0.2.1") != actor_key(ANONYMOUS)
 
 
 def test_serve_refuses_a_bad_budget_before_starting(tmp_path: Path) -> None:

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jwt
 import pytest
 from jwt import PyJWKClient
@@ -30,15 +35,23 @@ from sessionstate_client import (
 from sessionstate_client import TenantScope as ClientScope
 
 from service.auth import Actor, AuthenticationFailed, TokenVerifier, mint_token
-from service.context import ConfigurationError, session_token_issuer
+from service.context import (
+    ConfigurationError,
+    check_settings,
+    configured_public_origin,
+    session_token_issuer,
+)
 from service.policy.sidecar import OpaSidecar
 from service.reasons import Reason
 from service.session_tokens import SIGNING_KEY_NAME, SigningKey
 from service.token_exchange import TokenErrorDocument, TokenExchangeResponse
+from store.chain_head import NO_TENANT_CHAIN
+from store.keys import TenantResourceLane
 from store.scope import TenantScope
 from store.secrets import SECRETS_DIR
 from tests.factories import state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings
+from tests.served import ROOT, Served
 
 GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
 JWT_TYPE = "urn:ietf:params:oauth:token-type:jwt"
@@ -46,8 +59,9 @@ SESSION = "/v1/tenants/{t}/workspaces/{w}/sessions/{s}"
 
 
 def bot_token(service: LiveService, **overrides: Any) -> str:
-    """A model service's token for tenant-a's ws-1, and no session: a bot's."""
-    return service.token(**{"sub": "bot-1", "session": None, **overrides})
+    """A model service's token for tenant-a's ws-1, and no session: a bot's, living an hour
+    (longer than the tokens it obtains)."""
+    return service.token(**{"sub": "bot-1", "session": None, "ttl": 3600, **overrides})
 
 
 def auditor(service: LiveService, tenant: str = "tenant-a") -> str:
@@ -70,7 +84,13 @@ def session_of(s: str, t: str = "tenant-a", w: str = "ws-1") -> str:
 
 
 def logged(service: LiveService, decision_id: str, tenant: str = "tenant-a") -> dict[str, Any]:
-    """The decision's entry, as the tenant's auditor lists the log."""
+    """The decision's entry, as the tenant's auditor lists the log (the `~no-tenant` chain,
+    which no auditor reads, as the service stored it)."""
+    if tenant == NO_TENANT_CHAIN:
+        found = service.context.decision_log.get(NO_TENANT_CHAIN, decision_id)
+        assert found is not None and found.hash_ok
+        stored: dict[str, Any] = found.entry.model_dump(mode="json")
+        return stored
     answer = service.call(
         "GET", "/v1/decisions?action=token.exchange&limit=100", auditor(service, tenant)
     )
@@ -125,9 +145,87 @@ def test_a_workspace_token_obtains_a_session_token_that_acts_on_that_session_onl
     assert user_42 not in json.dumps(entry)
 
 
-def test_the_absolute_url_of_a_session_is_a_resource_too(service: LiveService) -> None:
-    answer = exchange(service, bot_token(service), service.url + session_of("user-42"))
+# --- a resource's URL: under the configured public origin, never the Host header -----
+
+PUBLIC_URL = "https://state.example.com"
+
+
+@pytest.fixture
+def public(sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService]:
+    settings = service_settings(tmp_path / "var", public_url=PUBLIC_URL + "/")
+    with live_service(sidecar, settings) as live:
+        yield live
+
+
+def exchange_as(service: LiveService, resource: str, host: str | None = None) -> Any:
+    """An exchange of the bot's token for `resource`, sent with this `Host` header."""
+    form = {
+        "grant_type": GRANT,
+        "subject_token_type": JWT_TYPE,
+        "subject_token": bot_token(service),
+        "resource": resource,
+    }
+    headers = {} if host is None else {"Host": host}
+    return service.http.post(service.url + "/v1/token", data=form, headers=headers, timeout=10)
+
+
+def assert_resource_malformed(answer: Any) -> None:
+    assert answer.status_code == 400, answer.text
+    assert (answer.json()["error"], answer.json()["reason"]) == (
+        "invalid_target",
+        "token_exchange_resource_malformed",
+    )
+
+
+def test_a_sessions_url_under_the_public_origin_is_a_resource_too(public: LiveService) -> None:
+    answer = exchange_as(public, PUBLIC_URL + session_of("user-42"))
     assert answer.status_code == 200, answer.text
+    assert exchange_as(public, session_of("user-42")).status_code == 200
+    # The Host header names no origin: not the attacker's, not even the one it connected to.
+    assert_resource_malformed(
+        exchange_as(public, "http://evil.example" + session_of("user-42"), host="evil.example")
+    )
+    assert_resource_malformed(exchange_as(public, public.url + session_of("user-42")))
+    for near in ("http://state.example.com", "https://state.example.com:8443", PUBLIC_URL + "."):
+        assert_resource_malformed(exchange_as(public, near + session_of("user-42")))
+
+
+def test_without_a_public_url_only_a_sessions_path_is_a_resource(service: LiveService) -> None:
+    assert exchange_as(service, session_of("user-42")).status_code == 200
+    assert_resource_malformed(
+        exchange_as(service, "http://evil.example" + session_of("user-42"), host="evil.example")
+    )
+    # The URL the request was sent to, its Host header and all: still no origin configured.
+    assert_resource_malformed(exchange_as(service, service.url + session_of("user-42")))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://state.example.com/sessionstate",
+        "https://state.example.com/?a=1",
+        "https://state.example.com#top",
+        "https://user:secret@state.example.com",
+        "ftp://state.example.com",
+        "https://",
+        "https://state.example.com:99999",
+        "state.example.com",
+    ],
+)
+def test_a_public_url_that_is_no_origin_stops_the_start(tmp_path: Path, url: str) -> None:
+    with pytest.raises(ConfigurationError, match="SESSIONSTATE_PUBLIC_URL") as raised:
+        check_settings(service_settings(tmp_path / "var", public_url=url))
+    assert url not in str(raised.value) and "secret" not in str(raised.value)
+
+
+def test_a_public_url_is_its_origin(tmp_path: Path) -> None:
+    for url, origin in [
+        ("https://State.Example.com/", "https://state.example.com"),
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("https://[::1]:8443", "https://[::1]:8443"),
+    ]:
+        assert configured_public_origin(service_settings(tmp_path, public_url=url)) == origin
+    assert configured_public_origin(service_settings(tmp_path)) is None
 
 
 # --- refusals, each on the log ---------------------------------------------------------
@@ -165,19 +263,20 @@ REFUSALS = {
         "cross_tenant_scope_rejected",
         "tenant-b",
     ),
+    # An unverified subject's request names no tenant, whatever its resource says.
     "forged": (
         FORGED,
         session_of("user-42"),
         "invalid_request",
         "token_exchange_subject_token_invalid",
-        "tenant-a",
+        NO_TENANT_CHAIN,
     ),
     "expired": (
         EXPIRED,
         session_of("user-42"),
         "invalid_request",
         "token_exchange_subject_token_expired",
-        "tenant-a",
+        NO_TENANT_CHAIN,
     ),
     "missing resource": (
         None,
@@ -229,7 +328,7 @@ def test_refused_exchanges_are_oauth_errors_and_on_the_log(service: LiveService,
     assert entry["decision"]["reasons"] == body.decision.reasons
     anonymous = case in ("forged", "expired")
     assert entry["actor"]["sub"] == ("anonymous" if anonymous else "bot-1")
-    assert entry["target"]["tenant_id"] == tenant
+    assert entry["target"]["tenant_id"] == (None if anonymous else tenant)
     assert subject not in json.dumps(entry) and "user%2D42" not in json.dumps(entry)
 
 
@@ -315,7 +414,40 @@ def test_other_methods_answer_as_oauth_errors(service: LiveService) -> None:
     )
 
 
-# --- unauthenticated callers and the denial budget -------------------------------------
+# --- unauthenticated callers: no tenant's chain, a budget per client address ----------
+
+ANONYMOUS_FORMS = {
+    # name: the subject token (None: none sent)
+    "no subject token": None,
+    "forged": FORGED,
+    "expired": EXPIRED,
+}
+
+
+def acme_entries(service: LiveService) -> int:
+    """Entries on acme's chain, counted in its index (the listing would add one of its own)."""
+    return sum(1 for _ in service.context.lanes.scan(TenantResourceLane.TRACE_INDEX, "acme"))
+
+
+def test_anonymous_refusals_make_no_entry_on_the_chain_of_the_tenant_they_name(
+    service: LiveService,
+) -> None:
+    acme = session_of("chat-1", t="acme")
+    for subject in ANONYMOUS_FORMS.values():
+        answer = exchange(service, subject, acme)
+        assert answer.status_code == 400, answer.text
+        entry = logged(service, answer.json()["decision"]["decision_id"], NO_TENANT_CHAIN)
+        assert entry["actor"] == {"sub": "anonymous", "roles": []} | {
+            name: None for name in ("tenant_id", "workspace_id", "session_id")
+        }
+        assert entry["target"] == {"tenant_id": None, "workspace_id": None, "session_id": None}
+        assert entry["input"]["exchange"]["resource"] == "valid"
+    for token in (None, FORGED, EXPIRED):  # the other routes: 401, no decision at all
+        assert service.call("GET", acme + "/state", token).status_code == 401
+        assert service.call("POST", acme + "/state/preview", token, json={}).status_code == 401
+    assert acme_entries(service) == 0
+    listed = service.call("GET", "/v1/decisions", auditor(service, "acme"))
+    assert listed.status_code == 200 and listed.json()["decisions"] == []
 
 
 @pytest.fixture
@@ -325,15 +457,89 @@ def tight(sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService]:
         yield live
 
 
-def test_unauthenticated_exchanges_share_one_denial_budget(tight: LiveService) -> None:
+def from_address(address: str) -> httpx.Client:
+    """A client whose requests leave from this loopback address (Linux routes 127/8 to lo,
+    so 127.0.0.2 reaches a service listening on 127.0.0.1)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=10)
+
+
+def exchange_from(
+    url: str, address: str, subject_token: str, resource: str = session_of("user-42")
+) -> httpx.Response:
+    """An exchange for `resource` sent from this address to the service at `url`."""
+    form = {
+        "grant_type": GRANT,
+        "subject_token_type": JWT_TYPE,
+        "subject_token": subject_token,
+        "resource": resource,
+    }
+    with from_address(address) as client:
+        return client.post(url + "/v1/token", data=form)
+
+
+def test_each_client_address_has_its_own_anonymous_budget(tight: LiveService) -> None:
     for _ in range(2):
-        assert exchange(tight, FORGED, session_of("user-42")).status_code == 400
-    limited = exchange(tight, FORGED, session_of("user-42"))
+        assert exchange_from(tight.url, "127.0.0.1", FORGED).status_code == 400
+    limited = exchange_from(tight.url, "127.0.0.1", FORGED)
     assert limited.status_code == 429
     assert (limited.json()["error"], limited.json()["reason"]) == ("slow_down", "rate_limited")
     assert int(limited.headers["Retry-After"]) >= 1
-    # A caller whose token verifies has budgets of its own.
-    assert exchange(tight, bot_token(tight), session_of("user-42")).status_code == 200
+    # Another address's anonymous caller is refused for what it sent, not for the flood.
+    other = exchange_from(tight.url, "127.0.0.2", FORGED)
+    assert (other.status_code, other.json()["reason"]) == (
+        400,
+        "token_exchange_subject_token_invalid",
+    )
+    # A caller whose token verifies has budgets of its own, from any address.
+    assert exchange_from(tight.url, "127.0.0.1", bot_token(tight)).status_code == 200
+
+
+@pytest.mark.slow
+def test_an_anonymous_flood_from_one_address_changes_no_other_callers_answer(
+    served: Served, tmp_path: Path
+) -> None:
+    """The attack over `sessionstate serve` (hypercorn, its OPA, LevelDB), default budgets:
+    300 anonymous token requests naming acme from one address."""
+    acme = session_of("chat-1", t="acme")
+    answered: Counter[int] = Counter()
+    form = {"grant_type": GRANT, "subject_token_type": JWT_TYPE, "subject_token": FORGED}
+    with from_address("127.0.0.1") as flood:
+        for _ in range(300):
+            answered[
+                flood.post(served.url + "/v1/token", data=form | {"resource": acme}).status_code
+            ] += 1
+    assert answered == {400: 20, 429: 280}  # SESSIONSTATE_DENIAL_RATE_LIMIT: 20/minute
+    other = exchange_from(served.url, "127.0.0.2", FORGED, acme)
+    assert (other.status_code, other.json()["reason"]) == (
+        400,
+        "token_exchange_subject_token_invalid",
+    )
+    acme_auditor = mint_token(
+        JWT_SECRET.encode(), sub="au", roles=["auditor"], tenant="acme", ttl_seconds=600
+    )
+    listed = httpx.get(
+        served.url + "/v1/decisions", headers={"Authorization": f"Bearer {acme_auditor}"}
+    )
+    assert listed.status_code == 200 and listed.json()["decisions"] == []
+
+    served.process.terminate()  # its rate limit summary is appended as it stops
+    assert served.process.wait(30) == 0
+    exported = subprocess.run(
+        [sys.executable, "-m", "service.cli", "decisions", "export", "--tenant", NO_TENANT_CHAIN],
+        env={**os.environ, "SESSIONSTATE_DATA_DIR": str(served.data_dir)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    entries = [json.loads(line)["sessionstate"] for line in exported.stdout.splitlines()]
+    no_target = {"tenant_id": None, "workspace_id": None, "session_id": None}
+    assert [entry["target"] for entry in entries] == [no_target] * 22
+    assert [entry["outcome"]["status"] for entry in entries].count(400) == 21
+    (summary,) = [entry["input"] for entry in entries if entry["outcome"]["status"] == 429]
+    assert (summary["kind"], summary["refused"]) == ("rate_limit_summary", 280)
+    assert "127.0.0" not in exported.stdout  # no address is kept on the log
 
 
 # --- the issued tokens: verifiable anywhere, short-lived -------------------------------
@@ -359,6 +565,49 @@ def test_issued_tokens_verify_with_the_published_keys(service: LiveService) -> N
     )
     assert claims["exp"] - claims["iat"] == 900
     assert claims["jti"] == answer.json()["decision"]["decision_id"]
+
+
+def test_an_exchanged_token_ends_when_its_subject_token_does(service: LiveService) -> None:
+    """A leaked subject token five seconds from its end buys five seconds, not fifteen minutes."""
+    now = int(time.time())
+    subject = mint_token(
+        JWT_SECRET.encode(),
+        sub="bot-1",
+        roles=["model-service"],
+        tenant="tenant-a",
+        workspace="ws-1",
+        ttl_seconds=60,
+        now=now - 55,
+    )
+    ends = jwt.decode(subject, options={"verify_signature": False})["exp"]
+    answer = exchange(service, subject, session_of("user-42"))
+    assert answer.status_code == 200, answer.text
+    token = answer.json()["access_token"]
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["exp"] == ends
+    assert answer.json()["expires_in"] == claims["exp"] - claims["iat"] <= 5
+    assert service.call("GET", session_of("user-42") + "/state", token).status_code == 404
+    while time.time() < ends:  # no assertion on durations: only on the order of events
+        time.sleep(0.1)
+    refused = service.call("GET", session_of("user-42") + "/state", token)
+    assert (refused.status_code, refused.json()["reason"]) == (401, "token_expired")
+
+
+def test_a_subject_token_ending_within_the_second_is_expired(
+    sidecar: OpaSidecar, tmp_path: Path
+) -> None:
+    """The subject still verifies, but by the issuing clock nothing is left to issue."""
+
+    def ahead() -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=30)
+
+    with live_service(sidecar, service_settings(tmp_path / "var"), clock=ahead) as live:
+        subject = bot_token(live, ttl=20)
+        answer = exchange(live, subject, session_of("user-42"))
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["reason"] == "token_exchange_subject_token_expired"
+        entry = logged(live, answer.json()["decision"]["decision_id"], NO_TENANT_CHAIN)
+        assert entry["actor"]["sub"] == "anonymous"
 
 
 def test_issued_tokens_expire(sidecar: OpaSidecar, tmp_path: Path) -> None:
@@ -415,7 +664,8 @@ def test_the_verifier_accepts_its_own_tokens_by_kid_and_nothing_like_them(
     )
     subject = Actor(sub="bot-1", roles=("model-service",), tenant_id="t", workspace_id="w")
     scope = TenantScope(tenant_id="t", workspace_id="w", session_id="s")
-    issued = issuer.issue(subject, scope, token_id="d-1", now=int(time.time()))
+    now = int(time.time())
+    issued = issuer.issue(subject, scope, token_id="d-1", now=now, not_after=now + 3600)
     actor = verifier.verify(f"Bearer {issued.access_token}")
     assert (actor.sub, actor.roles, actor.session_id) == ("bot-1", ("model-service",), "s")
 

@@ -80,6 +80,7 @@ def authorize(
     approval: Approval | None = None,
     write_report: WriteReportOf | None = None,
     exchange: PolicyExchange | None = None,
+    authenticated: bool = True,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
 
@@ -87,9 +88,12 @@ def authorize(
     see `service.decisions.rate_limit_log`); then `PolicyDenied`,
     `PolicyEngineUnavailable` or `PolicyEngineRefused`, with the write report
     `write_report` makes of the decision. Every decision made is pending in the log.
+    An actor that is not `authenticated` (the anonymous one of a token request) is
+    counted by the socket's peer address: no proxy's header is trusted.
     """
     ctx = context()
-    refusal = ctx.rate_limiter.admit(actor)
+    peer = None if authenticated else request.remote_addr or ""
+    refusal = ctx.rate_limiter.admit(actor, peer=peer)
     if refusal is not None:
         ctx.metrics.rate_limited.labels(refusal.budget).inc()
         ctx.rate_limit_log.note(actor, refusal, action, target)
@@ -98,7 +102,7 @@ def authorize(
         action, actor, target, record=record, approval=approval, exchange=exchange
     )
     if not trace.allow and not trace.engine_unavailable:
-        ctx.rate_limiter.charge_denial(actor, target)
+        ctx.rate_limiter.charge_denial(actor, target, peer=peer)
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
     g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor, shadow))

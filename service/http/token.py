@@ -3,7 +3,8 @@
 Every request to the token endpoint is decided by `sessionstate.token` through
 `authorize`, with the anonymous actor when the subject token did not verify,
 so rate limits, the denial budget and the decision log treat it as any other
-request. Its errors are OAuth errors (RFC 6749 section 5.2) that are problem
+request: an anonymous one's budgets are its client address's, and its decision
+names no tenant (it goes on the `~no-tenant` chain, whatever `resource` says). Its errors are OAuth errors (RFC 6749 section 5.2) that are problem
 documents too (`TokenErrorDocument`): `token_error` renders every problem of
 this path, whatever raised it.
 """
@@ -33,22 +34,27 @@ JWKS_MAX_AGE_SECONDS = 300
 def exchange_token() -> Response:
     """A session token for the session `resource` names, if the policy allows."""
     ctx = context()
+    now = int(ctx.clock().timestamp())
     asked = read_exchange(
-        request.mimetype,
-        request.form,
-        ctx.verifier.verify,
-        request.host_url,
+        request.mimetype, request.form, ctx.verifier.verify, ctx.public_origin, now=now
     )
     if asked.verified:
         g.actor_sub = asked.actor.sub
-    trace = authorize("token.exchange", asked.actor, asked.target, exchange=asked.facts)
-    if asked.session is None:  # the policy allowed an exchange without a session: never issue
-        raise Problem(Reason.INTERNAL_ERROR)
+    trace = authorize(
+        "token.exchange",
+        asked.actor,
+        asked.target,
+        exchange=asked.facts,
+        authenticated=asked.verified,
+    )
+    if asked.session is None or asked.subject_expires_at is None:
+        raise Problem(Reason.INTERNAL_ERROR)  # the policy allowed what it never may: no token
     issued = ctx.session_tokens.issue(
         asked.actor,
         asked.session,
         token_id=trace.decision_id,
-        now=int(ctx.clock().timestamp()),
+        now=now,
+        not_after=asked.subject_expires_at,
     )
     response = json_response(
         TokenExchangeResponse(

@@ -115,7 +115,8 @@ class PolicyRecordSummary(_Strict):
 
 class PolicyExchange(_Strict):
     """What the service found in a token exchange request (`POST /v1/token`): a word per
-    parameter, never its value. `target` is the `resource` when that is `valid`."""
+    parameter, never its value. `target` is the `resource` when that and the subject token
+    are `valid`; an unverified subject's request names no target at all."""
 
     form: Literal["valid", "malformed"] = Field(
         description="malformed: the body is not form-encoded, or repeats a parameter "
@@ -125,13 +126,15 @@ class PolicyExchange(_Strict):
     subject_token_type: Literal["jwt", "access_token", "missing", "unsupported"]
     subject_token: Literal["valid", "missing", "invalid", "expired", "unverifiable"] = Field(
         description="verified as a bearer token is; unverifiable: the identity provider's "
-        "keys could not be fetched. Unless valid, `actor` is the anonymous one"
+        "keys could not be fetched; expired too when it ends within the second. Unless "
+        "valid, `actor` is the anonymous one and `target` names no tenant"
     )
     actor_token: Literal["absent", "present"] = Field(
         description="present: the request names an actor token (delegation is not supported)"
     )
     resource: Literal["valid", "missing", "malformed"] = Field(
-        description="valid: a session's path (or this service's URL of it) of scope ids"
+        description="valid: a session's path of scope ids, or its URL under the service's "
+        "configured public origin"
     )
 
 

@@ -923,7 +923,7 @@ class TokenExchangeRequest(_Request):
         "urn:ietf:params:oauth:token-type:jwt", "urn:ietf:params:oauth:token-type:access_token"
     ]
     resource: Annotated[str, Field(max_length=2048, min_length=1)] = Field(
-        description="the session: `/v1/tenants/{t}/workspaces/{w}/sessions/{s}`, or this service's absolute URL of it; ids are scope ids, as sent"
+        description="the session: `/v1/tenants/{t}/workspaces/{w}/sessions/{s}`, or its absolute URL under the service's `SESSIONSTATE_PUBLIC_URL` (when set); ids are scope ids, as sent"
     )
 
 
@@ -937,5 +937,7 @@ class TokenExchangeResponse(_Response):
         default="urn:ietf:params:oauth:token-type:jwt"
     )
     token_type: Literal["Bearer"] = Field(default="Bearer")
-    expires_in: Annotated[int, Field(ge=1)] = Field(description="seconds the token lives")
+    expires_in: Annotated[int, Field(ge=1)] = Field(
+        description="seconds the token lives: never beyond the subject token's `exp`"
+    )
     decision: DecisionTrace
