@@ -1,12 +1,8 @@
 """`DecisionJournal`: group commit of decision entries and the durable writes they allow.
 
 Requests queue their entry (and, for a durable write, the record and its
-precondition) and one of them commits: the leader. A request that finds no
-leader becomes it and commits its own entry at once, in its own thread (no hop
-to another thread and back); requests that arrive while a batch is being
-committed queue behind it, and when that commit is done the leader hands the
-lead to the oldest of them, which commits all that queued meanwhile, and so
-on until the queue is empty. Whoever leads takes whatever is pending, checks
+precondition) on their chain's line (`service.decisions.group_commit`) and one
+of them commits: the leader, which takes whatever is pending on its line, checks
 each write's precondition in order against the stored state as the batch
 leaves it, seals each entry onto its tenant's chain, and commits records,
 entries and indexes in one synced batch. So many requests share one fsync;
@@ -15,14 +11,24 @@ entry that allowed it; and no entry says applied unless its record was
 written. One thread of its own only reopens a store latched after a failed
 write, when no request comes to do it.
 
+On PostgreSQL each chain has a line of its own, and each batch is one
+transaction of one tenant: a chain whose rows another transaction holds, or
+whose statement is slow, holds only its own writers, while other chains'
+leaders commit beside it (at most half the pool's connections at once: a
+commit may use two). Its writers answer as the store's timeouts allow: the
+hold of the chain gives up after the store's timeout, and a statement that
+waits longer than `statement_timeout` fails, so the batch fails closed with
+nothing written. On LevelDB one process owns the store and nothing outside it
+can hold a chain, so every chain shares one line and one batch (one fsync for
+all tenants); an entry of a chain whose head cannot be read fails alone.
+
 Other writers (another journal, another process on PostgreSQL) may append to
 the same chains. The commit expects the key of each chain's next seq to be
 absent, and each replaced record to be as read: when another writer got there
 first the store raises `ExpectationFailed` and nothing was written; the
 journal then reads those chains' heads again, decides and seals the batch
 again, and retries after a short random pause (at most `COMMIT_ATTEMPTS` times; then the batch fails and
-no request of it is answered as committed). On a store that wants one tenant
-per transaction (PostgreSQL), each chain's part of a batch commits on its own.
+no request of it is answered as committed).
 
 A chain whose stored entries no longer reach the head the service signed and
 remembers for it (`store.signed_head.SignedHeads`: its tail was cut, or the
@@ -40,7 +46,6 @@ import logging
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -52,6 +57,7 @@ from typing import Any
 from opentelemetry.trace import SpanContext
 
 from service import tracing
+from service.decisions.group_commit import GroupCommits, GroupCommitsClosed
 from service.decisions.log import (
     DecisionEntryBody,
     DecisionOutcome,
@@ -62,6 +68,7 @@ from service.decisions.log import (
 from service.decisions.revisions import SummaryCache
 from service.periodic import PeriodicPrune
 from store.backends.contract import ExpectationFailed, Lanes
+from store.backends.postgres import PostgresLaneStore
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
@@ -207,17 +214,23 @@ class DecisionJournal:
         self._max_batch = max_batch
         self._on_reopened = on_reopened
         self._last_recovery = 0.0
-        self._queue: deque[_Pending] = deque()  # entries not taken into a batch yet
-        self._leading = False  # a request leads: it commits, or was handed the lead
-        self._queue_guard = threading.Lock()
-        self._idle = threading.Condition(self._queue_guard)  # notified when no one leads
-        self._committing = threading.Lock()  # held by the leader's commit and by recovery
+        # LevelDB: one line for every chain (one process writes; one batch, one fsync).
+        self._one_line = isinstance(lanes, LaneStore)
+        self._lines: GroupCommits[_Pending] = GroupCommits(
+            self._commit,
+            partial(self._fail, error=JournalClosed("the batch was not committed")),
+            max_batch=max_batch,
+            concurrent=_concurrent_commits(lanes),
+        )
+        # Held by recovery, and by each commit on LevelDB (whose reopen closes the database).
+        self._committing = threading.RLock()
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
         self._heads: dict[str, ChainHead] = {}
         self._heads_guard = threading.Lock()
         self._signed_heads = signed_heads
         self._behind: set[str] = set()  # chains behind their signed head, as last read
-        # The leader's alone (one leads at a time); a failed decision counts under live_revision().
+        # Shared by the chains' leaders (each writes its own chain's); a failed decision counts
+        # under live_revision().
         self._summaries = SummaryCache(lanes, live_revision)
         self.conflicts = 0  # commits that lost a race to another writer and were retried
         self.batches = 0  # commits so far (entries / batches shows the grouping)
@@ -321,24 +334,17 @@ class DecisionJournal:
             return
         self._closed.set()
         deadline = time.monotonic() + timeout
-        with self._idle:
-            self._idle.wait_for(lambda: not self._leading, timeout)
+        self._lines.close(timeout)
         self._recovery.join(max(0.0, deadline - time.monotonic()))
 
     def _submit(self, pending: _Pending) -> _Pending:
         pending.body.encoded_members  # noqa: B018 - encoded here, in parallel, not in the commit
         with tracing.commit_span(pending.body.decision.decision_id) as span:
             pending.link = tracing.link_of(span)
-            with self._queue_guard:
-                if self._closed.is_set():
-                    raise JournalClosed("the decision journal is closed")
-                self._queue.append(pending)
-                leads = not self._leading
-                self._leading = True
-            if not leads:  # wait until a leader commits the entry, or hands this request the lead
-                pending.wake.wait()
-            if not pending.settled:
-                self._lead()
+            try:
+                self._lines.submit("" if self._one_line else pending.body.chain, pending)
+            except GroupCommitsClosed:
+                raise JournalClosed("the decision journal is closed") from None
             tracing.note_commit(span, pending.entry, pending.error is not None)
         if isinstance(pending.error, StoreOffline):
             raise JournalStoreUnavailable("the store cannot write now") from pending.error
@@ -348,36 +354,20 @@ class DecisionJournal:
             raise JournalClosed("the decision entry could not be committed") from pending.error
         return pending
 
-    def _lead(self) -> None:
-        """Commit what is queued (this request's entry first: a leader is the oldest queued),
-        then hand the lead to the oldest request that queued meanwhile, or give it up."""
-        with self._queue_guard:
-            batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-        try:
-            with self._committing:
-                self._commit(batch)
-        finally:
-            for pending in batch:  # what the commit did not settle (it always does) fails
-                if not pending.settled:
-                    self._fail([pending], JournalClosed("the batch was not committed"))
-            with self._queue_guard:
-                if self._queue:
-                    self._queue[0].wake.set()  # the lead passes; it is not settled yet
-                else:
-                    self._leading = False
-                    self._idle.notify_all()
-
     def _recover_while_idle(self) -> None:
         """While the store is latched, try now and then to reopen it without traffic."""
         while not self._closed.wait(RECOVERY_INTERVAL_SECONDS):
-            if not self._lanes.writable:
-                with self._committing:
-                    self._recover()
+            self._recover()
 
     def _recover(self) -> bool:
         """Reopen a latched store when there is room; at most once a second. True if writable."""
         if self._lanes.writable:
             return True
+        with self._committing:
+            return self._lanes.writable or self._reopen()
+
+    def _reopen(self) -> bool:
+        """Reopen the latched store (under `_committing`), then read every chain again."""
         now = time.monotonic()
         if (
             now - self._last_recovery < RECOVERY_INTERVAL_SECONDS
@@ -405,17 +395,21 @@ class DecisionJournal:
             tracing.note_batch(span, (pending.error for pending in batch))
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
-        if not self._recover():
-            self._fail(batch, StoreOffline("the store is latched after a failed write"))
+        if self._one_line:  # one process: one batch, one fsync; never beside a reopen
+            with self._committing:
+                if self._recovered(batch):
+                    self._commit_unit(batch, nullcontext)
             return
-        if isinstance(self._lanes, LaneStore):  # one process: one batch, one fsync
-            self._commit_unit(batch, nullcontext)
-            return
-        by_chain: dict[str, list[_Pending]] = {}
-        for pending in batch:  # one tenant per transaction
-            by_chain.setdefault(pending.body.chain, []).append(pending)
-        for name, unit in by_chain.items():
-            self._commit_unit(unit, partial(self._lanes.exclusive, marker_key(name)))
+        if self._recovered(batch):  # one chain's line: one tenant per transaction
+            chain = marker_key(batch[0].body.chain)
+            self._commit_unit(batch, partial(self._lanes.exclusive, chain))
+
+    def _recovered(self, batch: list[_Pending]) -> bool:
+        """Whether the store can write, reopened if it was latched; else batch fails."""
+        if self._recover():
+            return True
+        self._fail(batch, StoreOffline("the store is latched after a failed write"))
+        return False
 
     def _commit_unit(
         self, batch: list[_Pending], hold: Callable[[], AbstractContextManager[Any]]
@@ -434,7 +428,8 @@ class DecisionJournal:
                     try:
                         self._write(batch, prepared)
                     except ExpectationFailed:  # another writer came first: nothing was written
-                        self.conflicts += 1
+                        with self._heads_guard:
+                            self.conflicts += 1
                         self._summaries.clear()  # another writer may have added to them too
                         for name in {pending.body.chain for pending in batch}:
                             self._read_head(name)
@@ -479,7 +474,7 @@ class DecisionJournal:
         with self._heads_guard:
             self._heads.update(heads)
             self._summaries.written(summaries)
-        self.batches += 1
+            self.batches += 1
         for record, encoded in written:  # what the next read of each session will find
             PARSED_RECORDS.remember(record, encoded)
         for pending, sealed in zip(batch, sealed_entries, strict=True):
@@ -487,15 +482,20 @@ class DecisionJournal:
             pending.wake.set()
 
     def _refuse_behind(self, batch: list[_Pending]) -> list[_Pending]:
-        """Fail the entries of chains behind their signed head; the others, to commit."""
-        behind: set[str] = set()
+        """Fail the entries of chains whose head cannot be had (behind their signed head, or
+        corrupt): the others, of other chains, to commit."""
+        refused: dict[str, BaseException] = {}
         for name in {pending.body.chain for pending in batch}:
             try:
                 self.head(name)
-            except ChainBehindSignedHead:
-                behind.add(name)
-        self._fail([p for p in batch if p.body.chain in behind], ChainBehindSignedHead())
-        return [pending for pending in batch if pending.body.chain not in behind]
+            except ChainBehindSignedHead as behind:  # logged when found
+                refused[name] = behind
+            except ChainCorrupt as corrupt:
+                log.error("journal_commit_failed", extra={"error_type": type(corrupt).__name__})
+                refused[name] = corrupt
+        for name, why in refused.items():
+            self._fail([pending for pending in batch if pending.body.chain == name], why)
+        return [pending for pending in batch if pending.body.chain not in refused]
 
     @staticmethod
     def _fail(batch: list[_Pending], error: BaseException) -> None:
@@ -562,6 +562,14 @@ class DecisionJournal:
                 NOTHING_STORED if stored is None else stored_version(scope, key, stored)
             )
         return versions[encoded]
+
+
+def _concurrent_commits(lanes: Lanes) -> int:
+    """How many chains may commit at once: on PostgreSQL half the pool (a commit holds its
+    chain on one connection and writes on another), else one at a time."""
+    if isinstance(lanes, PostgresLaneStore):
+        return max(1, lanes.max_connections // 2)
+    return 1
 
 
 class RetentionTask(PeriodicPrune):

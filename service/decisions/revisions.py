@@ -174,16 +174,18 @@ def _summarised(
 
 
 class SummaryCache:
-    """The journal's summaries as it last read or wrote them, as stored and as parsed (the
-    committing leader's alone); cleared when a commit lost a race or the store was reopened:
-    another writer may have added to them. A stale one could not be written anyway: the
-    commit expects each summary as read."""
+    """The journal's summaries as it last read or wrote them, as stored and as parsed; cleared
+    when a commit lost a race or the store was reopened: another writer may have added to
+    them. A stale one could not be written anyway: the commit expects each summary as read.
+    Leaders of different chains use it at once (each only its own chain's keys), one batch
+    of a chain at a time."""
 
     def __init__(self, lanes: Lanes, live: Callable[[], str | None] | None = None) -> None:
         self._lanes = lanes
         self._live = live  # the revision live now, under which a failed decision counts
         self._known: dict[bytes, tuple[bytes | None, RevisionSummary | None]] = {}
-        self._staged: dict[bytes, RevisionSummary] = {}  # the last `updates`, until written
+        # What `updates` staged for each key, until written (a failed batch's is staged again).
+        self._staged: dict[bytes, RevisionSummary] = {}
 
     def clear(self) -> None:
         self._known.clear()
@@ -213,7 +215,6 @@ class SummaryCache:
             )
         puts: list[tuple[LaneKey, bytes]] = []
         expected: list[tuple[LaneKey, bytes | None]] = []
-        self._staged.clear()
         for chain, decisions in by_chain.items():
             known: dict[str, RevisionSummary | None] = {}
             for decision in decisions:
@@ -237,10 +238,11 @@ class SummaryCache:
 
     def _read(self, key: LaneKey) -> tuple[bytes | None, RevisionSummary | None]:
         encoded = key.encode()
-        if encoded not in self._known:
+        known = self._known.get(encoded)  # one lookup: another chain's may clear it meanwhile
+        if known is None:
             stored = self._lanes.get(key)
-            self._known[encoded] = (stored, _parsed(stored))
-        return self._known[encoded]
+            known = self._known[encoded] = (stored, _parsed(stored))
+        return known
 
 
 def revisions(lanes: Lanes, chain: str) -> list[RevisionReport]:

@@ -174,6 +174,11 @@ class PostgresLaneStore:
             self._pool.close()
             raise
 
+    @property
+    def max_connections(self) -> int:
+        """The pool's size: at most this many connections are open at once."""
+        return int(self._pool.max_size)
+
     # -- reads ---------------------------------------------------------------
 
     def get(self, key: LaneKey) -> bytes | None:
