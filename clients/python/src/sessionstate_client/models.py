@@ -82,6 +82,10 @@ class ActivationRecord(_Response):
     commit: str | None = Field(
         description="the commit its manifest names (`make policy-manifest` in a checkout); null: none"
     )
+    approved_by: list[str] = Field(
+        default_factory=list,
+        description="the operators whose approvals (`sessionstate policy approve`) it went live after, where SESSIONSTATE_POLICY_ACTIVATION_APPROVALS asks for more than one operator; empty otherwise",
+    )
     instance: str = Field(description="the service instance (data dir) that activated it")
     decision_id: str = Field(description="its entry on the `~system` chain")
 
@@ -149,6 +153,7 @@ class DecisionTrace(_Response):
         "approval.list",
         "decisions.read",
         "token.exchange",
+        "policy.approve",
         "policy.activate",
     ] = Field(
         description="the policy action decided; `policy.activate` for a policy activation (the `~system` chain)"
