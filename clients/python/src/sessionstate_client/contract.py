@@ -51,6 +51,7 @@ PolicyAction = Literal[
     "approval.list",
     "decisions.read",
     "token.exchange",
+    "policy.approve",
 ]
 """What a decision is about (the decision log's `action` filter)."""
 
