@@ -38,6 +38,7 @@ from service.store_backend import (
     open_lanes,
     reachable,
     store_target,
+    takes_writes,
 )
 from service.token_exchange import public_origin
 from store.backends.contract import Lanes
@@ -207,6 +208,10 @@ class ServiceContext:
     def store_reachable(self) -> bool:
         """Whether the store answers now (for `/readyz`)."""
         return reachable(self.lanes)
+
+    def store_takes_writes(self) -> bool | None:
+        """Whether a probe write commits now (PostgreSQL; None on LevelDB), for `/readyz`."""
+        return takes_writes(self.lanes)
 
     def close(self) -> None:
         if self.retention is not None:

@@ -88,7 +88,10 @@ RATE_LIMIT_RETRY_AFTER = {
 UNAVAILABLE = (
     f"problem details (RFC 9457); nothing was done. `reason`: `{Reason.POLICY_ENGINE_UNAVAILABLE}` "
     f"(OPA did not answer in time), `{Reason.POLICY_ENGINE_REFUSED}` (OPA refused the service's "
-    f"token), `{Reason.DECISION_LOG_UNAVAILABLE}` or `{Reason.STORE_UNAVAILABLE}`"
+    f"token), `{Reason.DECISION_LOG_UNAVAILABLE}` or `{Reason.STORE_UNAVAILABLE}`; except "
+    f"`{Reason.STORE_OUTCOME_UNKNOWN}`: the store's commit was cut off, so the request may "
+    f"have been stored (wholly, with its decision); `{DECISION_ID_HEADER}` names the decision "
+    "to look up"
 )
 AUTHED = (400, 401, 403, 429, 503)  # 429: rate_limited, before any policy call
 WITH_BODY = (413, 415, 422)

@@ -214,6 +214,15 @@ class Reason(StrEnum):
         "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
         5,
     )
+    # Not "nothing was done": repeating a call that is not safe to repeat may do it twice.
+    STORE_OUTCOME_UNKNOWN = (
+        "store_outcome_unknown",
+        503,
+        "The store's commit was cut off: the request may or may not have been stored (wholly, "
+        "with its decision, or not at all). Look it up before repeating it: its decision id is "
+        "in `Sessionstate-Decision-Id`.",
+        5,
+    )
 
 
 # `validation_failed` of a query string (every error under `query`) says so, not "body".

@@ -116,6 +116,14 @@ def reachable(lanes: Lanes) -> bool:
     return not lanes.closed
 
 
+def takes_writes(lanes: Lanes) -> bool | None:
+    """PostgreSQL: whether a probe write commits now, bounded (`write_probe`). LevelDB: None,
+    since this process alone writes it and `writable` says all there is to say."""
+    if isinstance(lanes, PostgresLaneStore):
+        return lanes.write_probe()
+    return None
+
+
 @dataclass(frozen=True)
 class StoreUpgrade:
     """What `sessionstate db upgrade` did, as it prints it."""

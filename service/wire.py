@@ -179,6 +179,12 @@ class StoreReadiness(_Envelope):
         description="LevelDB: its directory; PostgreSQL: host:port/db (never user or password)"
     )
     reachable: bool = Field(description="the store answered now (PostgreSQL: a SELECT 1)")
+    takes_writes: bool | None = Field(
+        default=None,
+        description="PostgreSQL: a probe write committed now, within its bound (it takes the "
+        "lock every commit takes on the lanes table, then writes the probe row); false makes "
+        "the reason store_write_probe_failed. null on LevelDB, and when the store is not reachable",
+    )
 
 
 class Readiness(_Envelope):
@@ -206,7 +212,8 @@ class Readiness(_Envelope):
     reasons: list[str] = Field(
         description="why it is not ready: opa_unreachable, opa_refused_token, "
         "policy_decision_undefined (OPA answered the readiness probe without a decision), "
-        "policy_not_loaded, store_closed, store_unreachable, store_unwritable; empty when ready"
+        "policy_not_loaded, store_closed, store_unreachable, store_unwritable, "
+        "store_write_probe_failed; empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,

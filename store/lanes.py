@@ -12,6 +12,12 @@ acknowledged writes that landed behind it. So after any failed write nothing
 more is written through this handle; `reopen()` closes it and opens the
 database again, which drops the torn tail (an unacknowledged write) and keeps
 every acknowledged one, and only then are writes accepted again.
+
+A failed append left nothing or a torn record (dropped at reopen): nothing of
+the write happened, `StoreUnwritable`. A synced write whose record reached the
+log whole but whose sync failed may be replayed at reopen: its outcome is
+unknown, `StoreOutcomeUnknown` (`store.log_tail.may_have_landed` tells them
+apart from the log's end before and after the write).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from store.backends.contract import (
     LaneBatch,
     Lanes,
     StoreOffline,
+    StoreOutcomeUnknown,
     StoreUnwritable,
 )
 from store.integrity import check_tables, open_leveldb
@@ -40,7 +47,14 @@ from store.keys import (
     lane_prefix,
     scope_prefix,
 )
-from store.log_tail import forget_log_drops, remember_log_drop, torn_log_tail
+from store.log_tail import (
+    LogMark,
+    forget_log_drops,
+    log_mark,
+    may_have_landed,
+    remember_log_drop,
+    torn_log_tail,
+)
 
 # Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
 REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
@@ -172,11 +186,11 @@ class LaneStore:
         return not self._write_failed and not self._db.closed
 
     def put(self, key: LaneKey, value: bytes, *, sync: bool = True) -> None:
-        with self._writing() as db:
+        with self._writing(sync) as db:
             db.put(key.encode(), value, sync=sync)
 
     def delete(self, key: LaneKey, *, sync: bool = True) -> None:
-        with self._writing() as db:
+        with self._writing(sync) as db:
             db.delete(key.encode(), sync=sync)
 
     @contextmanager
@@ -192,10 +206,11 @@ class LaneStore:
                 for key, value in pending.expected.items():
                     if db.get(key) != value:
                         raise ExpectationFailed("a key of the batch changed; nothing was written")
+                before = log_mark(self.path) if sync else None
                 try:
                     batch.write()
                 except Exception as error:
-                    self._latch(error)
+                    self._latch(error, sync, before)
 
     @contextmanager
     def exclusive(self, key: LaneKey) -> Iterator[None]:
@@ -206,19 +221,27 @@ class LaneStore:
             yield
 
     @contextmanager
-    def _writing(self) -> Iterator[Any]:
+    def _writing(self, sync: bool) -> Iterator[Any]:
         with self._reading() as db:
             if self._write_failed:
                 raise StoreUnwritable("a write failed; the store has not been reopened since")
             with self._commit:
+                before = log_mark(self.path) if sync else None
                 try:
                     yield db
                 except Exception as error:
-                    self._latch(error)
+                    self._latch(error, sync, before)
 
-    def _latch(self, error: Exception) -> None:
+    def _latch(self, error: Exception, synced: bool, before: LogMark) -> None:
+        """Refuse writes from now on. Only a synced write can fail after its record is whole
+        in the log (`before`: where the log ended); an unsynced one left nothing, or a torn
+        record that the reopen drops."""
         self._write_failed = True
         self.write_failures += 1
+        if synced and may_have_landed(self.path, before):
+            raise StoreOutcomeUnknown(
+                "the write's sync failed after its record reached the log; its outcome is unknown"
+            ) from error
         raise StoreUnwritable("the write failed; nothing of it was acknowledged") from error
 
     # -- recovery ------------------------------------------------------------

@@ -138,6 +138,32 @@ def torn_log_tail(db_dir: Path) -> int:
         return 0  # unreadable: LevelDB's own open says so
 
 
+LogMark = tuple[str, int] | None  # the newest log's name and size; None: no log
+
+
+def log_mark(db_dir: Path) -> LogMark:
+    """Where the newest log ends now: its name and size (taken before a synced write)."""
+    log = newest_log(db_dir)
+    if log is None:
+        return None
+    try:
+        return log.name, log.stat().st_size
+    except OSError:
+        return None
+
+
+def may_have_landed(db_dir: Path, before: LogMark) -> bool:
+    """Whether a write that failed after `before` may still land: the log grew and ends on a
+    whole record, so only the sync failed and the next open may replay the record (LevelDB
+    says as much: "the log record we just added may or may not show up when the DB is
+    re-opened"). False when nothing was appended, or the record is torn (the open drops it).
+    An unreadable log counts as grown: when in doubt, the outcome is unknown."""
+    after = log_mark(db_dir)
+    if after is None or after == before or after[1] == 0:
+        return after is None and before is not None  # the log vanished: nobody can say
+    return torn_log_tail(db_dir) == 0
+
+
 def unreported_log_drops(db_dir: Path) -> int:
     """Bytes dropped at earlier opens that no service has reported yet."""
     try:

@@ -19,6 +19,7 @@ from sessionstate_client import (
     AsyncSessionStateClient,
     AuthenticationFailed,
     CorruptState,
+    DecisionLogUnavailable,
     DigestKey,
     InvalidRequest,
     ModelServiceSession,
@@ -31,6 +32,8 @@ from sessionstate_client import (
     SessionStateClient,
     SessionStateError,
     SessionStateInput,
+    StoreOutcomeUnknown,
+    StoreUnavailable,
 )
 from sessionstate_client.models import SessionStateResponse
 from sessionstate_client.retries import RetryPolicy, parse_retry_after
@@ -412,17 +415,80 @@ def test_connection_failures_are_retried_only_where_repeating_is_safe(
     assert len(ids) == 1  # one call, one request id, however many attempts
 
 
-def test_a_503_is_retried_even_for_a_grant_since_nothing_was_done() -> None:
-    def busy_once(request: httpx.Request) -> httpx.Response:
-        if len(transport.requests) == 1:
-            return httpx.Response(503, json=_problem(503, "decision_log_unavailable"))
+class UnavailableOnce(httpx.BaseTransport):
+    """Answers the first request 503 with `reason` (and `headers`), every later one 404."""
+
+    def __init__(self, reason: str, headers: dict[str, str] | None = None) -> None:
+        self.reason = reason
+        self.headers = {"Retry-After": "0", **(headers or {})}
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            problem = _problem(503, self.reason)
+            return httpx.Response(503, json=problem, headers=self.headers)
         return _not_found(request)
 
-    transport = FlakyTransport(0, busy_once)
+
+SAFE_CALLS = [
+    pytest.param(lambda c: c.get_state(SCOPE), id="get"),
+    pytest.param(lambda c: c.preview_state(SCOPE, state_input()), id="preview"),
+    pytest.param(lambda c: c.replay_preview(SCOPE), id="replay-preview"),
+    pytest.param(
+        lambda c: c.put_state(SCOPE, state_input(), if_match="sha256:" + "0" * 64),
+        id="put-if-match",
+    ),
+    pytest.param(lambda c: c.put_state(SCOPE, state_input(), if_none_match=True), id="put-if-none"),
+    pytest.param(lambda c: c.revoke_approval("t", "w", "appr_" + "0" * 24), id="revoke"),
+]
+UNSAFE_CALLS = [
+    pytest.param(lambda c: c.put_state(SCOPE, state_input()), id="put-unconditional"),
+    pytest.param(
+        lambda c: c.grant_approval("t", "w", {"ttl_seconds": 1, "reason": "r"}), id="grant"
+    ),
+]
+
+
+@pytest.mark.parametrize("reason", ["decision_log_unavailable", "store_outcome_unknown"])
+@pytest.mark.parametrize("call", SAFE_CALLS)
+def test_a_503_is_retried_for_a_call_safe_to_repeat(
+    call: Callable[[SessionStateClient], object], reason: str
+) -> None:
+    transport = UnavailableOnce(reason)
     client = SessionStateClient("http://sessionstate.test", "t", backoff=0, transport=transport)
     with client, pytest.raises(NotFound) as second_answer:
-        client.grant_approval("t", "w", {"ttl_seconds": 1, "reason": "r"})
+        call(client)
     assert second_answer.value.attempts == len(transport.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("reason", "raised"),
+    [
+        ("decision_log_unavailable", DecisionLogUnavailable),
+        ("store_unavailable", StoreUnavailable),
+        ("store_outcome_unknown", StoreOutcomeUnknown),
+    ],
+)
+@pytest.mark.parametrize("call", UNSAFE_CALLS)
+def test_a_503_is_never_retried_for_a_grant_or_an_unconditional_put(
+    call: Callable[[SessionStateClient], object], reason: str, raised: type[Exception]
+) -> None:
+    transport = UnavailableOnce(reason)
+    client = SessionStateClient("http://sessionstate.test", "t", backoff=0, transport=transport)
+    with client, pytest.raises(raised) as unavailable:
+        call(client)
+    assert len(transport.requests) == 1
+    assert isinstance(unavailable.value, SessionStateError) and unavailable.value.attempts == 1
+
+
+def test_an_unknown_outcome_names_its_decision() -> None:
+    named = {"Retry-After": "5", "Sessionstate-Decision-Id": "d-1"}
+    transport = UnavailableOnce("store_outcome_unknown", named)
+    client = SessionStateClient("http://sessionstate.test", "t", transport=transport)
+    with client, pytest.raises(StoreOutcomeUnknown) as raised:
+        client.grant_approval("t", "w", {"ttl_seconds": 1, "reason": "r"})
+    assert raised.value.decision_id == "d-1" and "decision d-1" in str(raised.value)
 
 
 def test_a_retry_after_beyond_the_longest_wait_is_not_waited_for() -> None:
@@ -840,6 +906,27 @@ def test_the_async_client_retries_a_429_after_its_retry_after() -> None:
     error = asyncio.run(call())
     assert error.attempts == len(asked) == 2 and waits == [2.0]
     assert len({request.headers["X-Request-Id"] for request in asked}) == 1
+
+
+def test_the_async_client_retries_a_503_only_where_repeating_is_safe() -> None:
+    async def attempts(call: Callable[[AsyncSessionStateClient], Any]) -> int:
+        transport = UnavailableOnce("store_outcome_unknown")
+        mock = httpx.MockTransport(lambda request: transport.handle_request(request))
+        async with AsyncSessionStateClient(
+            "http://sessionstate.test", "t", backoff=0, transport=mock
+        ) as client:
+            with pytest.raises((NotFound, StoreOutcomeUnknown)):
+                await call(client)
+        return len(transport.requests)
+
+    grant = asyncio.run(
+        attempts(lambda c: c.grant_approval("t", "w", {"ttl_seconds": 1, "reason": "r"}))
+    )
+    put = asyncio.run(attempts(lambda c: c.put_state(SCOPE, state_input())))
+    conditional = asyncio.run(
+        attempts(lambda c: c.put_state(SCOPE, state_input(), if_none_match=True))
+    )
+    assert (grant, put, conditional) == (1, 1, 2)
 
 
 def test_with_token_shares_the_connections_and_changes_only_the_token(

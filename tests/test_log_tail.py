@@ -14,6 +14,8 @@ from store.log_tail import (
     UNREPORTED_FILE,
     checksum_failures,
     crc32c,
+    log_mark,
+    may_have_landed,
     torn_log_tail,
     torn_tail_length,
 )
@@ -56,6 +58,26 @@ def test_a_torn_record_is_measured_exactly_and_dropped_by_the_open(tmp_path: Pat
     assert lanes.count(TenantResourceLane.SESSION_STATE) == 5  # every whole record was kept
     lanes.close()
     assert torn_log_tail(database) == 0  # LevelDB rewrote its log: the bytes are gone
+
+
+def test_a_failed_write_may_have_landed_only_when_its_record_is_whole_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """How a failed write's outcome is told (store.lanes): nothing appended, or a torn record,
+    is nothing done; a whole record (only the sync failed) may be replayed by the next open."""
+    database = tmp_path / "db"
+    build_store(database)
+    before = log_mark(database)
+    assert not may_have_landed(database, before)  # the write appended nothing
+    append(newest_log(database), TORN_RECORD)
+    assert not may_have_landed(database, before)  # torn: the next open drops it
+    lanes = LaneStore(database)  # the open drops the torn record and starts a new log
+    try:
+        before = log_mark(database)
+        lanes.put(LaneKey(TenantResourceLane.SESSION_STATE, "t", "w", "s"), b"whole")
+        assert may_have_landed(database, before)  # the record is whole: it may show up
+    finally:
+        lanes.close()
 
 
 def test_a_header_cut_short_is_measured(tmp_path: Path) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from store.backends import postgres_schema
 from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import (
+    PROBE_TABLE,
     SCHEMA_VERSION,
     SchemaNotUpgraded,
     SchemaTooNew,
@@ -36,8 +38,10 @@ def test_upgrade_creates_the_schema_once(postgres: PostgresServer) -> None:
     finally:
         store.close()
     with psycopg.connect(conninfo) as conn:
-        versions = conn.execute("SELECT tenant_id, version FROM sessionstate_schema").fetchall()
-    assert versions == [("", SCHEMA_VERSION)]
+        versions = conn.execute(
+            "SELECT tenant_id, version FROM sessionstate_schema ORDER BY version"
+        ).fetchall()
+    assert versions == [("", version) for version in range(1, SCHEMA_VERSION + 1)]
 
 
 def test_a_newer_schema_is_refused_by_the_store_and_by_upgrade(postgres: PostgresServer) -> None:
@@ -81,6 +85,29 @@ def test_every_table_leads_its_primary_key_with_tenant_id(postgres: PostgresServ
     assert [name for name, _, _ in tables] == [name for (name,) in every]
     assert tables == [
         ("sessionstate_lanes", "tenant_id", "text"),
+        ("sessionstate_probe", "tenant_id", "text"),
         ("sessionstate_schema", "tenant_id", "text"),
     ]
     assert columns == [("tenant_id", "text"), ("key", "bytea"), ("value", "bytea")]
+
+
+def test_a_version_1_store_is_refused_until_upgraded_then_takes_the_write_probe(
+    postgres: PostgresServer,
+) -> None:
+    conninfo = postgres.create_database()
+    with psycopg.connect(conninfo, autocommit=True) as conn:  # what release 1's upgrade left
+        conn.execute(postgres_schema._VERSION_TABLE_DDL)
+        for statement in postgres_schema._STEPS[1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO sessionstate_schema (tenant_id, version) VALUES ('', 1)")
+    with pytest.raises(SchemaNotUpgraded, match="version 1, older"):
+        PostgresLaneStore(conninfo, timeout=2.0)
+    assert upgrade(conninfo) == Upgrade(found=1, now=2)
+    store = PostgresLaneStore(conninfo, timeout=2.0)
+    try:
+        assert store.write_probe() and store.write_probe()  # the probe row, written twice
+    finally:
+        store.close()
+    with psycopg.connect(conninfo) as conn:
+        rows = conn.execute(f"SELECT tenant_id, name FROM {PROBE_TABLE}").fetchall()
+    assert rows == [("", "readiness")]

@@ -205,6 +205,7 @@ def test_the_served_process_keeps_state_in_postgresql(
         "kind": "postgresql",
         "target": f"127.0.0.1:{conn_params['port']}/{conn_params['dbname']}",
         "reachable": True,
+        "takes_writes": True,
     }
     assert str(conn_params["password"]) not in requests.get(url + "/readyz", timeout=10).text
     approve(url)
@@ -234,6 +235,7 @@ def test_readiness_on_leveldb_names_the_embedded_store(served: Served) -> None:
         "kind": "leveldb",
         "target": str(served.data_dir / "leveldb"),
         "reachable": True,
+        "takes_writes": None,  # LevelDB's writes are this process's own: no probe
     }
 
 

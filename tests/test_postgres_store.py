@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from store.backends.contract import StoreOffline, StoreUnwritable
+from store.backends.contract import StoreOffline, StoreOutcomeUnknown, StoreUnwritable
 from store.backends.postgres import PostgresLaneStore, redacted, successor
 from store.backends.postgres_schema import upgrade
 from store.canonical import sha256_digest
@@ -182,12 +182,13 @@ def test_a_connection_lost_during_commit_is_not_retried_and_latches(
             admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
             admin.execute("SELECT pg_reload_conf()")
 
-        assert len(outcome) == 1 and isinstance(outcome[0], StoreUnwritable)
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreOutcomeUnknown)
         assert "unknown" in str(outcome[0])
         assert not store.writable and store.write_failures == 1
         assert store.get(key) == b"maybe"  # it had committed: a retry would have run it twice
-        with pytest.raises(StoreUnwritable):
+        with pytest.raises(StoreUnwritable) as refused:
             store.put(key, b"refused while latched")
+        assert not isinstance(refused.value, StoreOutcomeUnknown)  # refused: nothing done
         store.reopen()
         assert store.writable and store.reopens == 1
         store.put(key, b"after")

@@ -67,7 +67,7 @@ from service.decisions.log import (
 )
 from service.decisions.revisions import SummaryCache
 from service.periodic import PeriodicPrune
-from store.backends.contract import ExpectationFailed, Lanes
+from store.backends.contract import ExpectationFailed, Lanes, StoreOutcomeUnknown
 from store.backends.postgres import PostgresLaneStore
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
@@ -121,6 +121,11 @@ class JournalClosed(RuntimeError):
 
 class JournalStoreUnavailable(JournalClosed, StoreOffline):
     """The store cannot write (it failed and is not reopened yet): nothing was stored."""
+
+
+class JournalOutcomeUnknown(JournalClosed, StoreOutcomeUnknown):
+    """The batch's commit failed after it may have landed (a COMMIT cut off): the request's
+    entry, and what it changed, are either all stored or all absent, nobody knows which."""
 
 
 class LegacyChainPresent(RuntimeError):
@@ -346,6 +351,8 @@ class DecisionJournal:
             except GroupCommitsClosed:
                 raise JournalClosed("the decision journal is closed") from None
             tracing.note_commit(span, pending.entry, pending.error is not None)
+        if isinstance(pending.error, StoreOutcomeUnknown):
+            raise JournalOutcomeUnknown("the commit's outcome is unknown") from pending.error
         if isinstance(pending.error, StoreOffline):
             raise JournalStoreUnavailable("the store cannot write now") from pending.error
         if isinstance(pending.error, ChainBehindSignedHead):

@@ -23,7 +23,8 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    """Ready when OPA answers with a loaded policy revision and the store is open and answers.
+    """Ready when OPA answers with a loaded policy revision and the store is open, answers and
+    (PostgreSQL) commits a probe write.
 
     A policy directory that did not compile at the last reload, or a signed
     bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
@@ -43,6 +44,10 @@ def readyz() -> Response:
     store_open = not ctx.lanes.closed
     store_reachable = store_open and ctx.store_reachable()
     store_writable = ctx.lanes.writable
+    # PostgreSQL: a bounded probe write, so a store that answers but takes no writes (a table
+    # locked from elsewhere, a read-only server) is not ready. Not while latched: its writes
+    # are refused anyway, and the reason says so.
+    takes_writes = ctx.store_takes_writes() if store_reachable and store_writable else None
     failing = {
         "opa_unreachable": not decided
         and not probe.engine_refused
@@ -53,6 +58,7 @@ def readyz() -> Response:
         "store_closed": not store_open,
         "store_unreachable": store_open and not store_reachable,
         "store_unwritable": store_reachable and not store_writable,
+        "store_write_probe_failed": takes_writes is False,
     }
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
@@ -83,7 +89,10 @@ def readyz() -> Response:
         store_writable=store_writable,
         chains_behind_signed_head=behind,
         store=StoreReadiness(
-            kind=ctx.store.kind.value, target=ctx.store.target, reachable=store_reachable
+            kind=ctx.store.kind.value,
+            target=ctx.store.target,
+            reachable=store_reachable,
+            takes_writes=takes_writes,
         ),
     )
     return json_response(body, 200 if ready else 503)

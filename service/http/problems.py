@@ -16,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
-from flask import Response
+from flask import Response, g, has_request_context
 from werkzeug.exceptions import HTTPException
 
 from service.auth import AuthenticationFailed
+from service.contract import DECISION_ID_HEADER
 from service.decisions.journal import ChainBehindSignedHead, JournalClosed
 from service.policy.errors import (
     PolicyDecisionUndefined,
@@ -31,6 +32,7 @@ from service.policy.errors import (
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from service.reasons import QUERY_VALIDATION_DETAIL, Reason
+from store.backends.contract import StoreOutcomeUnknown
 from store.lanes import StoreOffline
 from store.reports import SessionStateWriteReport
 from store.violations import FieldViolation
@@ -140,6 +142,8 @@ def problem_of(error: Exception) -> Problem:
         if error.reason.status == 401:
             return Problem(error.reason, headers=CHALLENGE)
         return Problem(error.reason)  # the provider's keys could not be had: 503, Retry-After
+    if isinstance(error, StoreOutcomeUnknown):  # it may have landed: name what to look up
+        return Problem(Reason.STORE_OUTCOME_UNKNOWN, headers=_decision_named())
     if isinstance(error, StoreOffline):  # before JournalClosed: the journal's may be both
         return Problem(Reason.STORE_UNAVAILABLE)
     if isinstance(error, ChainBehindSignedHead):
@@ -155,6 +159,12 @@ def problem_of(error: Exception) -> Problem:
         reason = _FRAMEWORK_REASONS.get(status, Reason.MALFORMED_REQUEST)
         return Problem(reason, status=status, headers=kept)
     return Problem(Reason.INTERNAL_ERROR)
+
+
+def _decision_named() -> dict[str, str]:
+    """The request's decision id, as a header: how a caller finds out whether it landed."""
+    decision_id = g.get("decision_id") if has_request_context() else None
+    return {DECISION_ID_HEADER: decision_id} if isinstance(decision_id, str) else {}
 
 
 def _refusal(error: PolicyRefusal) -> Problem:

@@ -18,12 +18,14 @@ suite (tests/test_lane_store_contract.py) holds both to it.
   it runs; LevelDB reads one snapshot, PostgreSQL a page at a time, so keys
   written meanwhile may or may not show.
 - A store that cannot be reached or read now raises `StoreOffline`, and
-  nothing of the operation happened. A write that may have left something
-  behind raises `StoreUnwritable` and latches the store: LevelDB after any
-  failed write (a torn log record), PostgreSQL when the connection broke
-  while COMMIT was under way (the outcome is unknown). A latched store
-  refuses writes until `reopen()` has succeeded, so a writer that caches
-  what it wrote (the journal's chain head) reads it again first.
+  nothing of the operation happened. A failed write latches the store and
+  raises `StoreUnwritable` when nothing of it happened (LevelDB after a failed
+  append: its torn record is dropped at reopen), or `StoreOutcomeUnknown`
+  when it may have landed (PostgreSQL when the connection broke while COMMIT
+  was under way; LevelDB when the record reached its log whole but the sync
+  failed). A latched store refuses writes (`StoreUnwritable`, nothing done)
+  until `reopen()` has succeeded, so a writer that caches what it wrote (the
+  journal's chain head) reads it again first.
 - Lanes with no tenant component are keys too; a batch may mix tenants (the
   journal's batches do, while the decision chain is one for all tenants).
 """
@@ -42,7 +44,13 @@ class StoreOffline(RuntimeError):
 
 
 class StoreUnwritable(StoreOffline):
-    """A write failed; the store refuses writes until it has been reopened."""
+    """A write failed, or the store refuses writes until it has been reopened; nothing of
+    this operation happened (but see `StoreOutcomeUnknown`)."""
+
+
+class StoreOutcomeUnknown(StoreUnwritable):
+    """A write failed after it may have landed: whether it did is unknown (it is either
+    wholly there or wholly absent). The store is latched as after any failed write."""
 
 
 class ExpectationFailed(Exception):

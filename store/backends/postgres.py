@@ -19,10 +19,15 @@ the transaction back, so it is retried with a short random backoff. A read is
 retried on a dropped connection. A write is retried on a dropped connection
 only when COMMIT was not sent yet (the server rolls back a transaction whose
 connection is gone). A connection lost while COMMIT was under way leaves the
-outcome unknown: `StoreUnwritable`, and the store refuses writes until
-`reopen()` (which only checks that the database answers) so that a writer
-which caches what it wrote reads it again. A database that cannot be reached
-raises `StoreOffline`; messages never carry the connection string or a key.
+outcome unknown: `StoreOutcomeUnknown`, and the store refuses writes
+(`StoreUnwritable`) until `reopen()` (which only checks that the database
+answers) so that a writer which caches what it wrote reads it again. A
+database that cannot be reached raises `StoreOffline`; messages never carry
+the connection string or a key.
+
+`write_probe` proves the database takes writes now (for readiness): in one
+short transaction it takes the lock every batch's upserts take on the lanes
+table and writes the probe row, each step bounded.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ from store.backends.contract import (
     LaneBatch,
     Lanes,
     StoreOffline,
+    StoreOutcomeUnknown,
     StoreUnwritable,
 )
-from store.backends.postgres_schema import LANES_TABLE, NO_TENANT
+from store.backends.postgres_schema import LANES_TABLE, NO_TENANT, PROBE_TABLE
 from store.keys import (
     LaneKey,
     TenantResourceLane,
@@ -73,6 +79,13 @@ _GET_MANY = f"SELECT key, value FROM {LANES_TABLE} WHERE tenant_id = %s AND key 
 _HOLD = f"SELECT 1 FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s FOR UPDATE"  # noqa: S608
 _DELETE = f"DELETE FROM {LANES_TABLE} WHERE tenant_id = %s AND key = %s"  # noqa: S608
 _COUNT = f"SELECT count(*) FROM {LANES_TABLE} WHERE key >= %s AND key < %s"  # noqa: S608
+# The readiness probe: the table lock a batch's upserts take, then a write that must commit.
+_PROBE_LOCK = f"LOCK TABLE {LANES_TABLE} IN ROW EXCLUSIVE MODE"
+_PROBE_WRITE = (
+    f"INSERT INTO {PROBE_TABLE} (tenant_id, name, probed_at) VALUES (%s, %s, now()) "  # noqa: S608
+    "ON CONFLICT (tenant_id, name) DO UPDATE SET probed_at = EXCLUDED.probed_at"
+)
+PROBE_ROW = "readiness"
 
 Connection = psycopg.Connection[tuple[object, ...]]
 T = TypeVar("T")
@@ -329,7 +342,7 @@ class PostgresLaneStore:
                 if commit_sent and _lost(error):
                     self._latched = True
                     self.write_failures += 1
-                    raise StoreUnwritable(
+                    raise StoreOutcomeUnknown(
                         "the connection was lost while committing; the outcome is unknown "
                         f"({_sqlstate(error)})"
                     ) from None
@@ -362,6 +375,28 @@ class PostgresLaneStore:
         try:
             with self._pool.connection(timeout=timeout) as conn:
                 conn.execute("SELECT 1").fetchone()
+        except (psycopg.Error, PoolClosed):
+            return False
+        return True
+
+    def write_probe(self, timeout: float = 1.0) -> bool:
+        """Whether a write commits now, within about `timeout` per step (for readiness).
+
+        One transaction: `LOCK TABLE … IN ROW EXCLUSIVE MODE` on the lanes table (the lock
+        every batch's upserts take, so a table held from elsewhere in a mode that blocks
+        writes fails it), then an upsert of the probe row, committed. `lock_timeout` and
+        `statement_timeout` bound the steps; a probe that fails wrote nothing that matters.
+        """
+        if self._pool.closed:
+            return False
+        bound = max(1, int(timeout * 1000))
+        try:
+            with self._pool.connection(timeout=timeout) as conn, conn.transaction():
+                conn.execute(  # no parameters: one simple query, one round trip
+                    f"SET LOCAL lock_timeout = {bound}; SET LOCAL statement_timeout = {bound}"
+                )
+                conn.execute(_PROBE_LOCK)
+                conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
         except (psycopg.Error, PoolClosed):
             return False
         return True

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NO_TENANT = ""
 LANES_TABLE = "sessionstate_lanes"
 VERSION_TABLE = "sessionstate_schema"
+PROBE_TABLE = "sessionstate_probe"  # the readiness probe's row: `PostgresLaneStore.write_probe`
 
 _VERSION_TABLE_DDL = f"""
 CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (
@@ -46,6 +47,17 @@ _STEPS: dict[int, tuple[str, ...]] = {
         """,
         # Scans that name no tenant (retention, counts) walk keys across tenants in order.
         f"CREATE INDEX {LANES_TABLE}_by_key ON {LANES_TABLE} (key)",
+    ),
+    # The row `/readyz` writes to prove the store takes writes (one per store, no tenant).
+    2: (
+        f"""
+        CREATE TABLE {PROBE_TABLE} (
+            tenant_id text NOT NULL,
+            name text NOT NULL,
+            probed_at timestamptz NOT NULL,
+            PRIMARY KEY (tenant_id, name)
+        )
+        """,
     ),
 }
 

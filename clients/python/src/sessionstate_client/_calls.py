@@ -41,7 +41,7 @@ from sessionstate_client.models import (
     TenantScope,
     TokenExchangeResponse,
 )
-from sessionstate_client.retries import NOTHING_DONE, RetryPolicy, parse_retry_after
+from sessionstate_client.retries import RetryPolicy, parse_retry_after, retried
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -68,8 +68,9 @@ class DecisionFilters(TypedDict, total=False):
 class Call(Generic[T]):
     """One request of the contract, and how its answer becomes `T`.
 
-    `safe`: whether it may be repeated after a connection failure.
-    `retry_refusals`: whether a 503 or 429 (refused, nothing done) is tried again.
+    `safe`: whether doing it twice does no more than once, so that it may be repeated after
+    a connection failure or a 503 (`sessionstate_client.retries`).
+    `retry_refusals`: whether a 429 or (if `safe`) a 503 is tried again at all.
     """
 
     method: str
@@ -242,7 +243,7 @@ def wait_after_answer(
     call: Call[Any], response: httpx.Response, attempt: int, policy: RetryPolicy
 ) -> float | None:
     """Seconds to wait before trying call again after this (read) error answer; None: raise."""
-    if response.status_code not in NOTHING_DONE or not call.retry_refusals:
+    if not call.retry_refusals or not retried(response.status_code, call.safe):
         return None
     retry_after = parse_retry_after(response.headers.get(contract.RETRY_AFTER))
     return policy.wait(attempt, retry_after)

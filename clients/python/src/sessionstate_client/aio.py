@@ -117,7 +117,7 @@ class AsyncSessionStateClient:
 
         With `if_match`, only that stored version is replaced; with `if_none_match`, only an
         absent record is created; otherwise the last writer wins (and the call is not
-        retried on a connection failure, since it is not safe to repeat).
+        retried on a connection failure or a 503, since it is not safe to repeat).
         """
         return await self._run(calls.put_state(scope, state, if_match, if_none_match))
 
@@ -149,7 +149,8 @@ class AsyncSessionStateClient:
     async def grant_approval(
         self, tenant_id: str, workspace_id: str, grant: GrantBody
     ) -> ApprovalResponse:
-        """`POST .../approvals` (201). Not retried on a connection failure: it may have landed."""
+        """`POST .../approvals` (201). Not retried on a connection failure or a 503 (only on a
+        429): it may have landed (`StoreOutcomeUnknown` says how to find out)."""
         return await self._run(calls.grant_approval(tenant_id, workspace_id, grant))
 
     async def list_approvals(self, tenant_id: str, workspace_id: str) -> ApprovalListResponse:

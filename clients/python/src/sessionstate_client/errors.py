@@ -13,7 +13,7 @@ import json
 
 import httpx
 
-from sessionstate_client.contract import REQUEST_ID, RETRY_AFTER
+from sessionstate_client.contract import DECISION_ID_HEADER, REQUEST_ID, RETRY_AFTER
 from sessionstate_client.models import (
     DecisionTrace,
     FieldError,
@@ -184,6 +184,36 @@ class StoreUnavailable(SessionStateError):
     """503 `store_unavailable`: the store cannot write or be reached now; nothing was stored."""
 
 
+class StoreOutcomeUnknown(SessionStateError):
+    """503 `store_outcome_unknown`: the store's commit was cut off, so the call may or may
+    not have been done (wholly, with its decision, or not at all).
+
+    Never retried for a call that is not safe to repeat (a grant, an unconditional PUT).
+    `decision_id` names the call's decision: `get_decision(decision_id)` (an auditor's
+    token) finds its entry, with its outcome, if the call landed, and raises `NotFound`
+    if it did not. A session's writer can `get_state` and compare the record instead.
+    """
+
+    def __init__(
+        self,
+        status: int | None,
+        reason: str,
+        problem: ProblemDocument | None = None,
+        *,
+        request_id: str | None = None,
+        attempts: int = 1,
+        decision_id: str | None = None,
+    ) -> None:
+        self.decision_id = decision_id
+        super().__init__(status, reason, problem, request_id=request_id, attempts=attempts)
+
+    def _message(self) -> str:
+        text = super()._message()
+        if self.decision_id:
+            text += f"; decision {self.decision_id}"
+        return text
+
+
 class TokenKeysUnavailable(SessionStateError):
     """503 `token_keys_unavailable`: the identity provider's keys could not be fetched to
     verify the token; nothing was done."""
@@ -194,7 +224,8 @@ class ServiceUnavailable(SessionStateError):
 
     `status` is None when no answer came back at all. A call that is not safe
     to repeat (granting an approval, an unconditional write) is never retried
-    on a connection failure, so it may or may not have taken effect.
+    on a connection failure or a 503, so after a connection failure it may or
+    may not have taken effect.
     """
 
 
@@ -224,6 +255,7 @@ BY_503_REASON: dict[str, type[SessionStateError]] = {
     "decision_log_unavailable": DecisionLogUnavailable,
     "decision_log_behind_signed_head": DecisionLogBehindSignedHead,
     "store_unavailable": StoreUnavailable,
+    "store_outcome_unknown": StoreOutcomeUnknown,
     "token_keys_unavailable": TokenKeysUnavailable,
 }
 """The reasons of a 503, each with its own exception (the service's `Reason`s of status 503)."""
@@ -250,6 +282,16 @@ def error_from_response(response: httpx.Response, *, attempts: int = 1) -> Sessi
             request_id=request_id,
             attempts=attempts,
             retry_after=retry_after,
+        )
+    if kind is StoreOutcomeUnknown:
+        decision_id = response.headers.get(DECISION_ID_HEADER) or None
+        return StoreOutcomeUnknown(
+            status,
+            reason,
+            problem,
+            request_id=request_id,
+            attempts=attempts,
+            decision_id=decision_id,
         )
     return kind(status, reason, problem, request_id=request_id, attempts=attempts)
 

@@ -1,17 +1,23 @@
 """When the client tries a call again, and how long it waits first.
 
-Two kinds of failure are retried, and nothing else:
+A call is safe to repeat when doing it twice does no more than doing it once:
+every GET, DELETE (revoking twice keeps the first revocation), a PUT with
+`If-Match` or `If-None-Match` (a repeat of a write that did land fails its
+precondition with 412 instead of writing again), the two read-only POSTs
+(state preview and replay preview) and the token exchange. Granting an
+approval and a PUT without a precondition are not.
 
-- a `503` or `429` answer, on any call: the service refuses with 503 only when
-  it did nothing (the policy engine did not answer, or the decision could not
-  be logged), and with 429 `rate_limited` before any policy call, so sending
-  the same request again cannot do anything twice;
-- a connection failure or timeout, on calls that are safe to repeat: every
-  GET, DELETE (revoking twice keeps the first revocation), a PUT with
-  `If-Match` or `If-None-Match` (a repeat of a write that did land fails its
-  precondition with 412 instead of writing again), and the two read-only
-  POSTs, state preview and replay preview. Granting an approval and a PUT
-  without a precondition are not: the first attempt may have taken effect.
+Three kinds of failure are retried, and nothing else:
+
+- a `429` answer, on any call: the service answers 429 `rate_limited` before
+  it asks the policy or does anything, so sending it again cannot do anything
+  twice;
+- a `503` answer, on calls that are safe to repeat only. Most 503s did nothing,
+  but `store_outcome_unknown` says the store's commit was cut off and the call
+  may have landed; and a 503 may come from a proxy in front of the service. So
+  a grant or an unconditional PUT is never sent again after a 503;
+- a connection failure or timeout, on calls that are safe to repeat only: the
+  first attempt may have taken effect.
 
 Waits grow exponentially from `backoff` (with jitter, so that many clients do
 not retry in step), and never undercut the service's `Retry-After`. A
@@ -26,7 +32,13 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 MAX_WAIT_SECONDS = 30.0
-NOTHING_DONE = (429, 503)  # refusals after which the service did nothing at all
+RATE_LIMITED = 429  # refused before anything was done: any call may be sent again
+UNAVAILABLE = 503  # may have been done (store_outcome_unknown): only a call safe to repeat
+
+
+def retried(status: int, safe: bool) -> bool:
+    """Whether an answer of this status is tried again, for a call safe to repeat or not."""
+    return status == RATE_LIMITED or (status == UNAVAILABLE and safe)
 
 
 @dataclass(frozen=True)
