@@ -9,7 +9,8 @@ set keeps deciding, and the refusal's reason codes go to the reload's outcome, `
 the log.
 
 A check is a function of the `Candidate` that returns its `Refusal`s (none: it passes). To
-add one, write it in a module of its own and append it to `CHECKS`.
+add one, write it in a module of its own and append it to `CHECKS`. An admission is
+remembered, keyed by all it depends on (`service.policy.admission_memo`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import tempfile
 from pathlib import Path
 
 from service.policy.admission_check import AdmissionCheck, Candidate, Refusal
+from service.policy.admission_memo import admission_key, remember, remembered
 from service.policy.bundle import PolicyBundle
 from service.policy.defined import decisions_defined
-from service.policy.invariants import invariants_hold
+from service.policy.invariants import invariant_modules, invariants_hold
 
 CHECKS: list[AdmissionCheck] = [
     decisions_defined,  # every decision package defined, of the decision schema
@@ -29,10 +31,18 @@ CHECKS: list[AdmissionCheck] = [
 
 
 def admit(opa_bin: str, bundle: PolicyBundle, source_dir: Path | None = None) -> list[Refusal]:
-    """Every check's refusals of the bundle (read from `source_dir`, if from a directory)."""
+    """Every check's refusals of the bundle (read from `source_dir`, if from a directory);
+    a set admitted before, the same in every respect, is not checked again
+    (`service.policy.admission_memo`)."""
+    key = admission_key(bundle.revision, invariant_modules(source_dir), opa_bin)
+    if remembered(key):
+        return []
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-admission-") as tmp:
         root = Path(tmp) / "bundle"
         root.mkdir()
         bundle.write_to(root)
         candidate = Candidate(opa_bin, bundle, root, source_dir)
-        return [refusal for check in CHECKS for refusal in check(candidate)]
+        refusals = [refusal for check in CHECKS for refusal in check(candidate)]
+    if not refusals:
+        remember(key)
+    return refusals
