@@ -52,7 +52,8 @@ class Served:
     """`python -m service.cli serve` in its own process group, stopped with SIGTERM.
 
     Durable writes on, rate limits off, its own OPA sidecar, data in `data_dir`
-    (default tmp/var); `extra_env` adds settings (e.g. SESSIONSTATE_STORE).
+    (default tmp/var); `extra_env` adds settings (e.g. SESSIONSTATE_STORE), `args`
+    arguments of `serve` (e.g. `--workers 2`).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class Served:
         *,
         data_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -83,7 +85,7 @@ class Served:
         env |= extra_env or {}
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve"],
+                [sys.executable, "-m", "service.cli", "serve", *args],
                 env=env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

@@ -81,6 +81,7 @@ class Load:
     expected: frozenset[int] = frozenset({200})
     timeout_seconds: int = 10  # an answer slower than this is a socket error (timeout)
     what: str = "load"  # names the run in errors
+    count_header: str | None = None  # count the answers by this header's value (a worker's)
 
     def check(self) -> None:
         if self.seconds < 1:
@@ -106,6 +107,8 @@ class Result:
     max_ms: float
     statuses: Mapping[int, int]
     socket_errors: Mapping[str, int]  # connect, read, write, timeout
+    # answers by the value of `Load.count_header` ("-" when absent, "other" when odd bytes)
+    header_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def non_2xx(self) -> int:
@@ -187,11 +190,14 @@ def combined(results: Sequence[Result]) -> Result:
     the largest of the parts (their latency distributions are not merged)."""
     statuses: dict[int, int] = {}
     errors: dict[str, int] = {}
+    headers: dict[str, int] = {}
     for result in results:
         for status, count in result.statuses.items():
             statuses[status] = statuses.get(status, 0) + count
         for kind, count in result.socket_errors.items():
             errors[kind] = errors.get(kind, 0) + count
+        for value, count in result.header_counts.items():
+            headers[value] = headers.get(value, 0) + count
     return Result(
         requests=sum(result.requests for result in results),
         seconds=max(result.seconds for result in results),
@@ -202,6 +208,7 @@ def combined(results: Sequence[Result]) -> Result:
         max_ms=max(result.max_ms for result in results),
         statuses=statuses,
         socket_errors=errors,
+        header_counts=headers,
     )
 
 
@@ -236,7 +243,12 @@ def lua_script(load: Load) -> str:
             f"  {{method = {lua_string(request.method)}, path = {lua_string(request.path)}, "
             f"headers = {{{headers}}}, body = {body}}},"
         )
-    return _LUA.replace("--REQUESTS--", "\n".join(entries)).replace("--MARKER--", MARKER)
+    counted = "nil" if load.count_header is None else lua_string(load.count_header.lower())
+    return (
+        _LUA.replace("--REQUESTS--", "\n".join(entries))
+        .replace("--MARKER--", MARKER)
+        .replace("--COUNTED--", counted)
+    )
 
 
 # setup() runs in wrk's main Lua state, init() and response() in each thread's own; done()
@@ -246,6 +258,7 @@ local requests = {
 --REQUESTS--
 }
 local threads = {}
+local counted = --COUNTED--
 
 function setup(thread)
   thread:set("number", #threads)
@@ -254,6 +267,7 @@ end
 
 function init(args)
   statuses = {}
+  by_header = {}
   local mine = requests[(number % #requests) + 1]
   wrk.method = mine.method
   wrk.path = mine.path
@@ -265,25 +279,42 @@ end
 
 function response(status, headers, body)
   statuses[status] = (statuses[status] or 0) + 1
+  if counted then
+    local value = "-"
+    for name, given in pairs(headers) do
+      if string.lower(name) == counted then
+        value = string.match(given, "^[%w:._-]+$") and given or "other"
+      end
+    end
+    by_header[value] = (by_header[value] or 0) + 1
+  end
 end
 
 function done(summary, latency, requests)
   local counts = {}
+  local values = {}
   for _, thread in ipairs(threads) do
     for status, count in pairs(thread:get("statuses")) do
       counts[status] = (counts[status] or 0) + count
+    end
+    for value, count in pairs(thread:get("by_header")) do
+      values[value] = (values[value] or 0) + count
     end
   end
   local parts = {}
   for status, count in pairs(counts) do
     parts[#parts + 1] = string.format('"%d": %d', status, count)
   end
+  local valued = {}
+  for value, count in pairs(values) do
+    valued[#valued + 1] = string.format('"%s": %d', value, count)
+  end
   local e = summary.errors
   io.write("--MARKER--", string.format(
-    '{"duration_us": %d, "requests": %d, "statuses": {%s}, ' ..
+    '{"duration_us": %d, "requests": %d, "statuses": {%s}, "header_counts": {%s}, ' ..
     '"errors": {"connect": %d, "read": %d, "write": %d, "timeout": %d}, ' ..
     '"latency_us": {"p50": %.1f, "p99": %.1f, "mean": %.1f, "max": %.1f}}\\n',
-    summary.duration, summary.requests, table.concat(parts, ", "),
+    summary.duration, summary.requests, table.concat(parts, ", "), table.concat(valued, ", "),
     e.connect, e.read, e.write, e.timeout,
     latency:percentile(50), latency:percentile(99), latency.mean, latency.max))
 end
@@ -307,6 +338,7 @@ def _parse(load: Load, out: str) -> Result:
         max_ms=latency["max"] / 1000,
         statuses={int(status): count for status, count in figures["statuses"].items()},
         socket_errors=figures["errors"],
+        header_counts=figures["header_counts"],
     )
 
 

@@ -16,6 +16,10 @@ limits off,
 - through two instances (each its own OPA sidecar and data dir, on the same
   database), the 16 connections split over both (two wrk processes at once;
   p50/p99 are the larger of the two);
+- through one instance with `serve --workers 2`, at 16 connections, with the
+  answers each worker gave (counted by `X-Sessionstate-Worker` in wrk's Lua):
+  each keep-alive connection stays with the worker that accepted it, so the
+  counts show how the kernel spread the connections over the workers;
 
 then, with the instances stopped, raw psycopg `INSERT ...; COMMIT` of rows as
 large as a stored record (key and value) into a scratch table shaped as the
@@ -76,6 +80,7 @@ from bench.instances import (
 )
 from bench.loadgen import Load, LoadFailure, Request, UnexpectedStatus, combined, run_together
 from bench.processes import exit_on_sigterm
+from service.contract import WORKER
 from service.settings import Settings
 from store.canonical import canonical_json
 from store.digests import DigestKey
@@ -169,7 +174,11 @@ def session_path(session: str) -> str:
 
 
 def writes(
-    instances: list[Served], sessions: list[str], seconds: int, failures: list[str]
+    instances: list[Served],
+    sessions: list[str],
+    seconds: int,
+    failures: list[str],
+    count_header: str | None = None,
 ) -> dict[str, Any]:
     """PUT S/state through the instances at once, each connection its own session (and
     token): instance k takes sessions k, k + n, ...; one wrk thread per connection.
@@ -194,6 +203,7 @@ def writes(
                 expected=WRITTEN,
                 what=f"writes through instance {number + 1} of {len(instances)}, "
                 f"{len(mine)} connections",
+                count_header=count_header,
             )
         )
     try:
@@ -203,6 +213,8 @@ def writes(
         result = combined(failure.results)
     figures = result.figures() | {"requests_per_second": round(result.ok_per_second, 1)}
     unexpected = {s: n for s, n in result.statuses.items() if s not in WRITTEN}
+    if count_header is not None:
+        figures |= {"answers_by": dict(sorted(result.header_counts.items()))}
     return figures | ({"unexpected": unexpected} if unexpected else {})
 
 
@@ -225,7 +237,7 @@ def through_service(
 ) -> dict[str, dict[int, Any]]:
     sessions = [f"bench-{n}" for n in range(clients)]
     store = {"SESSIONSTATE_STORE": conninfo}
-    found: dict[str, dict[int, Any]] = {"one": {}, "two": {}}
+    found: dict[str, dict[int, Any]] = {"one": {}, "two": {}, "workers": {}}
     with Instances(opa, tmp) as instances:
         try:
             first = instances.start(data_dir=tmp / "instance-1", extra_env=store)
@@ -237,9 +249,16 @@ def through_service(
             # Its first writes find the tenant's chain moved on by the first: not measured.
             seed(second, sessions[1::2])
             found["two"][clients] = writes([first, second], sessions, seconds, failures)
+            for served in (first, second):
+                served.stop()
+            workers = instances.start(
+                data_dir=tmp / "workers-2", extra_env=store, args=("--workers", "2")
+            )
+            seed(workers, sessions)
+            found["workers"][clients] = writes([workers], sessions, seconds, failures, WORKER)
         except (BenchFailure, LoadFailure) as failure:
             raise BenchFailure(f"{failure}\n{stopped_report(instances.stop_all())}") from None
-        started = [first, second]
+        started = [first, second, workers]
     if failures:
         for number, served in enumerate(started, start=1):
             for (status, reason), count in sorted(refusals(served).items()):
@@ -331,6 +350,7 @@ def postgres_bench(conninfo: str, clients: int, seconds: int) -> None:
     rows = [
         ("through one service instance", service["one"]),
         (f"through two instances ({clients} conn split)", service["two"]),
+        ("through one instance, --workers 2", service["workers"]),
         ("raw psycopg INSERT; COMMIT (a connection each)", raw),
     ]
     for label, figures in rows:
@@ -342,6 +362,11 @@ def postgres_bench(conninfo: str, clients: int, seconds: int) -> None:
             for n in counts
         )
         print(f"{label:<48}{cells}")
+    spread = service["workers"][clients]["answers_by"]
+    print(
+        f"answers per worker (slot:pid), --workers 2, {clients} keep-alive connections: "
+        + ", ".join(f"{worker} {count:,}" for worker, count in spread.items())
+    )
     print(f"\nratio to raw (goal: through the service >= 0.5x raw at {clients})")
     ratios = [
         ("one instance, 1 conn", service["one"][1], raw[1]),

@@ -12,7 +12,7 @@ from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
 from service.context import ServiceContext
-from service.contract import DOCS, EXCHANGE, JWKS, OPENAPI, REQUEST_ID, WORKER
+from service.contract import DOCS, EXCHANGE, JWKS, OPENAPI, REQUEST_ID, WORKER, method_label
 from service.decisions.journal import JournalClosed
 from service.http import approvals, decisions, ops, state, token, ui
 from service.http.body import MAX_BODY_BYTES
@@ -67,12 +67,13 @@ def _finish(response: Response) -> Response:
         # State, records, approvals and decisions (problems carry decisions too) must not
         # sit in a browser's or a proxy's cache; one rule for every answer keeps it so.
         response.headers["Cache-Control"] = "no-store"
-    context().metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+    method = method_label(request.method)  # never verbatim: a method may be 7 KB of anything
+    context().metrics.requests.labels(route, method, str(response.status_code)).inc()
     log.info(
         "request",
         extra={
             "request_id": g.get("request_id"),
-            "method": request.method,
+            "method": method,
             "route": route,
             "status": response.status_code,
             "duration_ms": round(

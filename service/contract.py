@@ -39,6 +39,18 @@ METRICS = "/metrics"
 OPENAPI = "/openapi.json"
 DOCS = "/docs"
 
+# --- methods -----------------------------------------------------------------------------
+# Every method some route serves (Flask answers HEAD and OPTIONS for each rule). The HTTP
+# front refuses any other with 400 unknown_method before a route runs; logs and metrics
+# name a method by `method_label`, never verbatim.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """The method as logs and metric labels name it: one of `METHODS`, else `OTHER`."""
+    return method if method in METHODS else "OTHER"
+
+
 # --- ids in paths ------------------------------------------------------------------------
 APPROVAL_ID_PATTERN = r"^appr_[0-9a-f]{24}$"
 DECISION_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"

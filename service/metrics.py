@@ -21,7 +21,8 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "sessionstate_http_requests",
-            "HTTP requests by route template, method and status.",
+            "HTTP requests by route template, method (OTHER for any the service does not "
+            "serve) and status.",
             ["route", "method", "status"],
             registry=self.registry,
         )
@@ -66,7 +67,8 @@ class ServiceMetrics:
             "sessionstate_http_refused_before_app",
             "Requests answered by the HTTP front before the app ran, by reason "
             "(body_too_large, request_timeout, request_target_too_long, "
-            "request_headers_too_large, malformed_request).",
+            "request_headers_too_large, malformed_request, conflicting_framing, "
+            "unknown_method).",
             ["reason"],
             registry=self.registry,
         )

@@ -36,6 +36,18 @@ class Reason(StrEnum):
         400,
         "The request could not be read as HTTP (framing, headers or body).",
     )
+    CONFLICTING_FRAMING = (
+        "conflicting_framing",
+        400,
+        "The request carries both `Content-Length` and `Transfer-Encoding`: its framing is "
+        "ambiguous, so it is refused and the connection closed.",
+    )
+    UNKNOWN_METHOD = (
+        "unknown_method",
+        400,
+        "The request's method is none the service serves (GET, HEAD, POST, PUT, DELETE, "
+        "OPTIONS); the connection is closed.",
+    )
     MALFORMED_JSON = (
         "malformed_json",
         400,

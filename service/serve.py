@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import os
 import resource
 import signal
 import socket
@@ -60,7 +59,7 @@ from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pi
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from service.store_backend import StoreKind, StoreTarget, open_lanes
-from service.workers import supervise
+from service.workers import listeners_per_worker, supervise
 from store.backends.contract import Lanes
 from store.evidence_chain import EvidenceChain, chain_names, legacy_chain_present
 from store.lanes import LaneStore
@@ -69,6 +68,7 @@ from store.signed_head import SignedHeads
 log = logging.getLogger("sessionstate.serve")
 THREADS = 16  # requests run at once; reading them costs no thread
 GRACEFUL_SECONDS = 10.0
+BACKLOG = 1024  # connections the kernel holds for each listening socket until it is accepted
 LOCK_TRIES = 5  # `policy reload` probes the lock for an instant: do not mistake it for a service
 
 
@@ -95,9 +95,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         shadow_dir = local_shadow_dir(settings)
         signed = local_signed_bundle(settings)
         _check_decision_log(configured_store(settings))
-        listener = _listen(settings.host, settings.port)
-        if settings.workers > 1:
-            os.set_inheritable(listener.fileno(), True)
+        listeners = _listeners(settings.host, settings.port, settings.workers)
         if settings.opa_url:
             opa_url, opa_token = settings.opa_url, settings.opa_token
         else:
@@ -141,7 +139,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
             if early_reload.is_set():
                 reload()
             with _live_revisions(settings, sidecar, opa_url, opa_token, shadow):
-                supervise(settings, listener, sidecar, on_ready, reload, shadow)
+                supervise(listeners, sidecar, on_ready, reload, shadow)
             return
         tracing.start()  # each worker of several starts its own
         context = ServiceContext.open(
@@ -158,7 +156,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         if sidecar is not None:
             _keep_serials_in(sidecar, context.lanes)
         raise_open_file_limit()
-        asyncio.run(serve_http(settings, context, listener, on_ready, sidecar, early_reload))
+        asyncio.run(serve_http(settings, context, listeners[0], on_ready, sidecar, early_reload))
     finally:
         # The event loop gave SIGHUP back its default, which ends the process: not on the way out.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -307,12 +305,29 @@ def _reloader(sidecar: OpaSidecar | None) -> Callable[[], None]:
 def _listen(host: str, port: int) -> socket.socket:
     """Bind before anything starts, so a taken port is a clear error, not a half-started service."""
     try:
-        return socket.create_server((host, port), backlog=1024, reuse_port=False)
+        return socket.create_server((host, port), backlog=BACKLOG, reuse_port=False)
     except OSError as error:
-        raise ConfigurationError(
-            f"cannot listen on {host}:{port} (SESSIONSTATE_HOST/SESSIONSTATE_PORT): "
-            f"{error.strerror or 'address unavailable'}"
-        ) from None
+        raise _cannot_listen(host, port, error) from None
+
+
+def _listeners(host: str, port: int, workers: int) -> list[socket.socket]:
+    """One listening socket, or for `--workers N` one per worker (`service.workers`). The
+    port is bound alone first, so one that another service holds, even with SO_REUSEPORT,
+    is a clear error rather than clients shared with it."""
+    listener = _listen(host, port)
+    if workers == 1:
+        return [listener]
+    try:
+        return listeners_per_worker(listener, workers, BACKLOG)
+    except OSError as error:
+        raise _cannot_listen(host, port, error) from None
+
+
+def _cannot_listen(host: str, port: int, error: OSError) -> ConfigurationError:
+    return ConfigurationError(
+        f"cannot listen on {host}:{port} (SESSIONSTATE_HOST/SESSIONSTATE_PORT): "
+        f"{error.strerror or 'address unavailable'}"
+    )
 
 
 def raise_open_file_limit() -> None:

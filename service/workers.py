@@ -1,10 +1,17 @@
-"""`serve --workers N`: N worker processes on one listening socket, one OPA sidecar for all.
+"""`serve --workers N`: N worker processes on one port, one OPA sidecar for all.
 
-The parent (`service.serve`) holds the data dir, binds the socket and starts
+The parent (`service.serve`) holds the data dir, binds the port and starts
 the sidecar (and its bundle server) once; then it spawns N workers, each a
-`python -m service.workers FD` process that inherits the socket, opens its own
-`ServiceContext` (its own store connections, journal and group commit) against
-the parent's sidecar, and serves HTTP with hypercorn as a single process does.
+`python -m service.workers FD` process that inherits a listening socket of
+its own, opens its own `ServiceContext` (its own store connections, journal
+and group commit) against the parent's sidecar, and serves HTTP with
+hypercorn as a single process does. The N sockets listen on the one port with
+SO_REUSEPORT, so the kernel spreads new connections over them evenly (by a
+hash of each connection's addresses and ports): from one socket that every
+worker accepted from, whichever worker woke first accepted every waiting
+connection, and under keep-alive load one worker answered everything. The
+parent keeps each worker's socket open, so connections waiting in the
+backlog of a worker that died are accepted by the worker started in its place.
 Workers die with the parent even on SIGKILL (PR_SET_PDEATHSIG), a worker that
 dies is started again, and SIGTERM or SIGINT to the parent stops every worker
 gracefully (SIGTERM, then SIGKILL after the grace period). Only a store that
@@ -41,14 +48,14 @@ class Workers:
 
     def __init__(
         self,
-        count: int,
-        listener: socket.socket,
+        listeners: list[socket.socket],
         sidecar: OpaSidecar | None,
         shadow: OpaSidecar | None = None,
     ) -> None:
-        self._count = count
-        self._fd = listener.fileno()
-        os.set_inheritable(self._fd, True)
+        self._count = count = len(listeners)  # a worker for each listening socket
+        self._fds = [listener.fileno() for listener in listeners]
+        for fd in self._fds:
+            os.set_inheritable(fd, True)
         self._env = dict(os.environ)
         if sidecar is not None:  # else the workers use SESSIONSTATE_OPA_URL as the parent does
             self._env |= {
@@ -70,11 +77,12 @@ class Workers:
             self._spawn(slot)
 
     def _spawn(self, slot: int) -> None:
+        fd = self._fds[slot]
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.workers", str(self._fd), str(slot), self._observes],
+            [sys.executable, "-m", "service.workers", str(fd), str(slot), self._observes],
             env=self._env,
             stdin=subprocess.DEVNULL,
-            pass_fds=(self._fd,),
+            pass_fds=(fd,),
             preexec_fn=_die_with_parent,
         )
         self._processes[slot] = process
@@ -108,28 +116,46 @@ class Workers:
         log.info("workers_stopped", extra={"workers": len(running)})
 
 
+def listeners_per_worker(listener: socket.socket, count: int, backlog: int) -> list[socket.socket]:
+    """count sockets listening with SO_REUSEPORT on listener's address (one per worker), in
+    place of listener, which is closed. The kernel lets only processes of the same user
+    join such a group of sockets."""
+    host, port = listener.getsockname()[:2]
+    listener.close()
+    made: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            made.append(socket.create_server((host, port), backlog=backlog, reuse_port=True))
+    except OSError:
+        for sock in made:
+            sock.close()
+        raise
+    return made
+
+
 def supervise(
-    settings: Settings,
-    listener: socket.socket,
+    listeners: list[socket.socket],
     sidecar: OpaSidecar | None,
     on_ready: Callable[[], None] | None,
     reload: Callable[[], None],
     shadow: OpaSidecar | None = None,
 ) -> None:
-    """Run settings.workers workers until SIGTERM or SIGINT; SIGHUP reloads the sidecar."""
+    """Run a worker on each listening socket until SIGTERM or SIGINT; SIGHUP reloads the
+    sidecar."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload())
-    workers = Workers(settings.workers, listener, sidecar, shadow)
+    workers = Workers(listeners, sidecar, shadow)
     try:
         workers.start()
         if on_ready is not None:
-            on_ready()  # the socket listens: connections wait in its backlog for a worker
+            on_ready()  # the sockets listen: connections wait in their backlogs for a worker
         workers.supervise(stop)
     finally:
         workers.stop()
-        listener.close()
+        for listener in listeners:
+            listener.close()
     log.info("service_stopped")
 
 

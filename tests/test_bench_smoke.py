@@ -65,7 +65,8 @@ def bench_env(opa_bin: str, tmp_path: Path) -> dict[str, str]:
 
 
 def test_store_bench_on_postgresql(postgres_conninfo: str, opa_bin: str, tmp_path: Path) -> None:
-    """`--store`: through one and two service instances and raw psycopg, figures printed;
+    """`--store`: through one and two service instances, one of two workers, and raw
+    psycopg, figures printed (and the answers of each worker);
     afterwards no process it started is left, nor its scratch table. Every write through
     the two instances is answered 200/201 (exit 3 names any other answer: writers of one
     chain once lost races until they gave up with 503)."""
@@ -81,6 +82,8 @@ def test_store_bench_on_postgresql(postgres_conninfo: str, opa_bin: str, tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     for row in ("through one service instance", "through two instances", "raw psycopg"):
         assert row in done.stdout
+    assert "through one instance, --workers 2" in done.stdout
+    assert "answers per worker (slot:pid)" in done.stdout
     assert processes_using(tmp_path) == []
     with psycopg.connect(postgres_conninfo) as conn:
         left = conn.execute(

@@ -50,6 +50,13 @@ def test_every_v1_route_is_an_openapi_operation_and_back() -> None:
     assert len(served) == 13
 
 
+def test_the_methods_the_front_lets_through_are_exactly_those_some_route_serves() -> None:
+    app = create_app(cast(ServiceContext, None))
+    served = {method for rule in app.url_map.iter_rules() for method in rule.methods or ()}
+    assert served == contract.METHODS
+    assert contract.method_label("PATCH") == contract.method_label("x" * 7000) == "OTHER"
+
+
 def test_every_described_operation_is_served() -> None:
     assert document_operations() <= app_routes()
 

@@ -239,3 +239,76 @@ def test_malformed_http_gets_a_plain_answer_that_echoes_nothing(front: Served, r
     assert b"<html" not in answer.lower()
     # and the service still answers
     assert requests.get(front.url + "/healthz", timeout=5).status_code == 200
+
+
+def _exchange_to_close(served: Served, raw: bytes) -> tuple[bytes, bool]:
+    """What the service answered to raw, and whether it closed the connection (the socket's
+    own timeout is only a guard: a connection left open shows as not closed)."""
+    with socket.create_connection(_address(served), timeout=15) as connection:
+        connection.sendall(raw)
+        answer = b""
+        try:
+            while chunk := connection.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            return answer, False
+    return answer, True
+
+
+_PIPELINED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"  # would be answered on an open connection
+
+
+@pytest.mark.parametrize(
+    ("head", "reason"),
+    [
+        (
+            f"PUT {SESSION}/state HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n5\r\n{CANARY[:5]}\r\n0\r\n\r\n",
+            "conflicting_framing",
+        ),
+        (
+            f"PUT {SESSION}/state HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            f"Content-Length: 5\r\n\r\n0\r\n\r\n",
+            "conflicting_framing",
+        ),
+        (f"BREW{CANARY} /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "unknown_method"),
+        (f"{CANARY}{'M' * 7000} {SESSION}/state HTTP/1.1\r\nHost: x\r\n\r\n", "unknown_method"),
+        ("PATCH /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "unknown_method"),  # served by no route
+    ],
+    ids=["length-then-chunked", "chunked-then-length", "unknown-method", "7kb-method", "patch"],
+)
+def test_ambiguous_framing_and_unknown_methods_are_400_and_close_the_connection(
+    front: Served, head: str, reason: str
+) -> None:
+    answer, closed = _exchange_to_close(front, head.encode() + _PIPELINED)
+    assert closed
+    assert answer.count(b"HTTP/1.1 ") == 1  # the pipelined request was never read
+    assert _status(answer) == 400
+    assert _body(answer)["reason"] == reason
+    assert CANARY.encode() not in answer
+    assert b"connection: close" in answer.split(b"\r\n\r\n", 1)[0].lower()
+    # No route ran: the front counted it, the app logged no request, nothing of it is logged.
+    metrics = requests.get(front.url + "/metrics", timeout=5).text
+    assert f'sessionstate_http_refused_before_app_total{{reason="{reason}"}} 1.0' in metrics
+    assert 'method="OTHER"' not in metrics and "PATCH" not in metrics
+    logged = front.log.read_text()
+    assert CANARY not in logged
+    assert '"status":400' not in logged
+    assert requests.get(front.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_a_request_framed_one_way_is_still_served_on_its_kept_alive_connection(
+    front: Served,
+) -> None:
+    document = json.dumps(STATE).encode()
+    head = _post_head(front, f"Content-Length: {len(document)}\r\n")
+    with socket.create_connection(_address(front), timeout=15) as connection:
+        connection.sendall(head + document + _PIPELINED)
+        answer = b""
+        while answer.count(b"HTTP/1.1 ") < 2 or not answer.endswith(b'{"status":"ok"}'):
+            chunk = connection.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert _status(answer) == 200

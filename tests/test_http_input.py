@@ -12,6 +12,7 @@ from typing import Any
 import jwt
 import pytest
 
+from service.logs import JsonFormatter
 from service.policy.sidecar import OpaSidecar
 from store.keys import TenantResourceLane
 from tests.factories import state_input
@@ -128,6 +129,24 @@ def test_unknown_routes_and_methods_are_problems(service: LiveService) -> None:
         405,
         "method_not_allowed",
     )
+
+
+def test_a_method_no_route_serves_is_logged_and_counted_as_other_never_verbatim(
+    service: LiveService, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The served front refuses such a method before the app (tests/test_http_front.py);
+    # behind any other server the app still names it by a fixed label.
+    method = CANARY.upper().replace("-", "") + "M" * 7000
+    with caplog.at_level(logging.INFO, logger="sessionstate.http"):
+        answer = service.call(method, service.session_path() + "/state", service.token())
+    assert answer.status_code == 405
+    logged = [r for r in caplog.records if r.getMessage() == "request"]
+    assert [getattr(r, "method", None) for r in logged] == ["OTHER"]
+    metrics = service.call("GET", "/metrics").text
+    assert 'method="OTHER"' in metrics
+    assert method[:20] not in metrics
+    ours = [r for r in caplog.records if r.name.startswith("sessionstate")]  # not werkzeug's
+    assert not any(method[:20] in JsonFormatter().format(record) for record in ours)
 
 
 # --- authentication ----------------------------------------------------------------------

@@ -5,11 +5,14 @@ Real PostgreSQL (tests/postgres.py) and the real served process (tests/served.py
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -284,6 +287,58 @@ def test_two_workers_on_postgresql_answer_from_two_pids_and_stop_together(
         assert processes_using(served.data_dir) == []
     finally:
         stop(served)
+
+
+def test_keep_alive_clients_opened_at_once_are_spread_over_both_workers(
+    postgres_conninfo: str, opa_bin: str, tmp_path: Path
+) -> None:
+    served = start(
+        opa_bin,
+        tmp_path / "var",
+        tmp_path,
+        {"SESSIONSTATE_STORE": postgres_conninfo},
+        args=("--workers", "2"),
+    )
+    host, port = served.url.removeprefix("http://").split(":")
+    clients = [http.client.HTTPConnection(host, int(port), timeout=30) for _ in range(40)]
+    try:
+        for client in clients:
+            client.connect()  # all 40 wait in the backlog before a worker accepts any
+        answered: list[tuple[str, str]] = []
+        for client in clients:
+            labels = []
+            for _ in range(2):  # twice on the one kept-alive connection
+                client.request("GET", "/healthz")
+                answer = client.getresponse()
+                assert answer.status == 200 and answer.getheader("Connection") != "close"
+                answer.read()
+                labels.append(answer.getheader("X-Sessionstate-Worker") or "")
+            answered.append((labels[0], labels[1]))
+        assert all(first == second for first, second in answered)  # one worker a connection
+        per_worker = Counter(first for first, _ in answered)
+        assert len(per_worker) == 2, per_worker
+        # The kernel hashes each connection to a worker's socket: 5 or fewer of 40 on one
+        # side happens once in ten million runs; every one on one side is what was found.
+        assert min(per_worker.values()) > 5, per_worker
+    finally:
+        for client in clients:
+            client.close()
+        stop(served)
+
+
+def test_workers_refuse_a_port_another_process_shares_with_so_reuseport(
+    postgres_conninfo: str, opa_bin: str, tmp_path: Path
+) -> None:
+    with socket.create_server(("127.0.0.1", 0), reuse_port=True) as other:
+        port = other.getsockname()[1]
+        env = _base_env(tmp_path, opa_bin) | {
+            "SESSIONSTATE_STORE": postgres_conninfo,
+            "SESSIONSTATE_PORT": str(port),
+        }
+        done = _cli("serve", "--workers", "2", env=env)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_worker_that_dies_is_started_again(

@@ -11,8 +11,12 @@ body, limits on the request target (8 KiB) and
 headers (16 KiB), and the 1 MiB body limit, which answers 413 before the app runs whatever
 the framing (Content-Length, chunked, or neither).
 
+A method no route serves (`service.contract.METHODS`) and a request that
+carries both `Content-Length` and `Transfer-Encoding` are answered 400 here,
+with the connection closed, before any route runs.
+
 Answers given here, before the app, are the same problem documents the app
-gives; hypercorn's own answers to malformed HTTP are bare (status, no body),
+gives, and each closes its connection; hypercorn's own answers to malformed HTTP are bare (status, no body),
 so no part of a request is ever echoed.
 """
 
@@ -29,6 +33,7 @@ from hypercorn.config import Config
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from prometheus_client import Counter
 
+from service.contract import METHODS
 from service.http.body import MAX_BODY_BYTES
 from service.http.problems import Problem
 from service.reasons import Reason
@@ -66,14 +71,9 @@ class BoundedWSGIWrapper(WSGIWrapper):
         sync_spawn: Callable[..., Any],
         call_soon: Callable[..., Any],
     ) -> None:
-        if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_TARGET_BYTES:
-            await self._answer(send, Problem(Reason.REQUEST_TARGET_TOO_LONG))
-            return
-        if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEADER_BYTES:
-            await self._answer(send, Problem(Reason.REQUEST_HEADERS_TOO_LARGE))
-            return
-        if _declared_length(scope) > self.max_body_size:
-            await self._answer(send, Problem(Reason.BODY_TOO_LARGE))
+        refusal = _refusal(scope, self.max_body_size)
+        if refusal is not None:
+            await self._answer(send, Problem(refusal))
             return
         body = bytearray()
         deadline = asyncio.get_running_loop().time() + self.body_timeout
@@ -167,6 +167,26 @@ class BoundedWSGIWrapper(WSGIWrapper):
 async def _send_all(send: ASGISendCallable, messages: list[Any]) -> None:
     for message in messages:
         await send(message)
+
+
+def _refusal(scope: HTTPScope, max_body_size: int) -> Reason | None:
+    """Why the request is answered here, before any route runs (and its connection closed),
+    or None. A method no route serves is refused whatever the path, and so is a request
+    framed two ways: h11 reads a body by `Transfer-Encoding` and ignores `Content-Length`,
+    while a proxy in front may read it by `Content-Length`, and what one takes for the
+    body the other takes for the next request (request smuggling)."""
+    if scope["method"] not in METHODS:
+        return Reason.UNKNOWN_METHOD
+    names = {name for name, _ in scope["headers"]}
+    if b"content-length" in names and b"transfer-encoding" in names:
+        return Reason.CONFLICTING_FRAMING
+    if len(scope["raw_path"]) + len(scope["query_string"]) > MAX_TARGET_BYTES:
+        return Reason.REQUEST_TARGET_TOO_LONG
+    if sum(len(name) + len(value) + 4 for name, value in scope["headers"]) > MAX_HEADER_BYTES:
+        return Reason.REQUEST_HEADERS_TOO_LARGE
+    if _declared_length(scope) > max_body_size:
+        return Reason.BODY_TOO_LARGE
+    return None
 
 
 def _declared_length(scope: HTTPScope) -> int:
