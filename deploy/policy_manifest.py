@@ -9,8 +9,8 @@ tests/test_deployment.py fails while the manifest is stale.
 
 With `--commit` (as `make policy-manifest` runs it) in a git checkout, it also
 records the commit the files came from (`metadata.commit`: `git describe
---always --dirty`, `-dirty` when the work tree had changes); the service names
-it in each activation of that revision on the decision log. Without it, a
+--always`, and `-dirty` when the policy directory had changes other than its
+manifest); the service names it in each activation of that revision on the decision log. Without it, a
 manifest that names the same files is left as it is (with the commit it names).
 `--check` compares the revision and roots only: a manifest written at another
 commit is not stale while it names the same files.
@@ -49,11 +49,29 @@ def expected_manifest(policy_dir: Path, commit: str | None = None) -> str:
 
 
 def described_commit(policy_dir: Path) -> str | None:
-    """`git describe --always --dirty` of the checkout holding policy_dir; None outside one
-    (or without git)."""
+    """`git describe --always` of the checkout holding policy_dir, with `-dirty` when the
+    work tree has changes other than the manifest itself (which this tool writes); None
+    outside a checkout (or without git)."""
+    described = _git(policy_dir, "describe", "--always")
+    changed = _git(
+        policy_dir,
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":(exclude).manifest",
+    )
+    if described is None or changed is None or not 0 < len(described) <= MAX_COMMIT - 6:
+        return None
+    return described + ("-dirty" if changed else "")
+
+
+def _git(policy_dir: Path, *args: str) -> str | None:
+    """What git prints for `args` run in policy_dir, stripped; None when it fails."""
     try:
-        described = subprocess.run(  # noqa: S603 - fixed argv, no shell
-            ["git", "-C", str(policy_dir), "describe", "--always", "--dirty"],  # noqa: S607
+        done = subprocess.run(  # noqa: S603 - fixed argv, no shell
+            ["git", "-C", str(policy_dir), *args],  # noqa: S607
             capture_output=True,
             text=True,
             timeout=30,
@@ -61,8 +79,7 @@ def described_commit(policy_dir: Path) -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    commit = described.stdout.strip()
-    return commit if described.returncode == 0 and 0 < len(commit) <= MAX_COMMIT else None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def is_stale(policy_dir: Path, text: str | None) -> bool:

@@ -49,6 +49,7 @@ from jwt.algorithms import HMACAlgorithm
 from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.policy.activation import OperatorIdentity
 from service.policy.input import PolicyActor
 from service.provider_keys import KeysUnavailable, ProviderKeys, UnknownKey
 from service.reasons import Reason
@@ -231,13 +232,21 @@ class TokenVerifier:
     def operator_actor(self, token: str) -> PolicyActor:
         """The actor a valid token with the `operator` role names (a `policy reload`'s or
         `policy approve`'s), as the policy input names it; `ValueError` otherwise."""
+        return self.operator_identity(token).actor
+
+    def operator_identity(self, token: str) -> OperatorIdentity:
+        """The operator a valid token with the `operator` role names, and whether this host
+        could have minted it (its HS256 secret, or its own exchange keys) or only an identity
+        provider (a key of the JWKS, or of SESSIONSTATE_JWT_PUBLIC_KEY_FILE) could."""
         try:
             actor = self.verify("Bearer " + token)
         except AuthenticationFailed as failed:
             raise ValueError(failed.reason.value) from None
         if "operator" not in actor.roles:
             raise ValueError("the token has no operator role")
-        return actor.to_policy()
+        header = jwt.get_unverified_header(token)  # it verified: the header is well formed
+        here = header.get("alg") == "HS256" or header.get("kid") in self._own_keys
+        return OperatorIdentity(actor.to_policy(), minted_here=here)
 
     def _bearer_token(self, header: str | None) -> str:
         if not header:

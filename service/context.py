@@ -280,6 +280,14 @@ def check_settings(settings: Settings) -> None:
             "SESSIONSTATE_WORKERS (or --workers) above 1 needs a shared store: LevelDB admits "
             "one process; set SESSIONSTATE_STORE to a PostgreSQL database, or serve 1 worker"
         )
+    if settings.policy_activation_approvals > 1 and (
+        settings.jwt_jwks_url is None and settings.jwt_public_key_file is None
+    ):
+        raise ConfigurationError(
+            "SESSIONSTATE_POLICY_ACTIVATION_APPROVALS above 1 needs an identity provider "
+            "(SESSIONSTATE_JWT_JWKS_URL or SESSIONSTATE_JWT_PUBLIC_KEY_FILE): a token this host "
+            "mints with its HS256 secret can name anyone, so it approves nothing"
+        )
     for name, url in (
         ("SESSIONSTATE_OPA_URL", settings.opa_url),
         ("SESSIONSTATE_SHADOW_OPA_URL", settings.shadow_opa_url),

@@ -40,6 +40,8 @@ FIELDS = (
     "problem",
     "serial",
     "highest_serial",
+    "policy_set",
+    "approvals",
 )
 
 

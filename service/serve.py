@@ -152,7 +152,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
         )
         for followed in (sidecar, shadow):
             if followed is not None:
-                context.activations.follow(followed, context.verifier.operator_actor)
+                context.activations.follow(followed, context.verifier.operator_identity)
         if sidecar is not None:
             _keep_serials_in(sidecar, context.lanes)
         raise_open_file_limit()
@@ -240,7 +240,7 @@ def _live_revisions(
     recorder = ActivationLog(
         journal, lanes, live, clock=utc_now, durable_writes=settings.durable_writes
     )
-    operator = token_verifier(settings).operator_actor
+    operator = token_verifier(settings).operator_identity
     try:
         if sidecar is not None:
             live.started(sidecar.policies.served.revision)

@@ -235,3 +235,28 @@ def test_a_signed_bundle_that_breaks_one_is_never_offered_at_its_poll(
         assert sidecar.deciding_revision() == good
     finally:
         sidecar.stop()
+
+
+def test_a_rule_guarded_by_action_role_and_workspace_is_found_by_the_scope_crossings(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    """Few generated inputs meet three conditions at once; the crossings built on purpose do."""
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICY_DIR, policies)
+    guarded = _RULE.replace(
+        "\tinput.target.workspace_id", '\tinput.action == "read"\n\tinput.target.workspace_id'
+    ).replace(SHARED, "shared-support")
+    (policies / READ).write_text((policies / READ).read_text() + guarded)
+    (refusal,) = admit(opa_bin, load_bundle(policies), policies)
+    assert str(refusal).startswith(VIOLATED) and "shared-support" in str(refusal)
+
+
+def test_a_directory_that_deletes_its_invariants_is_still_held_to_the_shipped_ones(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    policies = _broken(tmp_path)
+    shutil.rmtree(policies / "invariants")
+    (refusal,) = admit(opa_bin, load_bundle(policies), policies)
+    assert str(refusal).startswith(
+        "policy_invariant_violated: sessionstate.invariants.shipped_no_cross_tenant_allow "
+    )

@@ -18,11 +18,11 @@ from datetime import datetime
 
 from service.decisions.journal import DecisionJournal, JournalClosed
 from service.decisions.log import SystemEntryBody
+from service.policy.activation import OperatorIdentity
 from service.policy.activation_hold import ApprovalVerdict, PendingActivation
 from service.policy.client import PolicyClient
 from service.policy.input import (
     PolicyActivationAsk,
-    PolicyActor,
     PolicyDeployment,
     PolicyInput,
     PolicyTarget,
@@ -52,7 +52,7 @@ class ActivationApprovals:
         self._clock = clock
 
     def decide(
-        self, pending: PendingActivation, approver: PolicyActor, deciding: str
+        self, pending: PendingActivation, approver: OperatorIdentity, deciding: str
     ) -> ApprovalVerdict:
         """What the approval policy says of `approver`'s approval of `pending`, while
         `deciding` is the revision OPA decides with; recorded before it counts."""
@@ -64,7 +64,7 @@ class ActivationApprovals:
             client.close()
         body = SystemEntryBody(
             decision=trace,
-            actor=approver,
+            actor=approver.actor,
             target=policy_input.target,
             input=policy_input.model_dump(mode="json", by_alias=True),
         )
@@ -79,12 +79,12 @@ class ActivationApprovals:
         return ApprovalVerdict(trace.allow, tuple(trace.reasons))
 
     def _input(
-        self, pending: PendingActivation, approver: PolicyActor, deciding: str
+        self, pending: PendingActivation, approver: OperatorIdentity, deciding: str
     ) -> PolicyInput:
         return PolicyInput(
             action="policy.approve",
             now=int(self._clock().timestamp()),
-            actor=approver,
+            actor=approver.actor,
             target=PolicyTarget(),
             deployment=PolicyDeployment(durable_writes_enabled=self._durable_writes),
             activation=PolicyActivationAsk(
@@ -93,5 +93,6 @@ class ActivationApprovals:
                 requested_by=pending.requested_by,
                 approved_by=list(pending.approved_by),
                 approvals=self._approvals,
+                approver_vouched_by="this_host" if approver.minted_here else "identity_provider",
             ),
         )

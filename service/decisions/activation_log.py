@@ -29,8 +29,7 @@ from service.decisions.activations import PolicyActivation, activation_key
 from service.decisions.journal import DecisionJournal, JournalClosed
 from service.decisions.live import LiveRevisions
 from service.decisions.log import SystemEntryBody
-from service.policy.activation import SYSTEM_ACTOR, Activated, PolicySet
-from service.policy.activation_hold import ActivationHold
+from service.policy.activation import SYSTEM_ACTOR, Activated, OperatorIdentity, PolicySet
 from service.policy.input import PolicyActor, PolicyTarget
 from service.policy.sidecar import OpaSidecar
 from service.policy.trace import DecisionTrace, service_engine
@@ -80,15 +79,17 @@ class ActivationLog:
         self._live = live
         self._clock = clock
         self._previous: dict[PolicySet, str] | None = None  # read once, then kept
-        self._holds: list[ActivationHold] = []  # of the sidecars it follows
+        self._followed: list[OpaSidecar] = []
         self._lock = threading.Lock()
 
-    def follow(self, sidecar: OpaSidecar, verify_operator: Callable[[str], PolicyActor]) -> None:
+    def follow(
+        self, sidecar: OpaSidecar, verify_operator: Callable[[str], OperatorIdentity]
+    ) -> None:
         """Record the set `sidecar` started with, then each one it reloads; its reloads
         name the operator `verify_operator` finds in a request's token. Where its revisions
         wait for approvals, the approvals are decided and recorded here too."""
         sidecar.verify_operator = verify_operator
-        self._holds.append(sidecar.hold)
+        self._followed.append(sidecar)
         sidecar.hold.deployment_revision = lambda: activations.latest_live(self._lanes)
         if sidecar.hold.approvals > 1:
             approvals = ActivationApprovals(
@@ -105,7 +106,16 @@ class ActivationLog:
 
     def awaiting_approval(self) -> list[str]:
         """The revisions that wait for approvals in the sidecars it follows (`/readyz`)."""
-        return [hold.pending.revision for hold in self._holds if hold.pending is not None]
+        pending = [sidecar.hold.pending for sidecar in self._followed]
+        return [waiting.revision for waiting in pending if waiting is not None]
+
+    def shadow_refused(self) -> bool:
+        """Whether the shadow set's latest reload was refused (`/readyz`): the shadow decides
+        on with the set it had, which is not the one in its directory."""
+        return any(
+            sidecar.policy_set == "shadow" and not sidecar.policies.valid
+            for sidecar in self._followed
+        )
 
     def activated(self, activated: Activated) -> None:
         """A reload made OPA decide with a set: its live interval (live set), its entry."""
@@ -126,6 +136,7 @@ class ActivationLog:
                 signer_key_id=activated.signer_key_id,
                 commit=activated.commit,
                 approved_by=list(activated.approved_by),
+                approvals_required=activated.approvals_required,
                 instance=self._live.instance,
                 decision_id="activation-" + uuid.uuid4().hex,
                 revision=activated.revision,

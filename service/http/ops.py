@@ -72,6 +72,8 @@ def readyz() -> Response:
         warnings.extend(ctx.policy_source.test_warnings())
     if ctx.activations.awaiting_approval():  # the old revision decides meanwhile
         warnings.append(AWAITING_APPROVAL)
+    if ctx.activations.shadow_refused():  # the shadow's directory holds a set it refused
+        warnings.append("shadow_policy_source_invalid")
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
     behind = ctx.journal.chains_behind_signed_head()

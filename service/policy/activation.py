@@ -22,10 +22,31 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
+from service.policy.input import PolicyActor
+
 ActivationHow = Literal["start", "reload", "sighup", "watcher", "bundle_poll"]
 PolicySet = Literal["live", "shadow"]
 SYSTEM_ACTOR = "system"  # who, when no operator named themselves
 _HS256_KEY_ID = b"sessionstate policy bundle signer"
+
+
+@dataclass(frozen=True)
+class OperatorIdentity:
+    """The operator a reload's or an approval's token names, and whether this host could have
+    minted that token (`sessionstate policy reload --operator`: the data dir's HS256 secret),
+    or only an identity provider could (a JWKS key, SESSIONSTATE_JWT_PUBLIC_KEY_FILE's)."""
+
+    actor: PolicyActor
+    minted_here: bool
+
+    @property
+    def stands_alone(self) -> bool:
+        """Whether they count as one person behind a revision (two people for production):
+        an identity provider vouches for them, and no tenant bounds them."""
+        return not self.minted_here and self.actor.tenant_id is None
+
+
+SYSTEM_IDENTITY = OperatorIdentity(PolicyActor(sub=SYSTEM_ACTOR, roles=[]), minted_here=True)
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,7 @@ class Activated:
     signer_key_id: str | None = None  # a signed bundle's: `signer_key_id`
     commit: str | None = None  # the commit the bundle's manifest names
     approved_by: tuple[str, ...] = ()  # the operators who approved it, where a deployment asks
+    approvals_required: int = 1  # SESSIONSTATE_POLICY_ACTIVATION_APPROVALS when it went live
 
 
 def signer_key_id(verification_key: Path, alg: str) -> str:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from service.policy.activation import SYSTEM_ACTOR, ActivationHow
+from service.policy.activation import SYSTEM_ACTOR, ActivationHow, OperatorIdentity
 from service.policy.source import StagedPolicies
 
 MAX_APPROVALS = 3
@@ -39,6 +39,7 @@ class PendingActivation:
     how: ActivationHow
     requested_by: str
     requested_at: float
+    requester_counts: bool = False  # an identity provider's deployment operator asked
     approved_by: tuple[str, ...] = field(default=())
 
     @property
@@ -47,8 +48,9 @@ class PendingActivation:
 
     @property
     def operators(self) -> tuple[str, ...]:
-        """Who stands behind it so far: its requester (an operator's reload) and approvers."""
-        asked = () if self.requested_by == SYSTEM_ACTOR else (self.requested_by,)
+        """Who stands behind it so far: its requester (a deployment operator's reload, with
+        an identity provider's token) and its approvers."""
+        asked = (self.requested_by,) if self.requester_counts else ()
         return asked + self.approved_by
 
 
@@ -78,7 +80,7 @@ class ActivationHold:
         return self._pending
 
     def hold(
-        self, staged: StagedPolicies, how: ActivationHow, who: str
+        self, staged: StagedPolicies, how: ActivationHow, asked_by: OperatorIdentity
     ) -> PendingActivation | None:
         """The activation that now waits for `staged` (None: serve it at once)."""
         with self._lock:
@@ -88,7 +90,9 @@ class ActivationHold:
             kept = self._pending
             if kept is not None and kept.revision == staged.revision:
                 return kept  # asked again: its approvals stand
-            self._pending = PendingActivation(staged, how, who, time.time())
+            who = asked_by.actor.sub
+            counts = asked_by.stands_alone and who != SYSTEM_ACTOR
+            self._pending = PendingActivation(staged, how, who, time.time(), counts)
             return self._pending
 
     def start_refusal(self, revision: str) -> str | None:
@@ -105,9 +109,9 @@ class ActivationHold:
             return None
         return (
             f"SESSIONSTATE_POLICY_ACTIVATION_APPROVALS={self.approvals}: the policy revision "
-            f"{revision} was never approved on this deployment, which last activated {live}; "
-            "start with that revision, then `sessionstate policy reload` the new one and have "
-            "it approved (`sessionstate policy approve`)"
+            f"{revision} is not the revision this deployment activated last ({live}), so it "
+            "is not approved; start with that revision, then `sessionstate policy reload` the "
+            "new one and have it approved (`sessionstate policy approve`)"
         )
 
     def approved_elsewhere(self) -> bool:

@@ -156,6 +156,11 @@ class PolicyActivationAsk(_Strict):
         max_length=8, description="the operators who approved it so far, in order"
     )
     approvals: Literal[2, 3] = Field(description="how many operators the deployment asks for")
+    approver_vouched_by: Literal["identity_provider", "this_host"] = Field(
+        description="who vouches for the approver's token: an identity provider (a JWKS key, "
+        "SESSIONSTATE_JWT_PUBLIC_KEY_FILE's), or this host (its HS256 secret, which "
+        "`--operator` mints with: whoever reads the data dir can mint any name)"
+    )
 
 
 class PolicyInput(_Strict):

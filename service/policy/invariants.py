@@ -3,12 +3,16 @@
 An invariant is a Rego module of `invariants/` beside the policies (never served:
 `service.policy.bundle`), package `sessionstate.invariants.<its file's name>`, whose
 `violation` is true for an input the decisions must not allow (it reads them itself, e.g.
-`data.sessionstate.read.decision`). A directory's own invariants are checked; a signed
-bundle, which carries none, is checked against the default policies' (`default_policy_dir`).
+`data.sessionstate.read.decision`). A directory's own invariants are checked, and beside them
+every shipped one (the default policies', `default_policy_dir`) it does not hold word for
+word, so that deleting or editing `invariants/` cannot switch one off; a signed bundle,
+which carries none, is checked against the shipped ones.
 
 Hypothesis generates `MAX_EXAMPLES` inputs from the input models (`service.policy.generated`),
-the same ones every time for the same candidate (derandomized), and one scratch `opa eval`
-asks every invariant of each. An invariant violated refuses the set
+the same ones every time for the same candidate (derandomized); beside them go the scope
+crossings built on purpose (`service.policy.crossings`: every action, every scope id the
+candidate names, actors of each role from the target's tenant and another), and one
+scratch `opa eval` asks every invariant of each. An invariant violated refuses the set
 (`policy_invariant_violated`), naming it and the smallest counterexample hypothesis shrinks
 to (one `opa eval` per step tried, at most `MAX_SHRINK_EVALUATIONS`). Sampling proves
 nothing: a counterexample hypothesis does not reach is missed.
@@ -29,12 +33,15 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from service.policy.admission_check import Candidate, Refusal
 from service.policy.bundle import INVARIANTS_DIR
+from service.policy.crossings import scope_crossings
 from service.policy.defined import settings_tenants
 from service.policy.generated import policy_inputs, scope_literals
 from service.policy.scratch import EvaluationFailed, evaluate
 from service.settings import default_policy_dir
 
 VIOLATED = "policy_invariant_violated"
+INVARIANTS_PACKAGE = "sessionstate.invariants"
+SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a directory's
 MAX_EXAMPLES = 200
 MAX_SHRINK_EVALUATIONS = 150
 _QUERY = "data.sessionstate.invariant_batch.violations"
@@ -76,6 +83,7 @@ def invariants_hold(candidate: Candidate) -> list[Refusal]:
         with _private_storage():
             collected = _Collector()
             _search(strategy, collected, MAX_EXAMPLES)
+            collected.documents += scope_crossings(ids, settings_tenants(candidate))
             verdicts = violated(collected.documents)
             return [
                 Refusal(
@@ -89,15 +97,36 @@ def invariants_hold(candidate: Candidate) -> list[Refusal]:
 
 
 def invariant_modules(source_dir: Path | None) -> list[tuple[str, str]]:
-    """(name, Rego) of each invariant beside the policies, sorted by name."""
-    directory = (source_dir if source_dir is not None else default_policy_dir()) / INVARIANTS_DIR
+    """(name, Rego) of each invariant a set from `source_dir` is checked against: those
+    beside it, sorted by name, then each shipped one (the default policies') it does not
+    hold word for word, as `shipped_<name>`: a directory adds invariants, never removes
+    or weakens the shipped ones."""
+    own = _modules_in(source_dir if source_dir is not None else default_policy_dir())
+    texts = set(own.values())
+    shipped = [
+        (SHIPPED + name, _renamed(text, name, SHIPPED + name))
+        for name, text in _modules_in(default_policy_dir()).items()
+        if text not in texts
+    ]
+    return [*own.items(), *shipped]
+
+
+def _modules_in(policy_dir: Path) -> dict[str, str]:
+    directory = policy_dir / INVARIANTS_DIR
     if not directory.is_dir():
-        return []
-    return [
-        (path.stem, path.read_text())
+        return {}
+    return {
+        path.stem: path.read_text()
         for path in sorted(directory.glob("*.rego"))
         if path.is_file() and not path.name.endswith("_test.rego")
-    ]
+    }
+
+
+def _renamed(text: str, name: str, new_name: str) -> str:
+    """The module in a package of its own: beside an edited copy of the same package."""
+    return text.replace(
+        f"package {INVARIANTS_PACKAGE}.{name}\n", f"package {INVARIANTS_PACKAGE}.{new_name}\n", 1
+    )
 
 
 @contextmanager

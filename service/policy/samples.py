@@ -117,8 +117,14 @@ def _activation(**changes: Any) -> dict[str, Any]:
         "requested_by": "op-1",
         "approved_by": [],
         "approvals": 2,
+        "approver_vouched_by": "identity_provider",
         **changes,
     }
+
+
+def allowed_input(action: PolicyAction, tenant: str) -> dict[str, Any]:
+    """The input of `action` at `tenant`'s session that every gate would allow."""
+    return _base(action, tenant)
 
 
 def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
@@ -164,6 +170,7 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
             _activation(requested_by="svc-1"),  # the actor asked for it
             _activation(approved_by=["svc-1"]),  # the actor approved it already
             _activation(requested_by="system", approved_by=["op-2"], approvals=3),
+            _activation(approver_vouched_by="this_host"),
         ):
             yield {**base, "activation": activation}
     if action == "token.exchange":

@@ -54,8 +54,10 @@ import requests
 
 from service.policy.activation import (
     SYSTEM_ACTOR,
+    SYSTEM_IDENTITY,
     Activated,
     ActivationHow,
+    OperatorIdentity,
     PolicySet,
     signer_key_id,
 )
@@ -69,7 +71,6 @@ from service.policy.activation_hold import (
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.coverage_gate import CoverageGate
-from service.policy.input import PolicyActor
 from service.policy.reload import (
     REQUEST_FILE,
     PolicyStatus,
@@ -77,8 +78,8 @@ from service.policy.reload import (
     take_request,
     write_status,
 )
-from service.policy.rollback import RollbackGuard
-from service.policy.signed_bundle import OpaStatusBoard, SignedBundleSource, SigningAlg
+from service.policy.rollback import ROLLBACK, RollbackGuard
+from service.policy.signed_bundle import REJECTED, OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 from service.tracing import OpaTracing
 
@@ -189,12 +190,12 @@ class OpaSidecar:
         self.on_live: Callable[[Activated], None] | None = None
         # The operator a reload request's token names (raises ValueError if none); None: a
         # request with a token is refused.
-        self.verify_operator: Callable[[str], PolicyActor] | None = None
+        self.verify_operator: Callable[[str], OperatorIdentity] | None = None
         # What the approval policy decides of an operator's approval of the waiting
         # revision (and records on the log); None: every approval is refused.
         # (pending, approver, the revision deciding now) -> verdict
         self.decide_approval: (
-            Callable[[PendingActivation, PolicyActor, str], ApprovalVerdict] | None
+            Callable[[PendingActivation, OperatorIdentity, str], ApprovalVerdict] | None
         ) = None
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
@@ -279,11 +280,11 @@ class OpaSidecar:
     def reload_policies(
         self,
         how: ActivationHow = "reload",
-        who: str = SYSTEM_ACTOR,
+        asked_by: OperatorIdentity = SYSTEM_IDENTITY,
         request: ReloadRequest | None = None,
     ) -> PolicyStatus:
         """Take a new snapshot if the directory compiles (and passes its tests, unless the
-        request skips them, by `who`); wait until OPA decides with it. Where the deployment
+        request skips them, by `asked_by`); wait until OPA decides with it. Where the deployment
         asks for approvals, a new snapshot waits for them instead (`awaiting_approval`)."""
         with self._reload_lock:
             checked_at = time.time()
@@ -293,15 +294,15 @@ class OpaSidecar:
                 if self.hold.withdraw() is not None:
                     log.warning("policy_activation_withdrawn", extra={"outcome": result.outcome})
             else:
-                pending = self.hold.hold(staged, how, who)
+                pending = self.hold.hold(staged, how, asked_by)
                 if pending is not None:
                     return self._waiting(pending, checked_at, request)
                 result = self.policies.serve(staged)
             self._log_reload(result)
-            return self._report(result, checked_at, how, who, request)
+            return self._report(result, checked_at, how, asked_by.actor.sub, request)
 
     def approve_activation(
-        self, revision: str, approver: PolicyActor, request: ReloadRequest | None = None
+        self, revision: str, approver: OperatorIdentity, request: ReloadRequest | None = None
     ) -> PolicyStatus:
         """An operator approves the revision that waits: the approval policy decides; with
         every approval the deployment asks for, the revision goes live."""
@@ -319,7 +320,7 @@ class OpaSidecar:
             if not verdict.allow:
                 why = "the approval policy (sessionstate.approval) refused the approval"
                 return self._refuse(request, why, POLICY_ACTIVATION_DENIED, verdict.reasons)
-            approved = self.hold.approve(pending, approver.sub)
+            approved = self.hold.approve(pending, approver.actor.sub)
             if approved is None:
                 waits = self.hold.pending
                 assert waits is not None
@@ -332,11 +333,12 @@ class OpaSidecar:
 
     def _log_reload(self, result: ReloadResult) -> None:
         if result.outcome == "invalid":
-            log.error(
-                "policy_reload_rejected"
-                if self.signed is None
-                else result.reason or "policy_bundle_rejected",
+            log.error(  # OPA's refusal of a bundle, and a rollback, are events of their own
+                result.reason
+                if result.reason in (REJECTED, ROLLBACK)
+                else "policy_reload_rejected",
                 extra={
+                    "policy_set": self.policy_set,
                     "policy_revision": result.revision,
                     "reason": result.reason,
                     "errors": list(result.errors),
@@ -369,6 +371,7 @@ class OpaSidecar:
             signer_key_id=self.signer_key_id,
             commit=self.policies.served.commit,
             approved_by=approved_by,
+            approvals_required=self.hold.approvals if self.policy_set == "live" else 1,
         )
 
     def _report(
@@ -395,6 +398,7 @@ class OpaSidecar:
             log.info(
                 "policy_reloaded",
                 extra={
+                    "policy_set": self.policy_set,
                     "outcome": result.outcome,
                     "policy_revision": result.revision,
                     "deciding": deciding,
@@ -441,7 +445,7 @@ class OpaSidecar:
         """A new revision waits for its approvals; the served one goes on deciding."""
         served = self.policies.served.revision
         log.warning(
-            "policy_activation_awaiting_approval",
+            "policy_activation_awaiting_approval",  # the live set's alone
             extra={
                 "policy_revision": pending.revision,
                 "actor": pending.requested_by,
@@ -506,13 +510,13 @@ class OpaSidecar:
         if request is None:
             self.reload_policies(how)
             return
-        actor = PolicyActor(sub=SYSTEM_ACTOR, roles=[])
+        asked_by = SYSTEM_IDENTITY
         try:
             if request.operator_token is not None:
                 if self.verify_operator is None:
                     raise ValueError("this service cannot verify operator tokens")
-                actor = self.verify_operator(request.operator_token)
-            if request.skip_tests_by is not None and request.skip_tests_by != actor.sub:
+                asked_by = self.verify_operator(request.operator_token)
+            if request.skip_tests_by is not None and request.skip_tests_by != asked_by.actor.sub:
                 raise ValueError("--skip-tests needs the token of the operator who skips them")
             if request.approve is not None and request.operator_token is None:
                 raise ValueError("an approval needs the approving operator's token")
@@ -521,9 +525,9 @@ class OpaSidecar:
                 self._refuse(request, f"operator token: {error}")
             return
         if request.approve is not None:
-            self.approve_activation(request.approve, actor, request)
+            self.approve_activation(request.approve, asked_by, request)
             return
-        self.reload_policies("reload", actor.sub, request)
+        self.reload_policies("reload", asked_by, request)
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""

@@ -52,6 +52,7 @@ from service.policy.bundle import METADATA_KEY, PolicyBundle, manifest_commit
 from service.policy.coverage_gate import CoverageGate
 from service.policy.rollback import ROLLBACK, RollbackGuard
 from service.policy.source import (
+    POLICY_SOURCE_INVALID,
     PolicyRefused,
     PolicySource,
     ReloadOutcome,
@@ -406,8 +407,17 @@ class SignedBundleSource:
                 self._refusals = refusal_codes(refusals)
                 errors = tuple(str(refusal) for refusal in refusals)
                 return self._count(
-                    ReloadResult("invalid", good.revision, errors, reasons=self._refusals)
+                    ReloadResult(
+                        "invalid",
+                        good.revision,
+                        errors,
+                        reasons=self._refusals,
+                        reason=POLICY_SOURCE_INVALID,
+                    )
                 )
+            # It passed: what an earlier reload refused no longer stands, served or waiting.
+            self.rejection = self.refused_as = None
+            self._refusals = ()
             return StagedPolicies(candidate)
 
     def serve(self, staged: StagedPolicies) -> ReloadResult:

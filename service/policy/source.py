@@ -214,6 +214,8 @@ class PolicySource:
                     tests_skipped_by=self.tests_skipped_by,
                 )
                 return self._ended(result)
+            # It passed: what an earlier reload refused no longer stands, served or waiting.
+            self._valid, self._refusals, self.refusal = True, (), None
             return StagedPolicies(bundle, tuple(untested), skip_tests_by if untested else None)
 
     def serve(self, staged: StagedPolicies) -> ReloadResult:

@@ -40,6 +40,12 @@ reasons contains "cross_tenant_scope_rejected" if {
 	not lib.same_tenant(input.actor, input.target)
 }
 
+# An approval of a policy revision is the deployment's: it names no tenant.
+reasons contains "cross_tenant_scope_rejected" if {
+	input.action == "policy.approve"
+	is_string(input.target.tenant_id)
+}
+
 # The policy set is the deployment's: an operator scoped to one tenant may not
 # approve what decides for every tenant.
 reasons contains "deployment_operator_required" if {
@@ -52,6 +58,14 @@ reasons contains "deployment_operator_required" if {
 reasons contains "operator_already_approved" if {
 	input.action == "policy.approve"
 	input.actor.sub in _behind(input.activation)
+}
+
+# Two people, not two names: a token this host minted (`--operator`, with the
+# data dir's HS256 secret) can name anyone; only an identity provider's vouches
+# for who approves.
+reasons contains "identity_provider_token_required" if {
+	input.action == "policy.approve"
+	input.activation.approver_vouched_by != "identity_provider"
 }
 
 reasons contains "activation_missing" if {

@@ -124,6 +124,7 @@ activation_input := {
 		"requested_by": "operator-a",
 		"approved_by": [],
 		"approvals": 2,
+		"approver_vouched_by": "identity_provider",
 	},
 }
 
@@ -159,4 +160,16 @@ test_model_service_may_not_approve_an_activation if {
 test_activation_without_its_revision_rejected if {
 	decision := approval.decision with input as object.remove(activation_input, ["activation"])
 	decision == denied(["activation_missing"])
+}
+
+test_an_approval_with_a_token_this_host_minted_rejected if {
+	changes := {"activation": {"approver_vouched_by": "this_host"}}
+	decision := approval.decision with input as object.union(activation_input, changes)
+	decision == denied(["identity_provider_token_required"])
+}
+
+test_an_activation_approval_naming_a_tenant_rejected if {
+	changes := {"target": {"tenant_id": "tenant-a"}}
+	decision := approval.decision with input as object.union(activation_input, changes)
+	decision == denied(["cross_tenant_scope_rejected"])
 }

@@ -86,6 +86,10 @@ class ActivationRecord(_Response):
         default_factory=list,
         description="the operators whose approvals (`sessionstate policy approve`) it went live after, where SESSIONSTATE_POLICY_ACTIVATION_APPROVALS asks for more than one operator; empty otherwise",
     )
+    approvals_required: int = Field(
+        default=1,
+        description="SESSIONSTATE_POLICY_ACTIVATION_APPROVALS when it went live: how many operators the deployment asked to stand behind it (1 for the shadow set)",
+    )
     instance: str = Field(description="the service instance (data dir) that activated it")
     decision_id: str = Field(description="its entry on the `~system` chain")
 
