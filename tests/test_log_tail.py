@@ -63,7 +63,7 @@ def test_a_torn_record_is_measured_exactly_and_dropped_by_the_open(tmp_path: Pat
 def test_a_failed_write_may_have_landed_only_when_its_record_is_whole_in_the_log(
     tmp_path: Path,
 ) -> None:
-    """How a failed write's outcome is told (store.lanes): nothing appended, or a torn record,
+    """How a failed write's outcome is told (store.backends.leveldb): nothing appended, or a torn record,
     is nothing done; a whole record (only the sync failed) may be replayed by the next open."""
     database = tmp_path / "db"
     build_store(database)
