@@ -33,10 +33,10 @@ from service.auth import Actor
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, entry_body
 from service.policy.trace import DecisionEngine, DecisionTrace
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import GENESIS, format_timestamp
 from store.evidence_chain import EvidenceChain, seal
-from store.lanes import LaneStore
 from tests.policy_inputs import allowed_input
 
 WARM_UP = 16  # entries written before the clock starts: the first sync creates files
@@ -132,7 +132,7 @@ def journal_run(
     tmp: Path, template: DecisionEntryBody, threads: int, per_thread: int
 ) -> tuple[Run, float]:
     """Group commit: the run, and the average entries per synced batch."""
-    lanes = LaneStore(tmp / f"journal-{threads}")
+    lanes = LevelDBLaneStore(tmp / f"journal-{threads}")
     journal = DecisionJournal(lanes)
     try:
         for _ in range(WARM_UP):
@@ -152,7 +152,7 @@ def journal_run(
 
 def synced_run(tmp: Path, template: DecisionEntryBody, threads: int, per_thread: int) -> Run:
     """Baseline: one synced `EvidenceChain.append` per entry."""
-    lanes = LaneStore(tmp / f"synced-{threads}")
+    lanes = LevelDBLaneStore(tmp / f"synced-{threads}")
     chain = EvidenceChain(lanes)
 
     def append() -> dict[str, Any]:

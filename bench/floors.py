@@ -260,7 +260,7 @@ def timed_threads(operations: Sequence[Callable[[], object]], seconds: float) ->
 def leveldb_floor(
     work_dir: Path, digest_key: str, clients: tuple[int, ...], seconds: float
 ) -> tuple[dict[str, dict[int, dict[str, float]]], int]:
-    """Raw plyvel get and synced put (the options of `LaneStore`) of a built record's
+    """Raw plyvel get and synced put (the options of `LevelDBLaneStore`) of a built record's
     bytes, at each client count: {"get"/"put": {clients: figures}}, and the record size."""
     built = record(DigestKey(digest_key.encode()))
     value = canonical_json(built.to_json())

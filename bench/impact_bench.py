@@ -39,7 +39,7 @@ from scale_bench import TENANT, build_chain  # noqa: E402
 from service.contract import DECISION_PACKAGES  # noqa: E402
 from service.decisions.reader import DecisionLogReader  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from store.lanes import LaneStore  # noqa: E402
+from store.backends.leveldb import LevelDBLaneStore  # noqa: E402
 
 POLICY_DIR = ROOT / "policies"
 IMPACT = [sys.executable, "-m", "service.cli", "policy", "impact"]
@@ -55,7 +55,7 @@ class BenchFailure(RuntimeError):
 
 def build(data_dir: Path, entries: int) -> list[dict[str, object]]:
     """The log, and every entry's (package, input) for the floor."""
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
         build_chain(lanes, TENANT, entries, datetime.now(UTC) - timedelta(days=1))
         return [

@@ -68,10 +68,10 @@ from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
 from store.backends import postgres_schema
 from store.backends.contract import Lanes
+from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
 from store.chain_head import GENESIS, ChainHead, format_timestamp
 from store.evidence_chain import entry_key, marker_key, seal
-from store.lanes import LaneStore
 from store.scope import TenantScope
 from tests.policy_inputs import allowed_input
 
@@ -205,7 +205,7 @@ class Store:
     def open(self) -> Lanes:
         if self.conninfo is not None:
             return PostgresLaneStore(self.conninfo)
-        return LaneStore(self.data_dir / "leveldb")
+        return LevelDBLaneStore(self.data_dir / "leveldb")
 
     def settle(self, lanes: Lanes, timeout: float = 60.0) -> None:
         """Let the store reach the state it keeps in service after a bulk load: on LevelDB,

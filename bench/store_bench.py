@@ -82,9 +82,9 @@ from bench.loadgen import Load, LoadFailure, Request, UnexpectedStatus, combined
 from bench.processes import exit_on_sigterm
 from service.contract import WORKER
 from service.settings import Settings
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.digests import DigestKey
-from store.lanes import LaneStore
 from store.session_state import Precondition, SessionStateStore, state_key
 from tests.factories import record, scope, state_input
 
@@ -117,7 +117,7 @@ def leveldb_bench(seconds: float) -> None:
         raw_put = rate(lambda i: raw.put(raw_key, value, sync=True), seconds)
         raw.close()
 
-        lanes = LaneStore(Path(tmp) / "lanes")
+        lanes = LevelDBLaneStore(Path(tmp) / "lanes")
         store = SessionStateStore(lanes)
         store.write(built)
         lane_get = rate(lambda i: store.read(scope()), seconds)

@@ -19,7 +19,7 @@ from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, drop_decision, journal_decision
 from service.http.problems import REFUSALS, Problem, problem_of
 from service.reasons import Reason
-from store.lanes import StoreOffline
+from store.backends.contract import StoreOffline
 
 log = logging.getLogger("sessionstate.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

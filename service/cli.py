@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,10 @@ from service.policy.sidecar import SidecarError
 from service.policy.signed_bundle import SIGNING_ALGS, build_signed_bundle
 from service.policy.source import PolicyRefused, PolicyTestsFailed
 from service.settings import Settings, setting_errors, unknown_variables
-from service.store_backend import StoreUpgradeRefused, open_lanes
+from service.store_backend import StoreTarget
 from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
-from store.backends.contract import Lanes, StoreOffline
+from store.backends.contract import Lanes, StoreOffline, StoreUpgradeRefused
 from store.backends.postgres_schema import SchemaMismatch
 from store.canonical import canonical_json
 from store.evidence_chain import ChainCorrupt, chain_name, chain_names
@@ -273,12 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "db" and args.db == "upgrade":
             return _upgrade(settings)
         if args.command == "db":
-            if configured_store(settings).shared:
-                raise ConfigurationError(
-                    "`db repair` repairs the data dir's LevelDB; SESSIONSTATE_STORE names a "
-                    "PostgreSQL database, which PostgreSQL's own tools look after"
-                )
-            return _repair(settings.data_dir)
+            return _repair(settings)
         if args.command == "secrets":
             for line in secret_lines(settings):
                 print(line)
@@ -543,19 +538,9 @@ def _upgrade(settings: Settings) -> int:
     store = configured_store(settings)
     done = upgrade_store(store)
     steps: dict[str, Any] = {}
-    database = store.leveldb_path
-    if database is not None and database.is_dir():
-        with (
-            _holding_data_dir(settings.data_dir, database),
-            decision_review.open_lanes(settings.data_dir) as leveldb,
-        ):
-            steps = _upgrade_lanes(leveldb, settings.data_dir)
-    elif store.shared:  # PostgreSQL: written by a preview before chains were per tenant?
-        lanes = open_lanes(store)
-        try:
+    if store.present:  # PostgreSQL: written by a preview before chains were per tenant?
+        with _upgrading_lanes(settings, store) as lanes:
             steps = _upgrade_lanes(lanes, settings.data_dir)
-        finally:
-            lanes.close()
     did = {
         "chains_migrated": None,
         "approvals_indexed": None,
@@ -568,7 +553,7 @@ def _upgrade(settings: Settings) -> int:
     print(
         json.dumps(
             {
-                "store": done.store.value,
+                "store": done.store,
                 "target": done.target,
                 "found": done.found,
                 "now": done.now,
@@ -608,9 +593,26 @@ def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
     }
 
 
-def _repair(data_dir: Path) -> int:
-    database = data_dir / "leveldb"
-    if not database.is_dir():
+@contextmanager
+def _upgrading_lanes(settings: Settings, store: StoreTarget) -> Iterator[Lanes]:
+    """The store to upgrade, opened for review; one that admits one process only (LevelDB)
+    under the service's own lock on the data dir as well."""
+    with ExitStack() as held:
+        if not store.capabilities.shared:
+            held.enter_context(_holding_data_dir(settings.data_dir, Path(store.target)))
+        yield held.enter_context(decision_review.open_store(store, settings.data_dir))
+
+
+def _repair(settings: Settings) -> int:
+    store = configured_store(settings)
+    if not store.capabilities.repair:
+        raise ConfigurationError(
+            "`db repair` repairs the data dir's LevelDB; SESSIONSTATE_STORE names a "
+            "PostgreSQL database, which PostgreSQL's own tools look after"
+        )
+    data_dir = settings.data_dir
+    database = Path(store.location)
+    if not store.present:
         raise FileNotFoundError(f"no sessionstate database under {data_dir}")
     with _holding_data_dir(data_dir, database):
         report = repair(database, decision_review.anchor_verifier(data_dir))
@@ -632,17 +634,9 @@ def _holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
 @contextmanager
 def _review_lanes(settings: Settings) -> Iterator[Lanes]:
     """The store to review: PostgreSQL read while the service runs, by its own client; a
-    LevelDB data dir only while no service holds it (`decision_review.open_lanes`)."""
-    store = configured_store(settings)
-    if not store.shared:
-        with decision_review.open_lanes(settings.data_dir) as leveldb:
-            yield leveldb
-        return
-    lanes = open_lanes(store)
-    try:
+    LevelDB data dir only while no service holds it (`decision_review.open_store`)."""
+    with decision_review.open_store(configured_store(settings), settings.data_dir) as lanes:
         yield lanes
-    finally:
-        lanes.close()
 
 
 def _revisions(settings: Settings, tenant: str | None) -> int:

@@ -35,15 +35,13 @@ from service.settings import Settings
 from service.store_backend import (
     StoreSettingInvalid,
     StoreTarget,
-    open_lanes,
     reachable,
     store_target,
     takes_writes,
 )
 from service.token_exchange import public_origin
-from store.backends.contract import Lanes
+from store.backends.contract import Lanes, drops_log_tail
 from store.digests import DigestKey
-from store.lanes import LaneStore
 from store.secrets import decode_secret, encode_secret, local_secret, stored_secret
 from store.session_state import SessionStateStore
 from store.signed_head import SignedHeads
@@ -110,7 +108,7 @@ class ServiceContext:
         session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
         store = configured_store(settings)
-        lanes = open_lanes(store)
+        lanes = store.open()
         metrics.watch_store(lanes)
         if policy_source is not None:
             metrics.watch_policy_source(policy_source)
@@ -171,7 +169,9 @@ class ServiceContext:
             journal=journal,
             # One process owns LevelDB: its pages end at the head the journal keeps in memory.
             # On a shared store other replicas append too: the head is read from the store.
-            decision_log=DecisionLogReader(lanes, head=None if store.shared else journal.head),
+            decision_log=DecisionLogReader(
+                lanes, head=None if store.capabilities.shared else journal.head
+            ),
             rate_limiter=ActorRateLimiter(limits),
             rate_limit_log=RateLimitLog(journal, limits, clock=clock),
             session_tokens=session_tokens,
@@ -254,9 +254,9 @@ def deciding_revision(client: PolicyClient) -> str | None:
 def report_dropped_log_bytes(lanes: Lanes, metrics: ServiceMetrics) -> None:
     """Say once, as an error and in the metric, what opening the store dropped from its log.
 
-    Only LevelDB has a log of its own to drop a torn tail from.
+    Only a store with a log of its own (LevelDB) drops a torn tail from it.
     """
-    if not isinstance(lanes, LaneStore):
+    if not drops_log_tail(lanes):
         return
     dropped = lanes.dropped_log_bytes
     if dropped > 0:
@@ -275,7 +275,7 @@ def check_settings(settings: Settings) -> None:
     configured_public_origin(settings)
     session_token_issuer(settings)  # generates the data dir's key before workers start
     store = configured_store(settings)
-    if settings.workers > 1 and not store.shared:
+    if settings.workers > 1 and not store.capabilities.shared:
         raise ConfigurationError(
             "SESSIONSTATE_WORKERS (or --workers) above 1 needs a shared store: LevelDB admits "
             "one process; set SESSIONSTATE_STORE to a PostgreSQL database, or serve 1 worker"

@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector
 
 from service.policy.signed_bundle import SignedBundleSource
 from service.policy.source import RELOAD_OUTCOMES, PolicySnapshots
-from store.backends.contract import Lanes
+from store.backends.contract import Lanes, recovers
 
 
 class ServiceMetrics:
@@ -103,20 +103,23 @@ class _StoreHealth(Collector):
         self._lanes = lanes
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        lanes = self._lanes
+        # A store without the recovery capability counts neither.
+        failures, reopens = (lanes.write_failures, lanes.reopens) if recovers(lanes) else (0, 0)
         yield GaugeMetricFamily(
             "sessionstate_store_writable",
             "1 while the store accepts writes; 0 after a failed write until it is reopened.",
-            value=1.0 if self._lanes.writable else 0.0,
+            value=1.0 if lanes.writable else 0.0,
         )
         yield CounterMetricFamily(
             "sessionstate_store_write_failures",
             "Writes that failed (each latched the store read-only until a reopen).",
-            value=self._lanes.write_failures,
+            value=failures,
         )
         yield CounterMetricFamily(
             "sessionstate_store_reopens",
             "Reopens of the store after a failed write.",
-            value=self._lanes.reopens,
+            value=reopens,
         )
 
 

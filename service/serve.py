@@ -58,11 +58,10 @@ from service.policy.engine_checks import (
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
 from service.settings import Settings
-from service.store_backend import StoreKind, StoreTarget, open_lanes
+from service.store_backend import StoreTarget
 from service.workers import listeners_per_worker, supervise
-from store.backends.contract import Lanes
+from store.backends.contract import Lanes, Mode
 from store.evidence_chain import EvidenceChain, chain_names, legacy_chain_present
-from store.lanes import LaneStore
 from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.serve")
@@ -229,7 +228,7 @@ def _live_revisions(
     live revision from the store, or, without a sidecar, from OPA's answers). It records
     its sidecars' activations too, through a journal of its own (on PostgreSQL, which
     takes several writers)."""
-    lanes = open_lanes(configured_store(settings))
+    lanes = configured_store(settings).open()
     live = LiveRevisions(lanes, instance_id(settings.data_dir), utc_now, owns=True)
     journal = DecisionJournal(
         lanes,
@@ -274,7 +273,7 @@ def _start_sidecar(settings: Settings, sidecar: OpaSidecar) -> None:
     if sidecar.signed is None and sidecar.hold.approvals == 1:
         sidecar.start()
         return
-    lanes = open_lanes(configured_store(settings))  # the service's own opens after the start
+    lanes = configured_store(settings).open()  # the service's own opens after the start
     try:
         _keep_serials_in(sidecar, lanes)
         sidecar.hold.deployment_revision = lambda: activations.latest_live(lanes)
@@ -343,15 +342,11 @@ def _check_decision_log(store: StoreTarget) -> None:
     so must a decision log still written as one global chain (`sessionstate db upgrade`).
 
     PostgreSQL: opening checks the schema first (`SchemaMismatch`: not upgraded, or newer).
+    LevelDB: opening for review reads every block once (a store not made yet is not checked).
     """
-    lanes: Lanes
-    if store.kind is StoreKind.POSTGRESQL:
-        lanes = open_lanes(store)
-    else:
-        assert store.leveldb_path is not None
-        if not store.leveldb_path.is_dir():
-            return
-        lanes = LaneStore(store.leveldb_path, read_every_block=True)
+    if not store.present:
+        return
+    lanes = store.open(Mode.REVIEW)
     try:
         if legacy_chain_present(lanes):
             raise ConfigurationError(str(LegacyChainPresent()))

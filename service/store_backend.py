@@ -1,125 +1,97 @@
 """Which store the service keeps its lanes in: `SESSIONSTATE_STORE`, parsed, opened, upgraded.
 
-Unset, the lanes live in the embedded LevelDB under the data dir. Set to a
-libpq connection string (a `postgresql://` URI or `key=value` pairs, multi-host
-ones included), every lane lives in that PostgreSQL database
+Unset, the lanes live in the embedded store under the data dir
+(`store.backends.registry.EMBEDDED`, LevelDB). Set, they live in the backend
+that claims the value: a libpq connection string (a `postgresql://` URI or
+`key=value` pairs, multi-host ones included) names a PostgreSQL database
 (`store.backends.postgres`). The connection string may carry a password: it
 is never printed, logged or reported; `StoreTarget.target` is what may be
-shown (`host:port/db`, without user or password).
+shown (`host:port/db`, without user or password). What a store can do is
+asked of its backend's `Capabilities`, never of its kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 from service.settings import Settings
-from store.backends import postgres_schema
-from store.backends.contract import Lanes, StoreOffline
-from store.backends.postgres import PostgresLaneStore
-from store.lanes import LaneStore
+from store.backends.contract import (
+    Capabilities,
+    Lanes,
+    LocationInvalid,
+    Mode,
+    StoreOffline,
+    probes,
+)
+from store.backends.registry import EMBEDDED, backend, claiming, embedded_location, setting_forms
 
 VARIABLE = "SESSIONSTATE_STORE"
-_URI_SCHEMES = ("postgresql://", "postgres://")
-
-
-class StoreKind(StrEnum):
-    LEVELDB = "leveldb"
-    POSTGRESQL = "postgresql"
 
 
 class StoreSettingInvalid(ValueError):
     """`SESSIONSTATE_STORE` cannot be a store; the message names the variable, never its value."""
 
 
-class StoreUpgradeRefused(RuntimeError):
-    """The database answered but refused a step of the upgrade; nothing of that step stayed."""
-
-
 @dataclass(frozen=True)
 class StoreTarget:
-    """The configured store: its kind, what may be shown of it, and how to reach it."""
+    """The configured store: its backend's name, what may be shown of it, where it is."""
 
-    kind: StoreKind
+    kind: str  # the backend's registered name (`leveldb`, `postgresql`)
     target: str  # LevelDB: its directory; PostgreSQL: host:port/db, no user, no password
-    conninfo: str | None = field(default=None, repr=False)  # PostgreSQL only: a secret
-    leveldb_path: Path | None = None
+    location: str = field(repr=False)  # what opens it; a connection string is a secret
 
     @property
-    def shared(self) -> bool:
-        """Whether more than one process may open it at once."""
-        return self.kind is StoreKind.POSTGRESQL
+    def capabilities(self) -> Capabilities:
+        return backend(self.kind).CAPABILITIES
+
+    @property
+    def present(self) -> bool:
+        """Whether there is a store to open (the embedded one may not be made yet)."""
+        return backend(self.kind).present(self.location)
+
+    def open(self, mode: Mode = Mode.SERVE) -> Lanes:
+        """Open it for mode (PostgreSQL: `StoreOffline`, `SchemaMismatch` on the way)."""
+        return backend(self.kind).open(self.location, mode)
+
+
+def embedded_target(data_dir: Path) -> StoreTarget:
+    """The store in the data dir, which holds the lanes when `SESSIONSTATE_STORE` is unset."""
+    location = embedded_location(data_dir)
+    return StoreTarget(EMBEDDED.NAME, EMBEDDED.shown(location), location)
 
 
 def store_target(settings: Settings) -> StoreTarget:
     """The store `settings` name; `StoreSettingInvalid` for a value that cannot be one."""
     text = settings.store
     if text is None:
-        path = settings.data_dir / "leveldb"
-        return StoreTarget(StoreKind.LEVELDB, str(path), leveldb_path=path)
+        return embedded_target(settings.data_dir)
     text = text.strip()
     if not text:
         raise StoreSettingInvalid(
             f"{VARIABLE} is empty: unset it for the embedded LevelDB, "
             "or set a PostgreSQL connection string"
         )
-    if "://" in text and not text.startswith(_URI_SCHEMES):
-        raise StoreSettingInvalid(
-            f"{VARIABLE} must be a postgresql:// URI or libpq key=value pairs"
-        )
-    if "://" not in text and "=" not in text:
-        raise StoreSettingInvalid(
-            f"{VARIABLE} must be a postgresql:// URI or libpq key=value pairs"
-        )
+    found = claiming(text)
+    if found is None:
+        raise StoreSettingInvalid(f"{VARIABLE} must be {setting_forms()}")
     try:
-        params = conninfo_to_dict(text)
-    except psycopg.Error:  # its message quotes the string: not shown
-        raise StoreSettingInvalid(
-            f"{VARIABLE} is not a valid libpq connection string "
-            "(a postgresql:// URI or key=value pairs)"
-        ) from None
-    return StoreTarget(StoreKind.POSTGRESQL, shown_target(params), conninfo=text)
-
-
-def shown_target(params: Mapping[str, object]) -> str:
-    """`host:port[,host:port]/db` from libpq parameters: no user, no password, no options."""
-    hosts = str(params.get("host") or params.get("hostaddr") or "local").split(",")
-    ports = str(params.get("port") or "").split(",")
-    if len(ports) == 1:
-        ports = ports * len(hosts)
-    pairs = [
-        f"{host}:{port}" if port else host
-        for host, port in zip(hosts, ports + [""] * (len(hosts) - len(ports)), strict=False)
-    ]
-    dbname = str(params.get("dbname") or "")
-    return ",".join(pairs) + (f"/{dbname}" if dbname else "")
-
-
-def open_lanes(store: StoreTarget) -> Lanes:
-    """Open the configured store (PostgreSQL: `StoreOffline`, `SchemaMismatch` on the way)."""
-    if store.kind is StoreKind.POSTGRESQL:
-        assert store.conninfo is not None
-        return PostgresLaneStore(store.conninfo)
-    assert store.leveldb_path is not None
-    return LaneStore(store.leveldb_path)
+        return StoreTarget(found.NAME, found.shown(text), text)
+    except LocationInvalid as error:
+        raise StoreSettingInvalid(f"{VARIABLE} {error}") from None
 
 
 def reachable(lanes: Lanes) -> bool:
-    """Whether the store answers now (PostgreSQL: a `SELECT 1`; LevelDB: it is open)."""
-    if isinstance(lanes, PostgresLaneStore):
+    """Whether the store answers now (across the network: a probe; embedded: it is open)."""
+    if probes(lanes):
         return lanes.reachable()
     return not lanes.closed
 
 
 def takes_writes(lanes: Lanes) -> bool | None:
-    """PostgreSQL: whether a probe write commits now, bounded (`write_probe`). LevelDB: None,
-    since this process alone writes it and `writable` says all there is to say."""
-    if isinstance(lanes, PostgresLaneStore):
+    """A store across the network: whether a probe write commits now, bounded. An embedded
+    one: None, since this process alone writes it and `writable` says all there is to say."""
+    if probes(lanes):
         return lanes.write_probe()
     return None
 
@@ -128,7 +100,7 @@ def takes_writes(lanes: Lanes) -> bool | None:
 class StoreUpgrade:
     """What `sessionstate db upgrade` did, as it prints it."""
 
-    store: StoreKind
+    store: str
     target: str
     found: int | None
     now: int | None
@@ -144,18 +116,8 @@ def upgrade(store: StoreTarget) -> StoreUpgrade:
     PostgreSQL: create or upgrade its tables and record the version. LevelDB
     has no schema to upgrade yet (its version is `None`).
     """
-    if store.kind is StoreKind.LEVELDB:
-        return StoreUpgrade(store.kind, store.target, None, None)
-    assert store.conninfo is not None
     try:
-        done = postgres_schema.upgrade(store.conninfo)
-    except psycopg.OperationalError:
-        raise StoreOffline(
-            f"cannot reach the PostgreSQL store at {store.target} ({VARIABLE})"
-        ) from None
-    except psycopg.Error as error:  # e.g. no right to create tables: the state, not the text
-        raise StoreUpgradeRefused(
-            f"the PostgreSQL store at {store.target} refused the schema upgrade "
-            f"(SQLSTATE {error.sqlstate or 'unknown'})"
-        ) from None
+        done = backend(store.kind).upgrade(store.location)
+    except StoreOffline as error:
+        raise StoreOffline(f"{error} ({VARIABLE})") from None
     return StoreUpgrade(store.kind, store.target, done.found, done.now)

@@ -27,12 +27,12 @@ from typing import Literal, TypeVar
 import plyvel
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.backends.leveldb import LevelDBLaneStore
 from store.chain_head import GENESIS
 from store.checkpoints import CheckpointVerifier
 from store.evidence_chain import ChainVerification
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
-from store.lanes import LaneStore
 from store.log_tail import checksum_failures, torn_log_tail
 from store.signed_head import verify_every_chain
 
@@ -156,7 +156,7 @@ def repair(path: Path, verifier: CheckpointVerifier | None = None) -> RepairRepo
     chain: ChainVerification | None = None
     problem: str | None = None
     try:
-        lanes = LaneStore(path, read_every_block=True)
+        lanes = LevelDBLaneStore(path, read_every_block=True)
     except StoreUnavailable as error:
         problem = str(error)
     else:
@@ -246,7 +246,7 @@ def _logs(path: Path) -> list[Path]:
 def _records_before(path: Path) -> dict[str, int] | None:
     """Records per lane if the database opens and reads; refuses (`StoreBusy`) if it is held."""
     try:
-        lanes = LaneStore(path, read_every_block=True)
+        lanes = LevelDBLaneStore(path, read_every_block=True)
     except StoreBusy:
         raise
     except StoreUnavailable:
@@ -257,7 +257,7 @@ def _records_before(path: Path) -> dict[str, int] | None:
         lanes.close()
 
 
-def _records(lanes: LaneStore) -> dict[str, int]:
+def _records(lanes: LevelDBLaneStore) -> dict[str, int]:
     return {lane.value: lanes.count(lane) for lane in TenantResourceLane}
 
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, settings
 
 from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
+from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
 from store.digests import DigestKey
-from store.lanes import LaneStore
 from store.session_state import SessionStateStore
 from tests import postgres as pg
 from tests.live import LiveService, live_service, service_settings
@@ -34,8 +34,8 @@ def digest_key() -> DigestKey:
 
 
 @pytest.fixture
-def lanes(tmp_path: Path) -> Iterator[LaneStore]:
-    store = LaneStore(tmp_path / "leveldb")
+def lanes(tmp_path: Path) -> Iterator[LevelDBLaneStore]:
+    store = LevelDBLaneStore(tmp_path / "leveldb")
     yield store
     store.close()
 
@@ -45,7 +45,7 @@ def lanes_on_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[La
     """A fresh lane store on each backend in turn: LevelDB, then a real PostgreSQL."""
     store: Lanes
     if request.param == "leveldb":
-        store = LaneStore(tmp_path / "leveldb")
+        store = LevelDBLaneStore(tmp_path / "leveldb")
     else:
         store = PostgresLaneStore(request.getfixturevalue("postgres_conninfo"), timeout=2.0)
     yield store
@@ -53,7 +53,7 @@ def lanes_on_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[La
 
 
 @pytest.fixture
-def state_store(lanes: LaneStore) -> SessionStateStore:
+def state_store(lanes: LevelDBLaneStore) -> SessionStateStore:
     return SessionStateStore(lanes)
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import plyvel
 
+from store.backends.leveldb import LevelDBLaneStore
 from store.evidence_chain import EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 
 CANARY = "DAMAGE-CANARY-4e1b"
 BLOCK = 32768
@@ -16,7 +16,7 @@ BLOCK = 32768
 
 def build_store(path: Path, *, chain_entries: int = 5, sessions: int = 5) -> None:
     """Chain entries, then session records, each write one log record, all still in the log."""
-    lanes = LaneStore(path)
+    lanes = LevelDBLaneStore(path)
     chain = EvidenceChain(lanes)
     for n in range(1, chain_entries + 1):
         chain.append([{"recorded_at": f"2025-01-01T00:00:{n:02d}Z", "decision": f"{CANARY}-{n}"}])

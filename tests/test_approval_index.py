@@ -29,7 +29,7 @@ from service.approvals import (
 from service.cli import main
 from service.decisions.journal import DecisionJournal
 from store.backends.contract import Lanes
-from store.lanes import LaneStore
+from store.backends.leveldb import LevelDBLaneStore
 from tests.counting_lanes import CountingLanes
 from tests.factories import decision_entry_body, scope
 from tests.live import DIGEST_KEY, JWT_SECRET
@@ -224,7 +224,7 @@ def test_db_upgrade_indexes_a_data_dirs_approvals(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data_dir = tmp_path / "var"
-    store = LaneStore(data_dir / "leveldb")
+    store = LevelDBLaneStore(data_dir / "leveldb")
     made = legacy(store, datetime.now(UTC))
     store.close()
     for name, value in {
@@ -239,7 +239,7 @@ def test_db_upgrade_indexes_a_data_dirs_approvals(
     assert printed["approvals_indexed"] == 1  # the one that may still apply
     assert main(["db", "upgrade"]) == 0
     assert json.loads(capsys.readouterr().out)["approvals_indexed"] is None
-    store = LaneStore(data_dir / "leveldb")
+    store = LevelDBLaneStore(data_dir / "leveldb")
     try:
         assert ApprovalStore(store).index_complete()
         assert store.get(index_key(made["revoked"])) is None

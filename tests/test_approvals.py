@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from service.approval_index import mark_index_complete_if_empty
 from service.approvals import Approval, ApprovalGrantInput, ApprovalStore, approval_key
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
-from store.lanes import LaneStore
 from tests.factories import scope
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -22,7 +22,7 @@ TENANT, WORKSPACE = "tenant-a", "ws-1"
 
 
 @pytest.fixture(params=["indexed", "not indexed yet"])
-def approvals(request: pytest.FixtureRequest, lanes: LaneStore) -> ApprovalStore:
+def approvals(request: pytest.FixtureRequest, lanes: LevelDBLaneStore) -> ApprovalStore:
     """Every rule holds through the approvals' index, and on a store written before it."""
     if request.param == "indexed":
         assert mark_index_complete_if_empty(lanes)
@@ -80,7 +80,7 @@ def test_times_given_in_another_offset_are_held_in_utc(approvals: ApprovalStore)
 
 
 def test_stored_value_is_the_canonical_json_of_the_wire_shape(
-    approvals: ApprovalStore, lanes: LaneStore
+    approvals: ApprovalStore, lanes: LevelDBLaneStore
 ) -> None:
     granted = grant(approvals)
     stored = lanes.get(approval_key(TENANT, WORKSPACE, granted.approval_id))
@@ -135,7 +135,9 @@ def test_revoking_an_unknown_approval_finds_nothing(approvals: ApprovalStore) ->
     "approval_id",
     ["", "appr_", "appr_" + "A" * 24, "appr_" + "0" * 23, "appr_" + "0" * 25, "x" * 300, "../x"],
 )
-def test_malformed_approval_ids_are_not_looked_up(lanes: LaneStore, approval_id: str) -> None:
+def test_malformed_approval_ids_are_not_looked_up(
+    lanes: LevelDBLaneStore, approval_id: str
+) -> None:
     approvals = ApprovalStore(lanes)
     lanes.close()  # any read would now raise
     assert approvals.get(TENANT, WORKSPACE, approval_id) is None
@@ -205,7 +207,7 @@ def unreadable_values(granted: Approval) -> list[bytes]:
 
 
 def test_unreadable_stored_values_are_skipped(
-    approvals: ApprovalStore, lanes: LaneStore, caplog: pytest.LogCaptureFixture
+    approvals: ApprovalStore, lanes: LevelDBLaneStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     granted = grant(approvals)
     for index, value in enumerate(unreadable_values(granted)):

@@ -24,12 +24,12 @@ from service.cli import main
 from service.decisions.log import DecisionOutcome
 from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import GENESIS, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
 from store.evidence_chain import EvidenceChain, chain_names
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 from tests.factories import decision_entry_body
 from tests.live import DIGEST_KEY, JWT_SECRET, live_service, service_settings
 from tests.served import ROOT
@@ -46,7 +46,7 @@ def write_legacy_data_dir(data_dir: Path, lanes: Lanes | None = None) -> list[di
     """The old layout, key by key (in the data dir's LevelDB unless `lanes` is given), and a
     checkpoint of its head as it was signed then."""
     own = lanes is None
-    lanes = lanes or LaneStore(data_dir / "leveldb")
+    lanes = lanes or LevelDBLaneStore(data_dir / "leveldb")
     head = GENESIS
     entries: list[dict[str, Any]] = []
     try:
@@ -136,7 +136,7 @@ def test_db_upgrade_moves_the_global_chain_onto_tenant_chains(
     every = json.loads(capsys.readouterr().out)
     assert every["ok"] is True and every["entries"] == len(TENANTS)
     assert sorted(every["chains"]) == ["tenant-a", "tenant-b", "tenant-c"]
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
         assert chain_names(lanes) == ["tenant-a", "tenant-b", "tenant-c"]
         moved = [

@@ -20,8 +20,8 @@ import pytest
 
 from service.decisions.journal import DecisionJournal
 from store.backends.contract import Lanes
+from store.backends.leveldb import LevelDBLaneStore
 from store.evidence_chain import EvidenceChain, chain_names
-from store.lanes import LaneStore
 from tests.factories import decision_entry_body
 
 THREADS = 8
@@ -34,7 +34,7 @@ CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Lanes, Lanes]]:
     """What each journal writes through: one store for both, or two clients of one database."""
     if request.param == "leveldb":
-        shared = LaneStore(tmp_path / "leveldb")
+        shared = LevelDBLaneStore(tmp_path / "leveldb")
         yield shared, shared
         shared.close()
         return

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import ValidationError
 
 from service.cli import main
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import (
@@ -24,7 +25,6 @@ from store.checkpoints import (
     checkpoint_payload,
 )
 from store.evidence_chain import EvidenceChain, entry_key
-from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
 from store.signed_head import ChainUnverified, verified_checkpoint
 
@@ -229,7 +229,7 @@ def test_a_verifier_needs_an_ed25519_key() -> None:
 def _data_dir_with_chain(tmp_path: Path, entries: int = 8) -> Path:
     """A stopped service's data dir, as far as the chain goes: `entries` decisions-like bodies."""
     data_dir = tmp_path / "var"
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     EvidenceChain(lanes).append(
         [
             {"recorded_at": format_timestamp(ISSUED + timedelta(seconds=n)), "n": n}
@@ -242,7 +242,7 @@ def _data_dir_with_chain(tmp_path: Path, entries: int = 8) -> Path:
 
 def _edit_entry(data_dir: Path, seq: int) -> None:
     """Change an entry's content under its old hash, as an editor of the data dir would."""
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     entry = EvidenceChain(lanes).get(seq)
     assert entry is not None
     lanes.put(entry_key(seq), canonical_json({**entry, "n": "edited"}))
@@ -282,7 +282,7 @@ def test_the_offline_checkpoint_signs_the_head_that_verified(
 def test_every_path_to_a_checkpoint_shares_one_rule(tmp_path: Path) -> None:
     """The API's verify and the offline command both sign through `verified_checkpoint`."""
     data_dir = _data_dir_with_chain(tmp_path)
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
         result, checkpoint = verified_checkpoint(EvidenceChain(lanes), data_dir, ISSUED)
         assert result.ok and checkpoint is not None

@@ -14,13 +14,13 @@ from pydantic import ValidationError
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody
 from service.settings import Settings
+from store.backends.leveldb import LevelDBLaneStore
 from store.bounds import MAX_SAFE_INTEGER
 from store.builder import build_record
 from store.canonical import canonical_json, sha256_digest
 from store.compaction import compact, extend
 from store.digests import DigestKey
 from store.inputs import SessionStateInput
-from store.lanes import LaneStore
 from store.reasons import Blocker, CorruptionLabel
 from store.record import (
     GENESIS_DIGEST,
@@ -252,7 +252,7 @@ def test_a_record_without_a_summary_never_replaces_one(digest_key: DigestKey) ->
 
 
 def test_the_base_of_a_write_is_the_stored_version_and_its_summary(
-    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+    state_store: SessionStateStore, lanes: LevelDBLaneStore, digest_key: DigestKey
 ) -> None:
     assert state_store.base(scope()).version is None
     assert state_store.base(scope()).compacted == NO_COMPACTED_TURNS
@@ -271,7 +271,7 @@ def test_the_base_of_a_write_is_the_stored_version_and_its_summary(
 
 
 def test_an_unconditional_write_tied_to_a_version_replaced_meanwhile_fails(
-    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+    state_store: SessionStateStore, lanes: LevelDBLaneStore, digest_key: DigestKey
 ) -> None:
     """What the route does for a write without If-Match whose summary extends the stored one."""
     history = turns(22)
@@ -309,7 +309,7 @@ def entry(decision_id: str) -> DecisionEntryBody:
 
 
 def test_a_record_is_parsed_once_for_the_same_bytes_and_afresh_for_others(
-    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+    state_store: SessionStateStore, lanes: LevelDBLaneStore, digest_key: DigestKey
 ) -> None:
     written = built(digest_key, turns(20), turns_kept=16)
     state_store.write(written)

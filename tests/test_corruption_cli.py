@@ -14,8 +14,8 @@ import plyvel
 import pytest
 
 from service.cli import main
+from store.backends.leveldb import LevelDBLaneStore
 from store.integrity import REPAIR_ADVICE
-from store.lanes import LaneStore
 from tests.damage import CANARY, build_store, flip, into_table, newest_log, set_record_type
 from tests.live import DIGEST_KEY, JWT_SECRET
 from tests.served import ROOT, free_port
@@ -122,7 +122,7 @@ def test_db_repair_reports_the_dropped_log_record_and_the_store_opens_after(
     assert report["repair"]["dropped_log_bytes"] > 0 and report["dropped"] is True
     assert report["records_after"]["session_state"] == 4
     assert report["chain"]["ok"] is True and report["ok"] is True
-    LaneStore(data_dir / "leveldb").close()
+    LevelDBLaneStore(data_dir / "leveldb").close()
     assert main(["decisions", "verify"]) == 0
     assert json.loads(capsys.readouterr().out)["entries"] == 5
 

@@ -16,9 +16,9 @@ import requests
 
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
+from store.backends.leveldb import LevelDBLaneStore
 from store.evidence_chain import EvidenceChain, entry_key
 from store.full_walk import full_walk_key
-from store.lanes import LaneStore
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
 from tests.test_evidence_bundle import BUNDLE, run_verifier, sign_in, unpack
@@ -59,7 +59,7 @@ def refused_as_behind(answer: requests.Response) -> None:
 def cut_tail(data_dir: Path, tenant: str, from_seq: int) -> int:
     """Delete the tenant's entries from from_seq to its head, with the service stopped; the
     seq the chain then ends at."""
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
         chain = EvidenceChain(lanes, tenant)
         for seq in range(from_seq, chain.head().seq + 1):

@@ -20,9 +20,9 @@ from service.decisions.query import DecisionQuery
 from service.decisions.reader import DecisionLogReader
 from service.policy.input import PolicyActor, PolicyTarget
 from service.policy.trace import DecisionEngine, DecisionTrace
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.evidence_chain import entry_key
-from store.lanes import LaneStore
 
 CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -49,7 +49,7 @@ def body(n: int, tenant: str, *, allow: bool = True) -> DecisionEntryBody:
 
 
 @pytest.fixture
-def journal(lanes: LaneStore) -> Iterator[DecisionJournal]:
+def journal(lanes: LevelDBLaneStore) -> Iterator[DecisionJournal]:
     running = DecisionJournal(lanes, clock=lambda: CLOCK)
     for n in range(1, 8):
         tenant = "tenant-a" if n % 2 else "tenant-b"
@@ -59,7 +59,7 @@ def journal(lanes: LaneStore) -> Iterator[DecisionJournal]:
 
 
 def test_pages_follow_cursors_to_the_head_the_first_page_saw(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     reader = DecisionLogReader(lanes, head=journal.head)
     first = reader.page("tenant-a", DecisionQuery(limit=2))
@@ -72,7 +72,7 @@ def test_pages_follow_cursors_to_the_head_the_first_page_saw(
 
 
 def test_newest_first_pages_follow_cursors_down_from_the_head_the_first_page_saw(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     reader = DecisionLogReader(lanes, head=journal.head)
     first = reader.page("tenant-a", DecisionQuery(order="desc", limit=3))
@@ -92,7 +92,7 @@ def test_newest_first_pages_follow_cursors_down_from_the_head_the_first_page_saw
 
 
 def test_one_entry_holds_by_its_own_hash_and_its_link_to_the_one_before(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     reader = DecisionLogReader(lanes)
     first = reader.get("tenant-a", "decision-1")
@@ -109,7 +109,7 @@ def test_one_entry_holds_by_its_own_hash_and_its_link_to_the_one_before(
     assert after is not None and not after.hash_ok  # entry 2's hash is not its prev_hash
 
 
-def test_filters_select_by_decision(journal: DecisionJournal, lanes: LaneStore) -> None:
+def test_filters_select_by_decision(journal: DecisionJournal, lanes: LevelDBLaneStore) -> None:
     reader = DecisionLogReader(lanes)
     denied = list(reader.entries("tenant-a", DecisionQuery(allow="false")))
     assert [entry.decision.decision_id for entry in denied] == ["decision-5"]
@@ -118,7 +118,7 @@ def test_filters_select_by_decision(journal: DecisionJournal, lanes: LaneStore) 
     assert list(reader.entries("tenant-c")) == []
 
 
-def test_one_entry_by_decision_id(journal: DecisionJournal, lanes: LaneStore) -> None:
+def test_one_entry_by_decision_id(journal: DecisionJournal, lanes: LevelDBLaneStore) -> None:
     reader = DecisionLogReader(lanes)
     found = reader.get("tenant-b", "decision-4")
     assert found is not None and found.hash_ok
@@ -134,7 +134,7 @@ def test_one_entry_by_decision_id(journal: DecisionJournal, lanes: LaneStore) ->
 
 
 def test_the_export_repeats_each_entry_as_stored(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     reader = DecisionLogReader(lanes)
     lines = list(reader.export("tenant-b"))
@@ -149,7 +149,7 @@ def test_the_export_repeats_each_entry_as_stored(
 
 
 def test_an_entry_without_the_shape_of_one_is_skipped_everywhere(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     stored = journal.chain("tenant-a").get(2)
     assert stored is not None

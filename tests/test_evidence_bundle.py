@@ -34,11 +34,11 @@ from service.auth import mint_token
 from service.cli import main
 from service.decisions import bundle_verifier as verifier
 from service.decisions.bundle import VERIFIER, BundleSelection
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.chain_head import GENESIS, format_timestamp
 from store.checkpoints import KEY_FILE, CheckpointSigner
 from store.evidence_chain import EvidenceChain, chain_name, entry_key, seal
-from store.lanes import LaneStore
 from store.secrets import local_secret
 from tests.live import JWT_SECRET, LiveService
 from tests.served import Served, start
@@ -462,7 +462,7 @@ def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A stopped service's data dir with 12 decisions: acme's chain of 9 (minutes 1-3, 5-7,
     9-11) and globex's of 3 (minutes 0, 4, 8); SESSIONSTATE_DATA_DIR names it."""
     data_dir = tmp_path / "var"
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     bodies = _bodies(12)
     for tenant in ("acme", "globex"):
         EvidenceChain(lanes, tenant).append(
@@ -523,7 +523,7 @@ def test_without_a_tenant_the_bundle_of_several_chains_is_refused(
 def test_after_retention_the_bundle_starts_at_the_anchor(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lanes = LaneStore(stopped / "leveldb")
+    lanes = LevelDBLaneStore(stopped / "leveldb")
     assert (
         EvidenceChain(lanes, "acme").prune(
             T0 + timedelta(minutes=6), CheckpointSigner.from_data_dir(stopped), T0
@@ -570,7 +570,7 @@ def test_since_and_until_select_by_evaluated_at(
 def test_the_bundle_is_refused_for_a_chain_that_does_not_verify(
     stopped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lanes = LaneStore(stopped / "leveldb")
+    lanes = LevelDBLaneStore(stopped / "leveldb")
     entry = EvidenceChain(lanes, "acme").get(5)
     assert entry is not None
     lanes.put(entry_key(5, "acme"), canonical_json({**entry, "outcome": {"status": 201}}))

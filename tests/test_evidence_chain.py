@@ -15,6 +15,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from store.backends.contract import LaneBatch
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import Encoded, canonical_digest, canonical_json
 from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner, RetentionAnchor
@@ -27,7 +29,6 @@ from store.evidence_chain import (
     seal,
 )
 from store.keys import LaneKey, TenantResourceLane, lane_prefix
-from store.lanes import LaneBatch, LaneStore
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 CANARY = "EVIDENCE-CANARY-91c2"
@@ -41,12 +42,12 @@ def body(n: int, *, at: datetime | None = None) -> dict[str, Any]:
     return {"recorded_at": format_timestamp(moment), "decision": f"d{n}", "allow": n % 2 == 0}
 
 
-def filled(lanes: LaneStore, count: int) -> tuple[EvidenceChain, list[dict[str, Any]]]:
+def filled(lanes: LevelDBLaneStore, count: int) -> tuple[EvidenceChain, list[dict[str, Any]]]:
     chain = EvidenceChain(lanes)
     return chain, chain.append([body(n) for n in range(1, count + 1)])
 
 
-def rewrite(lanes: LaneStore, seq: int, entry: dict[str, Any]) -> None:
+def rewrite(lanes: LevelDBLaneStore, seq: int, entry: dict[str, Any]) -> None:
     lanes.put(entry_key(seq), canonical_json(entry))
 
 
@@ -62,7 +63,7 @@ def assert_fails(chain: EvidenceChain, seq: int | None, problem: str, **checkpoi
 
 
 @contextmanager
-def failing_after(lanes: LaneStore, writes: int) -> Iterator[None]:
+def failing_after(lanes: LevelDBLaneStore, writes: int) -> Iterator[None]:
     """Make the lane store's next batch fail after `writes` puts or deletes."""
     real = lanes.batch
 
@@ -102,13 +103,13 @@ class _Failing:
 # Appending
 
 
-def test_a_new_chain_starts_at_genesis(lanes: LaneStore) -> None:
+def test_a_new_chain_starts_at_genesis(lanes: LevelDBLaneStore) -> None:
     chain = EvidenceChain(lanes)
     assert chain.head() == ChainHead(seq=0, hash=GENESIS_HASH) == chain.anchor()
     assert GENESIS_HASH == "sha256:" + "0" * 64
 
 
-def test_appending_assigns_contiguous_seqs_and_links_hashes(lanes: LaneStore) -> None:
+def test_appending_assigns_contiguous_seqs_and_links_hashes(lanes: LevelDBLaneStore) -> None:
     chain = EvidenceChain(lanes)
     first = chain.append([body(1), body(2)])
     second = chain.append([body(3)])
@@ -126,7 +127,7 @@ def test_appending_assigns_contiguous_seqs_and_links_hashes(lanes: LaneStore) ->
     assert chain.head() == ChainHead(seq=3, hash=entries[2]["hash"])
 
 
-def test_entries_are_stored_as_canonical_json_in_seq_order(lanes: LaneStore) -> None:
+def test_entries_are_stored_as_canonical_json_in_seq_order(lanes: LevelDBLaneStore) -> None:
     _, entries = filled(lanes, 3)
     stored = list(lanes.scan(TenantResourceLane.TRACE_EVIDENCE))
     assert [key for key, _ in stored] == [
@@ -155,14 +156,14 @@ def test_seal_does_not_keep_a_reference_to_the_callers_body() -> None:
     assert "seq" not in given_body
 
 
-def test_a_body_that_would_not_read_back_as_written_is_refused(lanes: LaneStore) -> None:
+def test_a_body_that_would_not_read_back_as_written_is_refused(lanes: LevelDBLaneStore) -> None:
     """2.0 ** 60 is written `1152921504606846976` and reads back as an int JSON cannot carry."""
     with pytest.raises(ValueError, match="body 0 does not read back"):
         EvidenceChain(lanes).append([body(1) | {"big": 2.0**60}])
     assert lanes.get(entry_key(1)) is None
 
 
-def test_several_bodies_are_written_all_or_nothing(lanes: LaneStore) -> None:
+def test_several_bodies_are_written_all_or_nothing(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 1)
     head = chain.head()
     with pytest.raises(ValueError, match="body 1 is not canonical JSON"):
@@ -171,7 +172,7 @@ def test_several_bodies_are_written_all_or_nothing(lanes: LaneStore) -> None:
     assert lanes.get(entry_key(2)) is None
 
 
-def test_a_batch_failing_midway_writes_nothing(lanes: LaneStore) -> None:
+def test_a_batch_failing_midway_writes_nothing(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 1)
     head = chain.head()
     with failing_after(lanes, 1), pytest.raises(OSError, match="disk went away"):
@@ -182,7 +183,7 @@ def test_a_batch_failing_midway_writes_nothing(lanes: LaneStore) -> None:
 
 
 @pytest.mark.parametrize("field", ["seq", "prev_hash", "hash"])
-def test_bodies_may_not_set_the_chain_fields(lanes: LaneStore, field: str) -> None:
+def test_bodies_may_not_set_the_chain_fields(lanes: LevelDBLaneStore, field: str) -> None:
     with pytest.raises(ValueError, match=f"body 0 sets {field}"):
         EvidenceChain(lanes).append([body(1) | {field: 1}])
     assert EvidenceChain(lanes).head().seq == 0
@@ -193,23 +194,23 @@ def test_bodies_may_not_set_the_chain_fields(lanes: LaneStore, field: str) -> No
     [None, "2025-01-01T00:00:00+00:00", "2025-01-01T00:00:00", "2025-13-01T00:00:00Z", 1735689600],
     ids=["missing", "offset", "naive", "month_13", "epoch"],
 )
-def test_bodies_need_a_utc_recorded_at(lanes: LaneStore, recorded_at: object) -> None:
+def test_bodies_need_a_utc_recorded_at(lanes: LevelDBLaneStore, recorded_at: object) -> None:
     bad = {"decision": "d"} if recorded_at is None else {"recorded_at": recorded_at}
     with pytest.raises(ValueError, match="recorded_at"):
         EvidenceChain(lanes).append([body(1), bad])
     assert lanes.get(entry_key(1)) is None
 
 
-def test_appending_nothing_writes_nothing(lanes: LaneStore) -> None:
+def test_appending_nothing_writes_nothing(lanes: LevelDBLaneStore) -> None:
     assert EvidenceChain(lanes).append([]) == []
     assert list(lanes.scan(TenantResourceLane.TRACE_EVIDENCE)) == []
 
 
-def test_the_head_survives_reopening_the_database(lanes: LaneStore) -> None:
+def test_the_head_survives_reopening_the_database(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 3)
     head = chain.head()
     lanes.close()
-    reopened = LaneStore(lanes.path)
+    reopened = LevelDBLaneStore(lanes.path)
     try:
         again = EvidenceChain(reopened)
         assert again.head() == head == ChainHead(seq=3, hash=entries[-1]["hash"])
@@ -219,7 +220,7 @@ def test_the_head_survives_reopening_the_database(lanes: LaneStore) -> None:
         reopened.close()
 
 
-def test_concurrent_appends_do_not_fork_the_chain(lanes: LaneStore) -> None:
+def test_concurrent_appends_do_not_fork_the_chain(lanes: LevelDBLaneStore) -> None:
     def append_ten(worker: int) -> None:
         chain = EvidenceChain(lanes)  # a chain per thread: the lock is per database
         for n in range(10):
@@ -238,13 +239,13 @@ def test_concurrent_appends_do_not_fork_the_chain(lanes: LaneStore) -> None:
 # Reading
 
 
-def test_get_returns_what_append_returned(lanes: LaneStore) -> None:
+def test_get_returns_what_append_returned(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 3)
     assert [chain.get(seq) for seq in (1, 2, 3)] == entries
     assert chain.get(0) is None and chain.get(4) is None and chain.get(-1) is None
 
 
-def test_scan_starts_after_a_seq_in_either_direction(lanes: LaneStore) -> None:
+def test_scan_starts_after_a_seq_in_either_direction(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     assert list(chain.scan()) == entries
     assert list(chain.scan(after_seq=3)) == entries[3:]
@@ -253,7 +254,7 @@ def test_scan_starts_after_a_seq_in_either_direction(lanes: LaneStore) -> None:
     assert list(chain.scan(after_seq=5)) == []
 
 
-def test_reads_skip_unreadable_entries(lanes: LaneStore) -> None:
+def test_reads_skip_unreadable_entries(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 3)
     lanes.put(entry_key(2), b"\xff" + CANARY.encode())
     assert chain.get(2) is None
@@ -263,51 +264,51 @@ def test_reads_skip_unreadable_entries(lanes: LaneStore) -> None:
 # Verifying
 
 
-def test_an_empty_chain_verifies(lanes: LaneStore) -> None:
+def test_an_empty_chain_verifies(lanes: LevelDBLaneStore) -> None:
     outcome = EvidenceChain(lanes).verify()
     assert outcome.ok and outcome.entries == 0 and outcome.head_hash == GENESIS_HASH
     assert outcome.first_invalid_seq is None and outcome.problem is None
 
 
-def test_an_intact_chain_verifies(lanes: LaneStore) -> None:
+def test_an_intact_chain_verifies(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     outcome = chain.verify()
     assert outcome.ok and outcome.entries == 5 and outcome.head_hash == entries[-1]["hash"]
     assert outcome.problem is None and outcome.first_invalid_seq is None
 
 
-def test_an_edited_field_under_the_old_hash_is_a_hash_mismatch(lanes: LaneStore) -> None:
+def test_an_edited_field_under_the_old_hash_is_a_hash_mismatch(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     rewrite(lanes, 3, entries[2] | {"allow": not entries[2]["allow"]})
     assert_fails(chain, 3, "hash_mismatch")
     assert chain.verify().entries == 2 and chain.verify().head_hash == entries[1]["hash"]
 
 
-def test_an_edit_with_a_recomputed_hash_breaks_the_next_link(lanes: LaneStore) -> None:
+def test_an_edit_with_a_recomputed_hash_breaks_the_next_link(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     rewrite(lanes, 3, rehashed(entries[2] | {"decision": "forged"}))
     assert_fails(chain, 4, "prev_hash_mismatch")
 
 
-def test_an_edited_last_entry_is_a_hash_mismatch(lanes: LaneStore) -> None:
+def test_an_edited_last_entry_is_a_hash_mismatch(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 3)
     rewrite(lanes, 3, entries[2] | {"note": "added"})
     assert_fails(chain, 3, "hash_mismatch")
 
 
-def test_a_deleted_middle_entry_is_a_seq_gap(lanes: LaneStore) -> None:
+def test_a_deleted_middle_entry_is_a_seq_gap(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 5)
     lanes.delete(entry_key(3))
     assert_fails(chain, 3, "seq_gap")
 
 
-def test_a_deleted_first_entry_is_a_seq_gap(lanes: LaneStore) -> None:
+def test_a_deleted_first_entry_is_a_seq_gap(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 5)
     lanes.delete(entry_key(1))
     assert_fails(chain, 1, "seq_gap")
 
 
-def test_an_entry_inserted_by_shifting_the_rest_is_a_seq_mismatch(lanes: LaneStore) -> None:
+def test_an_entry_inserted_by_shifting_the_rest_is_a_seq_mismatch(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     for entry in reversed(entries[2:]):
         rewrite(lanes, entry["seq"] + 1, entry)
@@ -317,13 +318,13 @@ def test_an_entry_inserted_by_shifting_the_rest_is_a_seq_mismatch(lanes: LaneSto
     assert_fails(chain, 4, "seq_mismatch")
 
 
-def test_a_forged_entry_under_an_existing_seq_breaks_the_next_link(lanes: LaneStore) -> None:
+def test_a_forged_entry_under_an_existing_seq_breaks_the_next_link(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     rewrite(lanes, 3, rehashed(body(99) | {"seq": 3, "prev_hash": entries[1]["hash"]}))
     assert_fails(chain, 4, "prev_hash_mismatch")
 
 
-def test_reordered_entries_are_a_seq_mismatch(lanes: LaneStore) -> None:
+def test_reordered_entries_are_a_seq_mismatch(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     rewrite(lanes, 2, entries[2])
     rewrite(lanes, 3, entries[1])
@@ -343,7 +344,7 @@ def test_reordered_entries_are_a_seq_mismatch(lanes: LaneStore) -> None:
     ids=["not_utf8", "not_json", "not_an_object", "duplicate_key", "nan", "deep"],
 )
 def test_unreadable_bytes_are_named_and_never_repeated(
-    lanes: LaneStore, caplog: pytest.LogCaptureFixture, stored: bytes
+    lanes: LevelDBLaneStore, caplog: pytest.LogCaptureFixture, stored: bytes
 ) -> None:
     caplog.set_level(logging.DEBUG)
     chain, _ = filled(lanes, 3)
@@ -353,20 +354,20 @@ def test_unreadable_bytes_are_named_and_never_repeated(
     assert CANARY not in outcome.model_dump_json() + repr(outcome) + caplog.text
 
 
-def test_content_that_cannot_be_canonical_is_a_hash_mismatch(lanes: LaneStore) -> None:
+def test_content_that_cannot_be_canonical_is_a_hash_mismatch(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 3)
     rewrite_bytes = canonical_json(entries[1])[:-1] + b',"n":1e999}'
     lanes.put(entry_key(2), rewrite_bytes)
     assert_fails(chain, 2, "hash_mismatch")
 
 
-def test_a_key_the_chain_never_writes_is_unreadable(lanes: LaneStore) -> None:
+def test_a_key_the_chain_never_writes_is_unreadable(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 3)
     lanes.put(LaneKey(TenantResourceLane.TRACE_EVIDENCE, NO_TENANT_CHAIN, name=b"\x00" * 9), b"{}")
     assert_fails(chain, 4, "entry_unreadable")
 
 
-def test_a_key_that_does_not_decode_is_unreadable(lanes: LaneStore) -> None:
+def test_a_key_that_does_not_decode_is_unreadable(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 3)
     # Only raw database access can write a key the key codec never produces.
     raw_key = entry_key(3).encode() + CANARY.encode()
@@ -379,7 +380,7 @@ def test_a_key_that_does_not_decode_is_unreadable(lanes: LaneStore) -> None:
     assert CANARY not in str(raised.value)
 
 
-def test_other_lanes_and_scopes_are_not_part_of_the_chain(lanes: LaneStore) -> None:
+def test_other_lanes_and_scopes_are_not_part_of_the_chain(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 2)
     lanes.put(LaneKey(TenantResourceLane.TRACE_EVIDENCE, "tenant", name=entry_key(3).name), b"x")
     lanes.put(LaneKey(TenantResourceLane.TRACE_INDEX, name=entry_key(3).name), b"x")
@@ -389,7 +390,7 @@ def test_other_lanes_and_scopes_are_not_part_of_the_chain(lanes: LaneStore) -> N
     )
 
 
-def test_an_unreadable_newest_entry_stops_appends(lanes: LaneStore) -> None:
+def test_an_unreadable_newest_entry_stops_appends(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 3)
     lanes.put(entry_key(3), CANARY.encode())
     with pytest.raises(ChainCorrupt) as raised:
@@ -401,7 +402,7 @@ def test_an_unreadable_newest_entry_stops_appends(lanes: LaneStore) -> None:
 # Checkpoints
 
 
-def test_a_truncated_tail_is_found_only_by_an_earlier_checkpoint(lanes: LaneStore) -> None:
+def test_a_truncated_tail_is_found_only_by_an_earlier_checkpoint(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 5)
     checkpoint = SIGNER.sign(chain.head(), T0)
     lanes.delete(entry_key(5))
@@ -410,7 +411,7 @@ def test_a_truncated_tail_is_found_only_by_an_earlier_checkpoint(lanes: LaneStor
     assert_fails(chain, 4, "truncated_before_checkpoint", checkpoint=checkpoint, verifier=VERIFIER)
 
 
-def test_a_checkpoint_verifies_against_the_chain_that_grew_past_it(lanes: LaneStore) -> None:
+def test_a_checkpoint_verifies_against_the_chain_that_grew_past_it(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 3)
     checkpoint = SIGNER.sign(chain.head(), T0)
     chain.append([body(4), body(5)])
@@ -418,7 +419,7 @@ def test_a_checkpoint_verifies_against_the_chain_that_grew_past_it(lanes: LaneSt
     assert outcome.ok and outcome.entries == 5
 
 
-def test_a_checkpoint_of_the_empty_chain_verifies(lanes: LaneStore) -> None:
+def test_a_checkpoint_of_the_empty_chain_verifies(lanes: LevelDBLaneStore) -> None:
     chain = EvidenceChain(lanes)
     checkpoint = SIGNER.sign(chain.head(), T0)
     assert chain.verify(checkpoint, VERIFIER).ok
@@ -426,7 +427,7 @@ def test_a_checkpoint_of_the_empty_chain_verifies(lanes: LaneStore) -> None:
     assert chain.verify(checkpoint, VERIFIER).ok
 
 
-def test_a_rechained_edit_contradicts_the_checkpoint(lanes: LaneStore) -> None:
+def test_a_rechained_edit_contradicts_the_checkpoint(lanes: LevelDBLaneStore) -> None:
     chain, entries = filled(lanes, 5)
     checkpoint = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
     # The attacker edits entry 2 and recomputes every hash after it: the chain links again.
@@ -442,13 +443,13 @@ def test_a_rechained_edit_contradicts_the_checkpoint(lanes: LaneStore) -> None:
     assert_fails(chain, 4, "checkpoint_mismatch", checkpoint=checkpoint, verifier=VERIFIER)
 
 
-def test_a_checkpoint_signed_by_another_key_is_refused(lanes: LaneStore) -> None:
+def test_a_checkpoint_signed_by_another_key_is_refused(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 3)
     forged = CheckpointSigner(b"\x06" * 32).sign(chain.head(), T0)
     assert_fails(chain, None, "checkpoint_signature_invalid", checkpoint=forged, verifier=VERIFIER)
 
 
-def test_a_checkpoint_with_a_tampered_field_is_refused(lanes: LaneStore) -> None:
+def test_a_checkpoint_with_a_tampered_field_is_refused(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 5)
     checkpoint = SIGNER.sign(chain.head(), T0)
     lanes.delete(entry_key(5))
@@ -457,7 +458,7 @@ def test_a_checkpoint_with_a_tampered_field_is_refused(lanes: LaneStore) -> None
     assert_fails(chain, None, "checkpoint_signature_invalid", checkpoint=moved, verifier=VERIFIER)
 
 
-def test_a_checkpoint_needs_a_verifier(lanes: LaneStore) -> None:
+def test_a_checkpoint_needs_a_verifier(lanes: LevelDBLaneStore) -> None:
     chain, _ = filled(lanes, 1)
     with pytest.raises(ValueError, match="verifier"):
         chain.verify(SIGNER.sign(chain.head(), T0))
@@ -466,7 +467,7 @@ def test_a_checkpoint_needs_a_verifier(lanes: LaneStore) -> None:
 # Retention
 
 
-def old_and_new(lanes: LaneStore) -> tuple[EvidenceChain, list[dict[str, Any]]]:
+def old_and_new(lanes: LevelDBLaneStore) -> tuple[EvidenceChain, list[dict[str, Any]]]:
     """Entries 1-3 recorded on day 1, entries 4-5 on day 10."""
     chain = EvidenceChain(lanes)
     day = timedelta(days=1)
@@ -474,7 +475,9 @@ def old_and_new(lanes: LaneStore) -> tuple[EvidenceChain, list[dict[str, Any]]]:
     return chain, chain.append(bodies)
 
 
-def test_prune_removes_old_entries_from_the_start_and_anchors_the_rest(lanes: LaneStore) -> None:
+def test_prune_removes_old_entries_from_the_start_and_anchors_the_rest(
+    lanes: LevelDBLaneStore,
+) -> None:
     chain, entries = old_and_new(lanes)
     assert chain.prune(T0 + timedelta(days=5), SIGNER, T0) == 3
     assert [entry["seq"] for entry in chain.scan()] == [4, 5]
@@ -490,14 +493,14 @@ def test_prune_removes_old_entries_from_the_start_and_anchors_the_rest(lanes: La
     assert outcome.ok and outcome.entries == 2 and outcome.head_hash == entries[4]["hash"]
 
 
-def test_prune_with_nothing_old_deletes_nothing(lanes: LaneStore) -> None:
+def test_prune_with_nothing_old_deletes_nothing(lanes: LevelDBLaneStore) -> None:
     chain, _ = old_and_new(lanes)
     assert chain.prune(T0, SIGNER, T0) == 0
     assert lanes.get(ANCHOR_KEY) is None
     assert chain.anchor() == ChainHead(seq=0, hash=GENESIS_HASH)
 
 
-def test_prune_keeps_the_newest_entry(lanes: LaneStore) -> None:
+def test_prune_keeps_the_newest_entry(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     assert chain.prune(T0 + timedelta(days=100), SIGNER, T0) == 4
     assert list(chain.scan()) == [entries[4]]
@@ -506,7 +509,7 @@ def test_prune_keeps_the_newest_entry(lanes: LaneStore) -> None:
     assert chain.prune(T0 + timedelta(days=100), SIGNER, T0) == 0
 
 
-def test_prune_stops_at_the_first_entry_that_is_not_old(lanes: LaneStore) -> None:
+def test_prune_stops_at_the_first_entry_that_is_not_old(lanes: LevelDBLaneStore) -> None:
     chain = EvidenceChain(lanes)
     day = timedelta(days=1)
     chain.append([body(1, at=T0), body(2, at=T0 + 9 * day), body(3, at=T0), body(4, at=T0)])
@@ -514,7 +517,7 @@ def test_prune_stops_at_the_first_entry_that_is_not_old(lanes: LaneStore) -> Non
     assert [entry["seq"] for entry in chain.scan()] == [2, 3, 4]
 
 
-def test_prune_deletes_and_anchors_in_one_batch(lanes: LaneStore) -> None:
+def test_prune_deletes_and_anchors_in_one_batch(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     with failing_after(lanes, 2), pytest.raises(OSError):
         chain.prune(T0 + timedelta(days=5), SIGNER, T0)
@@ -523,20 +526,20 @@ def test_prune_deletes_and_anchors_in_one_batch(lanes: LaneStore) -> None:
     assert chain.verify(verifier=VERIFIER).ok
 
 
-def test_prune_never_erases_evidence_of_tampering(lanes: LaneStore) -> None:
+def test_prune_never_erases_evidence_of_tampering(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     rewrite(lanes, 2, entries[1] | {"decision": "forged"})
     assert chain.prune(T0 + timedelta(days=5), SIGNER, T0) == 1
     assert_fails(chain, 2, "hash_mismatch")
 
 
-def test_prune_needs_an_aware_time(lanes: LaneStore) -> None:
+def test_prune_needs_an_aware_time(lanes: LevelDBLaneStore) -> None:
     chain, _ = old_and_new(lanes)
     with pytest.raises(ValueError, match="timezone-aware"):
         chain.prune(datetime(2030, 1, 1), SIGNER, T0)
 
 
-def test_a_checkpoint_from_before_pruning_still_verifies(lanes: LaneStore) -> None:
+def test_a_checkpoint_from_before_pruning_still_verifies(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     at_kept = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
     at_anchor = SIGNER.sign(ChainHead(seq=3, hash=entries[2]["hash"]), T0)
@@ -545,7 +548,9 @@ def test_a_checkpoint_from_before_pruning_still_verifies(lanes: LaneStore) -> No
         assert chain.verify(checkpoint, VERIFIER).ok
 
 
-def test_a_checkpoint_older_than_the_anchor_proves_nothing_and_says_so(lanes: LaneStore) -> None:
+def test_a_checkpoint_older_than_the_anchor_proves_nothing_and_says_so(
+    lanes: LevelDBLaneStore,
+) -> None:
     chain, entries = old_and_new(lanes)
     at_pruned = SIGNER.sign(ChainHead(seq=2, hash=entries[1]["hash"]), T0)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
@@ -555,21 +560,21 @@ def test_a_checkpoint_older_than_the_anchor_proves_nothing_and_says_so(lanes: La
     assert result.first_invalid_seq is None
 
 
-def test_a_checkpoint_contradicting_the_anchor_fails(lanes: LaneStore) -> None:
+def test_a_checkpoint_contradicting_the_anchor_fails(lanes: LevelDBLaneStore) -> None:
     chain, _ = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     wrong = SIGNER.sign(ChainHead(seq=3, hash=canonical_digest("other")), T0)
     assert_fails(chain, 3, "checkpoint_mismatch", checkpoint=wrong, verifier=VERIFIER)
 
 
-def test_a_deleted_anchor_is_a_seq_gap(lanes: LaneStore) -> None:
+def test_a_deleted_anchor_is_a_seq_gap(lanes: LevelDBLaneStore) -> None:
     chain, _ = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     lanes.delete(ANCHOR_KEY)
     assert_fails(chain, 1, "seq_gap")
 
 
-def test_an_unreadable_anchor_is_anchor_invalid(lanes: LaneStore) -> None:
+def test_an_unreadable_anchor_is_anchor_invalid(lanes: LevelDBLaneStore) -> None:
     chain, _ = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     lanes.put(ANCHOR_KEY, b'{"seq":"' + CANARY.encode() + b'"}')
@@ -585,7 +590,7 @@ def test_an_unreadable_anchor_is_anchor_invalid(lanes: LaneStore) -> None:
     assert CANARY not in str(raised.value)
 
 
-def test_a_restored_pruned_entry_contradicts_the_anchor(lanes: LaneStore) -> None:
+def test_a_restored_pruned_entry_contradicts_the_anchor(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     rewrite(lanes, 2, entries[1])
@@ -593,7 +598,7 @@ def test_a_restored_pruned_entry_contradicts_the_anchor(lanes: LaneStore) -> Non
 
 
 def test_a_prune_landing_mid_verify_is_not_reported_as_a_gap(
-    lanes: LaneStore, monkeypatch: pytest.MonkeyPatch
+    lanes: LevelDBLaneStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The anchor is read before the entries: a prune in between must not look like tampering."""
     chain, _ = old_and_new(lanes)
@@ -611,7 +616,7 @@ def test_a_prune_landing_mid_verify_is_not_reported_as_a_gap(
     assert pruned == [3]
 
 
-def test_appending_after_pruning_continues_the_seqs(lanes: LaneStore) -> None:
+def test_appending_after_pruning_continues_the_seqs(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=100), SIGNER, T0)
     appended = chain.append([body(6)])
@@ -619,7 +624,7 @@ def test_appending_after_pruning_continues_the_seqs(lanes: LaneStore) -> None:
     assert chain.verify(verifier=VERIFIER).ok
 
 
-def test_the_anchor_alone_gives_the_head_of_an_emptied_lane(lanes: LaneStore) -> None:
+def test_the_anchor_alone_gives_the_head_of_an_emptied_lane(lanes: LevelDBLaneStore) -> None:
     """Retention keeps the newest entry; if it is gone anyway, the anchor still places appends."""
     chain, entries = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=100), SIGNER, T0)
@@ -627,7 +632,7 @@ def test_the_anchor_alone_gives_the_head_of_an_emptied_lane(lanes: LaneStore) ->
     assert chain.head() == ChainHead(seq=4, hash=entries[3]["hash"])
 
 
-def forge_retention(lanes: LaneStore, entries: list[dict[str, Any]], upto: int) -> None:
+def forge_retention(lanes: LevelDBLaneStore, entries: list[dict[str, Any]], upto: int) -> None:
     """What an attacker who can write the store but not read the key does: delete the oldest
     entries and store the anchor retention would have stored, as older releases stored it."""
     for seq in range(1, upto + 1):
@@ -635,7 +640,7 @@ def forge_retention(lanes: LaneStore, entries: list[dict[str, Any]], upto: int) 
     lanes.put(ANCHOR_KEY, canonical_json({"seq": upto, "hash": entries[upto - 1]["hash"]}))
 
 
-def test_the_anchor_retention_signs_names_its_origin_in_the_answer(lanes: LaneStore) -> None:
+def test_the_anchor_retention_signs_names_its_origin_in_the_answer(lanes: LevelDBLaneStore) -> None:
     chain, _ = old_and_new(lanes)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
     outcome = chain.verify(verifier=VERIFIER)
@@ -644,7 +649,7 @@ def test_the_anchor_retention_signs_names_its_origin_in_the_answer(lanes: LaneSt
     assert VERIFIER.verify_anchor(outcome.anchor, NO_TENANT_CHAIN)
 
 
-def test_a_forged_unsigned_anchor_is_anchor_unsigned(lanes: LaneStore) -> None:
+def test_a_forged_unsigned_anchor_is_anchor_unsigned(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     forge_retention(lanes, entries, 3)
     assert_fails(chain, None, "anchor_unsigned")
@@ -655,7 +660,7 @@ def test_a_forged_unsigned_anchor_is_anchor_unsigned(lanes: LaneStore) -> None:
 
 @pytest.mark.parametrize("forgery", ["other-key", "other-chain", "edited", "no-verifier"])
 def test_an_anchor_not_signed_for_this_chain_by_this_key_fails(
-    lanes: LaneStore, forgery: str
+    lanes: LevelDBLaneStore, forgery: str
 ) -> None:
     chain, entries = old_and_new(lanes)
     forge_retention(lanes, entries, 3)
@@ -680,7 +685,7 @@ def test_an_anchor_not_signed_for_this_chain_by_this_key_fails(
         chain.prune(T0 + timedelta(days=50), SIGNER, T0)
 
 
-def test_a_checkpoints_signature_never_passes_as_an_anchors(lanes: LaneStore) -> None:
+def test_a_checkpoints_signature_never_passes_as_an_anchors(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     forge_retention(lanes, entries, 3)
     checkpoint = SIGNER.sign(ChainHead(seq=3, hash=entries[2]["hash"]), T0)
@@ -703,7 +708,7 @@ def test_a_checkpoints_signature_never_passes_as_an_anchors(lanes: LaneStore) ->
     assert not VERIFIER.verify(as_checkpoint)
 
 
-def test_a_resumed_walk_checks_the_anchor_too(lanes: LaneStore) -> None:
+def test_a_resumed_walk_checks_the_anchor_too(lanes: LevelDBLaneStore) -> None:
     chain, entries = old_and_new(lanes)
     since = SIGNER.sign(ChainHead(seq=4, hash=entries[3]["hash"]), T0)
     chain.prune(T0 + timedelta(days=5), SIGNER, T0)
@@ -713,7 +718,7 @@ def test_a_resumed_walk_checks_the_anchor_too(lanes: LaneStore) -> None:
 
 
 def test_db_upgrade_signs_an_unsigned_anchor_once_the_chain_from_it_verifies(
-    lanes: LaneStore,
+    lanes: LevelDBLaneStore,
 ) -> None:
     chain, entries = old_and_new(lanes)
     forge_retention(lanes, entries, 3)  # as an older release's retention left it
@@ -726,7 +731,7 @@ def test_db_upgrade_signs_an_unsigned_anchor_once_the_chain_from_it_verifies(
 
 
 def test_db_upgrade_leaves_unsigned_the_anchor_of_a_chain_that_does_not_verify(
-    lanes: LaneStore,
+    lanes: LevelDBLaneStore,
 ) -> None:
     chain, entries = old_and_new(lanes)
     forge_retention(lanes, entries, 3)
@@ -765,9 +770,9 @@ BODY_FIELDS = st.dictionaries(
 
 
 @contextmanager
-def fresh_lanes() -> Iterator[LaneStore]:
+def fresh_lanes() -> Iterator[LevelDBLaneStore]:
     with tempfile.TemporaryDirectory() as folder:
-        store = LaneStore(Path(folder) / "leveldb")
+        store = LevelDBLaneStore(Path(folder) / "leveldb")
         try:
             yield store
         finally:

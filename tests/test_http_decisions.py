@@ -397,9 +397,9 @@ def test_offline_review_of_a_stopped_service(
 
     # Truncate the tail: the kept checkpoint shows it, and so does a plain verify, held
     # against the head the offline checkpoint signed (the data dir remembers it).
-    from store.lanes import LaneStore
+    from store.backends.leveldb import LevelDBLaneStore
 
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     lanes.delete(entry_key(tail[-1]["seq"], chain_name(tail[-1]["target"]["tenant_id"])))
     lanes.close()
     assert main(["decisions", "verify"]) == 1

@@ -21,9 +21,9 @@ import pytest
 
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from service.decisions.log import DecisionEntryBody
+from store.backends.leveldb import LevelDBLaneStore
 from store.digests import DigestKey
 from store.evidence_chain import EvidenceChain
-from store.lanes import LaneStore
 from store.session_state import Precondition, SessionStateStore
 from tests.factories import decision_entry_body, record, scope
 
@@ -37,14 +37,14 @@ def body(n: int, tenant: str = "tenant-a", **extra: Any) -> DecisionEntryBody:
 
 
 @pytest.fixture
-def journal(lanes: LaneStore) -> Iterator[DecisionJournal]:
+def journal(lanes: LevelDBLaneStore) -> Iterator[DecisionJournal]:
     running = DecisionJournal(lanes, clock=lambda: CLOCK)
     yield running
     running.close()
 
 
 def test_entries_form_one_gapless_chain_and_are_found_by_decision_id(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     sealed = [journal.record(body(n), status=200) for n in range(5)]
     assert [entry["seq"] for entry in sealed] == [1, 2, 3, 4, 5]
@@ -55,7 +55,9 @@ def test_entries_form_one_gapless_chain_and_are_found_by_decision_id(
     assert EvidenceChain(lanes, "tenant-a").verify().ok
 
 
-def test_concurrent_requests_share_commits(journal: DecisionJournal, lanes: LaneStore) -> None:
+def test_concurrent_requests_share_commits(
+    journal: DecisionJournal, lanes: LevelDBLaneStore
+) -> None:
     barrier = threading.Barrier(32)
 
     def one(n: int) -> None:
@@ -73,7 +75,7 @@ def test_concurrent_requests_share_commits(journal: DecisionJournal, lanes: Lane
 
 
 def test_a_write_is_stored_with_its_entry_and_its_outcome(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     built = record(KEY)
     result = journal.record_write(body(1), built, Precondition(if_none_match_any=True))
@@ -107,7 +109,7 @@ def test_the_precondition_is_checked_at_commit_time_against_the_batch(
 
 
 def test_an_if_match_on_a_stale_version_is_412_and_stores_nothing(
-    journal: DecisionJournal, lanes: LaneStore
+    journal: DecisionJournal, lanes: LevelDBLaneStore
 ) -> None:
     built = record(KEY)
     journal.record_write(body(1), built, Precondition(if_none_match_any=True))
@@ -125,7 +127,7 @@ def test_a_body_the_chain_cannot_seal_fails_only_its_batch(journal: DecisionJour
     assert journal.record(body(1), status=200)["seq"] == 1
 
 
-def test_a_closed_journal_refuses_and_stores_nothing(lanes: LaneStore) -> None:
+def test_a_closed_journal_refuses_and_stores_nothing(lanes: LevelDBLaneStore) -> None:
     journal = DecisionJournal(lanes, clock=lambda: CLOCK)
     journal.record(body(1), status=200)
     journal.close()
@@ -134,7 +136,7 @@ def test_a_closed_journal_refuses_and_stores_nothing(lanes: LaneStore) -> None:
     assert EvidenceChain(lanes, "tenant-a").head().seq == 1
 
 
-def test_a_new_journal_extends_the_chain_it_finds(lanes: LaneStore) -> None:
+def test_a_new_journal_extends_the_chain_it_finds(lanes: LevelDBLaneStore) -> None:
     first = DecisionJournal(lanes, clock=lambda: CLOCK)
     first.record(body(1), status=200)
     first.close()
@@ -146,8 +148,8 @@ def test_a_new_journal_extends_the_chain_it_finds(lanes: LaneStore) -> None:
 
 
 @pytest.fixture
-def full_disk_lanes(tmp_path: Path) -> Iterator[tuple[LaneStore, Path]]:
-    """A LaneStore on a small, real ext4 file system (root only: loop mount)."""
+def full_disk_lanes(tmp_path: Path) -> Iterator[tuple[LevelDBLaneStore, Path]]:
+    """A LevelDBLaneStore on a small, real ext4 file system (root only: loop mount)."""
     if os.geteuid() != 0:
         pytest.skip("LOUD SKIP: the full-disk journal test mounts an ext4 image and needs root")
     image, mount = tmp_path / "disk.img", tmp_path / "mnt"
@@ -162,7 +164,7 @@ def full_disk_lanes(tmp_path: Path) -> Iterator[tuple[LaneStore, Path]]:
         ).returncode
     ):
         pytest.skip("LOUD SKIP: cannot mount a loop device here")
-    lanes = LaneStore(mount / "leveldb")
+    lanes = LevelDBLaneStore(mount / "leveldb")
     try:
         yield lanes, mount
     finally:
@@ -171,7 +173,7 @@ def full_disk_lanes(tmp_path: Path) -> Iterator[tuple[LaneStore, Path]]:
 
 
 def test_after_a_failed_write_the_journal_refuses_then_reopens_by_itself(
-    full_disk_lanes: tuple[LaneStore, Path],
+    full_disk_lanes: tuple[LevelDBLaneStore, Path],
 ) -> None:
     lanes, mount = full_disk_lanes
     journal = DecisionJournal(lanes, clock=lambda: CLOCK)

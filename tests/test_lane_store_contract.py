@@ -16,14 +16,16 @@ from pathlib import Path
 import plyvel
 import pytest
 
-from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
+from store.backends.contract import Backend, ExpectationFailed, Lanes, Mode, StoreOffline
+from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import upgrade
+from store.backends.registry import BACKENDS, backend
 from store.canonical import canonical_json, sha256_digest
 from store.digests import DigestKey
 from store.evidence_chain import EvidenceChain, entry_key
+from store.integrity import StoreBusy
 from store.keys import LaneKey, TenantResourceLane, scope_prefix
-from store.lanes import LaneStore
 from store.reasons import CorruptionLabel
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
 from tests.factories import record, scope
@@ -301,6 +303,107 @@ def test_a_closed_store_is_offline(lanes: Lanes) -> None:
         list(lanes.scan(APPROVALS))
 
 
+# -- as a backend: registered by name, opened in a mode ----------------------------
+
+
+@pytest.fixture(params=[LevelDBLaneStore.NAME, PostgresLaneStore.NAME])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[type[Backend], str]:
+    """A backend by its registered name, and the location of a store of it holding `key()`."""
+    found = backend(request.param)
+    place = (
+        str(tmp_path / "leveldb")
+        if found is LevelDBLaneStore
+        else request.getfixturevalue("postgres_conninfo")
+    )
+    written = found.open(place, Mode.SERVE)
+    try:
+        written.put(key(), b"written")
+    finally:
+        written.close()
+    return found, place
+
+
+def test_every_backend_is_registered_under_its_name() -> None:
+    assert {"leveldb": LevelDBLaneStore, "postgresql": PostgresLaneStore} == BACKENDS
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_a_backend_opens_its_store_in_every_mode_declaring_what_it_can(
+    location: tuple[type[Backend], str], mode: Mode
+) -> None:
+    found, place = location
+    assert found.present(place)
+    opened = found.open(place, mode)
+    try:
+        assert opened.get(key()) == b"written"
+        declared, has = found.CAPABILITIES, opened.capabilities
+        assert (has.shared, has.repair, has.recovery) == (
+            declared.shared,
+            declared.repair,
+            declared.recovery,
+        )
+        assert (has.log_tail, has.probe) == (declared.log_tail, declared.probe)
+    finally:
+        opened.close()
+
+
+def test_a_store_opened_read_only_refuses_writes_and_is_left_as_it_was(
+    location: tuple[type[Backend], str],
+) -> None:
+    found, place = location
+    before = _files(Path(place)) if found is LevelDBLaneStore else None
+    viewed = found.open(place, Mode.READ_ONLY)
+    try:
+        for write in (
+            lambda: viewed.put(key(), b"changed"),
+            lambda: viewed.delete(key()),
+            lambda: _batch_put(viewed, key(name=b"other"), b"new"),
+        ):
+            with pytest.raises(StoreOffline):
+                write()
+        assert viewed.get(key()) == b"written"
+    finally:
+        viewed.close()
+    if before is not None:
+        assert _files(Path(place)) == before  # not even LevelDB's own log or manifest
+    again = found.open(place, Mode.SERVE)
+    try:
+        assert again.get(key()) == b"written" and again.get(key(name=b"other")) is None
+    finally:
+        again.close()
+
+
+def test_a_leveldb_opened_read_only_is_a_copy_deleted_at_close(tmp_path: Path) -> None:
+    LevelDBLaneStore(tmp_path / "leveldb").close()
+    viewed = LevelDBLaneStore.open(str(tmp_path / "leveldb"), Mode.READ_ONLY)
+    copy = viewed.path
+    assert copy != tmp_path / "leveldb" and copy.is_dir()
+    viewed.close()
+    assert not copy.exists()
+
+
+def test_a_leveldb_another_process_holds_is_not_copied(tmp_path: Path) -> None:
+    held = LevelDBLaneStore(tmp_path / "leveldb")
+    try:
+        with pytest.raises(StoreBusy):
+            LevelDBLaneStore.open(str(tmp_path / "leveldb"), Mode.READ_ONLY)
+    finally:
+        held.close()
+
+
+def test_an_embedded_store_not_made_yet_is_not_present(tmp_path: Path) -> None:
+    assert not LevelDBLaneStore.present(str(tmp_path / "leveldb"))
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def _batch_put(lanes: Lanes, at: LaneKey, value: bytes) -> None:
+    with lanes.batch() as batch:
+        batch.put(at, value)
+
+
 # -- the session store and the evidence chain over the contract --------------------
 
 
@@ -495,7 +598,7 @@ def test_both_backends_scan_the_same_keys_in_the_same_order(
     postgres_conninfo: str, tmp_path: Path
 ) -> None:
     keys = _sample_keys()
-    level = LaneStore(tmp_path / "leveldb")
+    level = LevelDBLaneStore(tmp_path / "leveldb")
     pg = PostgresLaneStore(postgres_conninfo, timeout=2.0)
     try:
         for store in (level, pg):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import requests
 
+from store.backends.leveldb import LevelDBLaneStore
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 from store.log_tail import (
     UNREPORTED_FILE,
     checksum_failures,
@@ -26,7 +26,7 @@ TORN_RECORD = b"\x8a\x11\x02\x7f" + (100).to_bytes(2, "little") + b"\x01" + b"x"
 
 
 def session_keys(path: Path) -> int:
-    lanes = LaneStore(path)
+    lanes = LevelDBLaneStore(path)
     try:
         return lanes.count(TenantResourceLane.SESSION_STATE)
     finally:
@@ -53,7 +53,7 @@ def test_a_torn_record_is_measured_exactly_and_dropped_by_the_open(tmp_path: Pat
     append(log, TORN_RECORD)
     assert torn_log_tail(database) == len(TORN_RECORD) == 27
 
-    lanes = LaneStore(database)
+    lanes = LevelDBLaneStore(database)
     assert lanes.dropped_log_bytes == 27
     assert lanes.count(TenantResourceLane.SESSION_STATE) == 5  # every whole record was kept
     lanes.close()
@@ -63,7 +63,7 @@ def test_a_torn_record_is_measured_exactly_and_dropped_by_the_open(tmp_path: Pat
 def test_a_failed_write_may_have_landed_only_when_its_record_is_whole_in_the_log(
     tmp_path: Path,
 ) -> None:
-    """How a failed write's outcome is told (store.lanes): nothing appended, or a torn record,
+    """How a failed write's outcome is told (store.backends.leveldb): nothing appended, or a torn record,
     is nothing done; a whole record (only the sync failed) may be replayed by the next open."""
     database = tmp_path / "db"
     build_store(database)
@@ -71,7 +71,7 @@ def test_a_failed_write_may_have_landed_only_when_its_record_is_whole_in_the_log
     assert not may_have_landed(database, before)  # the write appended nothing
     append(newest_log(database), TORN_RECORD)
     assert not may_have_landed(database, before)  # torn: the next open drops it
-    lanes = LaneStore(database)  # the open drops the torn record and starts a new log
+    lanes = LevelDBLaneStore(database)  # the open drops the torn record and starts a new log
     try:
         before = log_mark(database)
         lanes.put(LaneKey(TenantResourceLane.SESSION_STATE, "t", "w", "s"), b"whole")
@@ -97,7 +97,7 @@ def test_zeros_at_the_end_of_the_log_are_measured(tmp_path: Path) -> None:
 def test_a_record_whose_last_fragment_never_came_is_dropped_whole(tmp_path: Path) -> None:
     database = tmp_path / "db"
     build_store(database, sessions=5)
-    lanes = LaneStore(database)  # the old log goes into a table; a new log begins
+    lanes = LevelDBLaneStore(database)  # the old log goes into a table; a new log begins
     lanes.put(LaneKey(TenantResourceLane.SESSION_STATE, CANARY, "ws", "big"), b"v" * 70_000)
     lanes.close()
     log = newest_log(database)
@@ -131,14 +131,14 @@ def test_a_drop_stays_unreported_until_acknowledged(tmp_path: Path) -> None:
     database = tmp_path / "db"
     build_store(database)
     append(newest_log(database), TORN_RECORD)
-    LaneStore(database).close()  # an offline review, say, opened it first
-    lanes = LaneStore(database)
+    LevelDBLaneStore(database).close()  # an offline review, say, opened it first
+    lanes = LevelDBLaneStore(database)
     assert lanes.dropped_log_bytes == 27  # carried to the next open
     lanes.acknowledge_dropped_log_bytes()
     assert lanes.dropped_log_bytes == 0
     lanes.close()
     assert not (database / UNREPORTED_FILE).exists()
-    again = LaneStore(database)
+    again = LevelDBLaneStore(database)
     assert again.dropped_log_bytes == 0
     again.close()
 

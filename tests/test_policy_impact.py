@@ -16,9 +16,9 @@ import pytest
 
 from service.cli import main
 from service.decisions.reader import DecisionLogReader
-from service.impact.logged import read_only_conninfo
 from service.policy.sidecar import OpaSidecar
-from store.lanes import LaneStore
+from store.backends.leveldb import LevelDBLaneStore
+from store.backends.postgres import read_only_conninfo
 from tests.conftest import POLICY_DIR
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
@@ -99,7 +99,7 @@ def export(logged: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def _reader(data_dir: Path) -> Iterator[DecisionLogReader]:
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
         yield DecisionLogReader(lanes)
     finally:

@@ -21,8 +21,8 @@ from service.decisions.reader import DecisionLogReader
 from service.policy.sidecar import OpaSidecar
 from service.policy.trace import DecisionEngine
 from store.backends.contract import Lanes
+from store.backends.leveldb import LevelDBLaneStore
 from store.keys import TenantResourceLane
-from store.lanes import LaneStore
 from tests.conftest import POLICY_DIR
 from tests.factories import decision_entry_body, state_input
 from tests.live import LiveService, live_service, service_settings
@@ -41,7 +41,7 @@ def _traffic(service: LiveService) -> None:
 
 
 def _logged_by_revision(data_dir: Path, tenant: str) -> dict[str, Counter[str]]:
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
         counts: dict[str, Counter[str]] = {}
         for entry in DecisionLogReader(lanes).entries(tenant):
@@ -143,7 +143,7 @@ def test_db_upgrade_summarises_a_log_written_before_the_summaries(
     monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(data_dir))
     assert main(["decisions", "revisions"]) == 0
     kept = json.loads(capsys.readouterr().out)
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:  # as a store of the release before: no summaries, not marked complete
         with lanes.batch() as batch:
             for key, _ in lanes.scan(TenantResourceLane.TRACE_META):

@@ -16,7 +16,7 @@ from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngin
 from service.policy.trace import DecisionEngine, DecisionTrace
 from service.rate_limits import RateLimited, Refusal
 from service.reasons import Reason
-from store.lanes import StoreOffline
+from store.backends.contract import StoreOffline
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "model-service.md"

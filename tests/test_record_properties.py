@@ -8,10 +8,10 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.digests import DigestKey
 from store.keys import LaneKey
-from store.lanes import LaneStore
 from store.record import SessionStateRecord
 from store.session_state import SessionStateStore, state_key
 from tests.factories import record, scope
@@ -88,7 +88,7 @@ def test_state_digest_does_not_depend_on_key_order(seed: int) -> None:
     assert parsed.computed_state_digest() == built.state_digest
 
 
-def _stored_bytes(lanes: LaneStore) -> tuple[LaneKey, bytes]:
+def _stored_bytes(lanes: LevelDBLaneStore) -> tuple[LaneKey, bytes]:
     built = record(KEY)
     SessionStateStore(lanes).write(built)
     key = state_key(built.scope)
@@ -97,7 +97,7 @@ def _stored_bytes(lanes: LaneStore) -> tuple[LaneKey, bytes]:
     return key, stored
 
 
-def test_every_single_byte_change_reads_as_corrupt(lanes: LaneStore) -> None:
+def test_every_single_byte_change_reads_as_corrupt(lanes: LevelDBLaneStore) -> None:
     """Exhaustive over positions: each byte flipped in two ways."""
     store = SessionStateStore(lanes)
     key, stored = _stored_bytes(lanes)
@@ -114,7 +114,7 @@ def test_every_single_byte_change_reads_as_corrupt(lanes: LaneStore) -> None:
 
 @given(data=st.data())
 def test_any_single_byte_substitution_reads_as_corrupt(
-    lanes: LaneStore, data: st.DataObject
+    lanes: LevelDBLaneStore, data: st.DataObject
 ) -> None:
     store = SessionStateStore(lanes)
     key, stored = _stored_bytes(lanes)

@@ -15,11 +15,11 @@ import requests
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
 from store.evidence_chain import ChainCorrupt, EvidenceChain, anchor_key, entry_key
-from store.lanes import LaneStore
 from tests.live import LiveService, live_service, service_settings
 from tests.test_http_decisions import DECISIONS, auditor, exercise
 
@@ -113,7 +113,7 @@ def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A stopped service's data dir: acme's chain of 6 decisions recorded 30 days ago and 2
     now; SESSIONSTATE_DATA_DIR names it."""
     data_dir = tmp_path / "var"
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     moments = [OLD + timedelta(minutes=n) for n in range(6)] + [datetime.now(UTC)] * 2
     bodies = [
         {"recorded_at": format_timestamp(at), "target": {"tenant_id": TENANT}, "n": n}
@@ -152,7 +152,7 @@ def test_a_forged_anchor_fails_offline_and_against_the_pinned_key(
     assert main(["decisions", "public-key"]) == 0
     pinned = data_dir.parent / "pinned.pem"
     pinned.write_text(capsys.readouterr().out)
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     forge_retention(lanes, TENANT, 3, CheckpointSigner(b"\x08" * 32))
     lanes.close()
     for options in ((), ("--public-key", str(pinned))):
@@ -170,7 +170,7 @@ def test_a_forged_anchor_fails_offline_and_against_the_pinned_key(
 def test_an_unsigned_anchor_fails_until_db_upgrade_signs_it(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     forge_retention(lanes, TENANT, 4, None)  # as retention of an older release left it
     lanes.close()
     code, result = offline_verify(capsys)
@@ -197,7 +197,7 @@ def test_an_unsigned_anchor_fails_until_db_upgrade_signs_it(
 def test_db_upgrade_leaves_unsigned_the_anchor_of_a_chain_that_does_not_verify(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lanes = LaneStore(data_dir / "leveldb")
+    lanes = LevelDBLaneStore(data_dir / "leveldb")
     forge_retention(lanes, TENANT, 4, None)
     lanes.delete(entry_key(6, TENANT))
     lanes.close()

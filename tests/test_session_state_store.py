@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json, sha256_digest
 from store.digests import DigestKey
 from store.integrity import StoreBusy
 from store.keys import LaneKey, TenantResourceLane
-from store.lanes import LaneStore
 from store.reasons import CorruptionLabel
 from store.record import compute_state_digest
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
@@ -44,7 +44,7 @@ def test_written_record_reads_back_whole(
 
 
 def test_records_are_stored_as_canonical_json(
-    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+    state_store: SessionStateStore, lanes: LevelDBLaneStore, digest_key: DigestKey
 ) -> None:
     built = record(digest_key)
     state_store.write(built)
@@ -95,14 +95,14 @@ def test_records_with_blockers_are_never_stored(
 
 
 def test_extra_keys_commit_in_the_same_batch(
-    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+    state_store: SessionStateStore, lanes: LevelDBLaneStore, digest_key: DigestKey
 ) -> None:
     evidence = LaneKey(TenantResourceLane.TRACE_EVIDENCE, name=b"\x00" * 7 + b"\x01")
     state_store.write(record(digest_key), also=[(evidence, b"entry")])
     assert lanes.get(evidence) == b"entry"
 
 
-def test_a_failed_batch_writes_nothing(lanes: LaneStore) -> None:
+def test_a_failed_batch_writes_nothing(lanes: LevelDBLaneStore) -> None:
     first = LaneKey(TenantResourceLane.APPROVAL_PACKET, "t", "w", name=b"a")
     second = LaneKey(TenantResourceLane.APPROVAL_PACKET, "t", "w", name=b"b")
     with pytest.raises(RuntimeError), lanes.batch() as batch:
@@ -112,7 +112,7 @@ def test_a_failed_batch_writes_nothing(lanes: LaneStore) -> None:
     assert lanes.get(first) is None and lanes.get(second) is None
 
 
-def _corrupt_with(lanes: LaneStore, digest_key: DigestKey, stored: bytes) -> None:
+def _corrupt_with(lanes: LevelDBLaneStore, digest_key: DigestKey, stored: bytes) -> None:
     lanes.put(state_key(scope()), stored)
 
 
@@ -171,7 +171,7 @@ def _redigested(digest_key: DigestKey, **change: object) -> bytes:
 )
 def test_corrupt_state_fails_closed_with_a_redacted_error(
     state_store: SessionStateStore,
-    lanes: LaneStore,
+    lanes: LevelDBLaneStore,
     digest_key: DigestKey,
     caplog: pytest.LogCaptureFixture,
     make_bytes: object,
@@ -192,7 +192,7 @@ def test_corrupt_state_fails_closed_with_a_redacted_error(
 
 
 def test_a_corrupt_record_is_replaced_only_against_its_error_digest(
-    state_store: SessionStateStore, lanes: LaneStore, digest_key: DigestKey
+    state_store: SessionStateStore, lanes: LevelDBLaneStore, digest_key: DigestKey
 ) -> None:
     _corrupt_with(lanes, digest_key, b"garbage")
     with pytest.raises(PreconditionFailed):
@@ -210,11 +210,11 @@ def test_concurrent_compare_and_set_loses_no_update(
 
 
 def test_synced_write_survives_close_and_reopen(tmp_path: Path, digest_key: DigestKey) -> None:
-    lanes = LaneStore(tmp_path / "db")
+    lanes = LevelDBLaneStore(tmp_path / "db")
     built = record(digest_key)
     SessionStateStore(lanes).write(built)
     lanes.close()
-    reopened = LaneStore(tmp_path / "db")
+    reopened = LevelDBLaneStore(tmp_path / "db")
     report = SessionStateStore(reopened).read(scope())
     reopened.close()
     assert report is not None and report.record == built
@@ -224,10 +224,10 @@ WRITER = """
 import sys
 from pathlib import Path
 from store.digests import DigestKey
-from store.lanes import LaneStore
+from store.backends.leveldb import LevelDBLaneStore
 from store.session_state import SessionStateStore
 from tests.factories import record
-store = SessionStateStore(LaneStore(Path(sys.argv[1])))
+store = SessionStateStore(LevelDBLaneStore(Path(sys.argv[1])))
 store.write(record(DigestKey(b"k" * 32)))
 print("acknowledged", flush=True)
 sys.stdin.read()  # hold the database open until killed
@@ -246,16 +246,16 @@ def test_acknowledged_write_survives_sigkill(tmp_path: Path, digest_key: DigestK
     assert child.stdout.readline().strip() == "acknowledged"
     child.kill()
     child.wait()
-    lanes = LaneStore(tmp_path / "db")
+    lanes = LevelDBLaneStore(tmp_path / "db")
     report = SessionStateStore(lanes).read(scope())
     lanes.close()
     assert report is not None and report.record == record(digest_key)
 
 
 def test_the_database_admits_one_process(tmp_path: Path) -> None:
-    lanes = LaneStore(tmp_path / "db")
+    lanes = LevelDBLaneStore(tmp_path / "db")
     try:
         with pytest.raises(StoreBusy, match="LOCK is held"):
-            LaneStore(tmp_path / "db")
+            LevelDBLaneStore(tmp_path / "db")
     finally:
         lanes.close()

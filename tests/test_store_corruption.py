@@ -9,9 +9,9 @@ from pathlib import Path
 import plyvel
 import pytest
 
+from store.backends.leveldb import LevelDBLaneStore
 from store.integrity import REPAIR_ADVICE, StoreBusy, StoreCorrupt, StoreUnavailable
 from store.keys import TenantResourceLane
-from store.lanes import LaneStore
 from store.repair import repair
 from tests.damage import (
     CANARY,
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def refused(path: Path, kind: type[StoreUnavailable], **options: bool) -> str:
     """The open fails with kind; its message, checked for what no message may hold."""
     with pytest.raises(StoreUnavailable) as caught:
-        LaneStore(path, **options)
+        LevelDBLaneStore(path, **options)
     assert type(caught.value) is kind
     message = str(caught.value)
     assert "\n" not in message
@@ -139,7 +139,7 @@ def test_repair_reports_a_dropped_log_record_and_leaves_a_store_that_opens(
     assert report.records_after[TenantResourceLane.TRACE_EVIDENCE] == 5
     assert report.chain is not None and report.chain.ok and report.ok
     assert CANARY not in report.model_dump_json()
-    LaneStore(database, read_every_block=True).close()
+    LevelDBLaneStore(database, read_every_block=True).close()
 
 
 def test_repair_that_drops_a_decision_shows_the_gap_in_the_chain(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_repair_that_drops_a_decision_shows_the_gap_in_the_chain(tmp_path: Path)
 def test_repair_keeps_what_a_damaged_table_still_holds(tmp_path: Path) -> None:
     database = tmp_path / "db"
     build_store(database, chain_entries=40, sessions=40)  # several table blocks
-    LaneStore(database).close()  # the records go from the log into a table
+    LevelDBLaneStore(database).close()  # the records go from the log into a table
     before = repair(database).records_after
     flip(into_table(database), 50)
 
@@ -169,7 +169,7 @@ def test_repair_keeps_what_a_damaged_table_still_holds(tmp_path: Path) -> None:
     assert report.dropped and report.ok  # the chain's entries were in blocks that still read
     assert report.records_after is not None and before is not None
     assert sum(report.records_after.values()) == damage.entries_kept < sum(before.values())
-    LaneStore(database, read_every_block=True).close()
+    LevelDBLaneStore(database, read_every_block=True).close()
 
 
 def test_repair_counts_log_records_that_fail_their_checksum_which_leveldb_keeps(

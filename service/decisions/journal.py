@@ -67,8 +67,13 @@ from service.decisions.log import (
 )
 from service.decisions.revisions import SummaryCache
 from service.periodic import PeriodicPrune
-from store.backends.contract import ExpectationFailed, Lanes, StoreOutcomeUnknown
-from store.backends.postgres import PostgresLaneStore
+from store.backends.contract import (
+    ExpectationFailed,
+    Lanes,
+    StoreOffline,
+    StoreOutcomeUnknown,
+    recovers,
+)
 from store.canonical import canonical_json
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
@@ -83,7 +88,6 @@ from store.evidence_chain import (
     seal,
 )
 from store.keys import LaneKey
-from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord
 from store.session_state import (
     NOTHING_STORED,
@@ -219,8 +223,8 @@ class DecisionJournal:
         self._max_batch = max_batch
         self._on_reopened = on_reopened
         self._last_recovery = 0.0
-        # LevelDB: one line for every chain (one process writes; one batch, one fsync).
-        self._one_line = isinstance(lanes, LaneStore)
+        # A store of one process (LevelDB): one line for every chain (one batch, one fsync).
+        self._one_line = not lanes.capabilities.shared
         self._lines: GroupCommits[_Pending] = GroupCommits(
             self._commit,
             partial(self._fail, error=JournalClosed("the batch was not committed")),
@@ -376,14 +380,16 @@ class DecisionJournal:
     def _reopen(self) -> bool:
         """Reopen the latched store (under `_committing`), then read every chain again."""
         now = time.monotonic()
+        lanes = self._lanes
         if (
-            now - self._last_recovery < RECOVERY_INTERVAL_SECONDS
-            or not self._lanes.room_to_reopen()
+            not recovers(lanes)
+            or now - self._last_recovery < RECOVERY_INTERVAL_SECONDS
+            or not lanes.room_to_reopen()
         ):
             return False
         self._last_recovery = now
         try:
-            self._lanes.reopen()
+            lanes.reopen()
             with self._heads_guard:
                 self._heads.clear()  # read again: a write of unknown outcome may have landed
                 self._summaries.clear()
@@ -572,11 +578,9 @@ class DecisionJournal:
 
 
 def _concurrent_commits(lanes: Lanes) -> int:
-    """How many chains may commit at once: on PostgreSQL half the pool (a commit holds its
-    chain on one connection and writes on another), else one at a time."""
-    if isinstance(lanes, PostgresLaneStore):
-        return max(1, lanes.max_connections // 2)
-    return 1
+    """How many chains may commit at once: half the store's connections (a commit holds its
+    chain on one connection and writes on another), at least one."""
+    return max(1, lanes.capabilities.connections // 2)
 
 
 class RetentionTask(PeriodicPrune):

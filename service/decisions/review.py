@@ -1,10 +1,12 @@
 """Offline review of a data dir's decision log: verify, export, tail, checkpoint, prune, and
 recording what a cut chain lost (`record_loss`).
 
-These open the LevelDB directly, so the service must be stopped (LevelDB
-admits one process); they never need OPA or the network. They read every
-block of the database once as they open it: a corrupt store is reported as
-corrupt, not reviewed in part.
+These open the data dir's own store (the embedded LevelDB) directly, so the
+service must be stopped (LevelDB admits one process); they never need OPA or
+the network. They open it for review, which reads every block of the database
+once: a corrupt store is reported as corrupt, not reviewed in part.
+`open_store` opens any configured store the same way (a shared one, such as
+PostgreSQL, is read while the service runs, by a client of its own).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bund
 from service.decisions.log import prune_log
 from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
+from service.store_backend import StoreTarget, embedded_target
 from store import signed_head
-from store.backends.contract import ExpectationFailed, Lanes
+from store.backends.contract import ExpectationFailed, Lanes, Mode
 from store.chain_head import SYSTEM_CHAIN, format_timestamp
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.evidence_chain import (
@@ -37,7 +40,6 @@ from store.evidence_chain import (
     tenant_chain_names,
 )
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
-from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
 from store.signed_head import ChainUnverified, verified_checkpoint, verify_every_chain, whole_walk
 
@@ -55,15 +57,23 @@ class DataDirCorrupt(ReviewError):
 
 
 @contextmanager
-def open_lanes(data_dir: Path) -> Iterator[LaneStore]:
-    database = data_dir / "leveldb"
-    if not database.is_dir():
+def open_lanes(data_dir: Path) -> Iterator[Lanes]:
+    """The data dir's own store, opened for review."""
+    with open_store(embedded_target(data_dir), data_dir) as lanes:
+        yield lanes
+
+
+@contextmanager
+def open_store(store: StoreTarget, data_dir: Path) -> Iterator[Lanes]:
+    """A configured store, opened for review and closed at the end of the block;
+    `FileNotFoundError` when the data dir holds none yet."""
+    if not store.present:
         raise FileNotFoundError(f"no sessionstate database under {data_dir}")
     try:
-        lanes = LaneStore(database, read_every_block=True)
+        lanes = store.open(Mode.REVIEW)
     except StoreBusy:
         raise DataDirBusy(
-            f"cannot open {database}: the service (or another review) holds it, and LevelDB "
+            f"cannot open {store.target}: the service (or another review) holds it, and LevelDB "
             "admits one process: stop the service first, or review a copy of the data dir"
         ) from None
     except StoreCorrupt as error:
@@ -142,7 +152,7 @@ def every_chain_verified(
     )
 
 
-def _only_chain(lanes: LaneStore) -> str:
+def _only_chain(lanes: Lanes) -> str:
     chains = tenant_chain_names(lanes)
     if len(chains) > 1:
         raise ReviewError(

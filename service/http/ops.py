@@ -90,11 +90,13 @@ def readyz() -> Response:
         store_open=store_open,
         store_writable=store_writable,
         chains_behind_signed_head=behind,
-        store=StoreReadiness(
-            kind=ctx.store.kind.value,
-            target=ctx.store.target,
-            reachable=store_reachable,
-            takes_writes=takes_writes,
+        store=StoreReadiness.model_validate(  # kind: a backend's name, which the wire lists
+            {
+                "kind": ctx.store.kind,
+                "target": ctx.store.target,
+                "reachable": store_reachable,
+                "takes_writes": takes_writes,
+            }
         ),
     )
     return json_response(body, 200 if ready else 503)

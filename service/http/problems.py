@@ -32,8 +32,7 @@ from service.policy.errors import (
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from service.reasons import QUERY_VALIDATION_DETAIL, Reason
-from store.backends.contract import StoreOutcomeUnknown
-from store.lanes import StoreOffline
+from store.backends.contract import StoreOffline, StoreOutcomeUnknown
 from store.reports import SessionStateWriteReport
 from store.violations import FieldViolation
 

@@ -1,41 +1,33 @@
 """The logged decisions an impact run asks the candidate about: from the store, read-only,
 or from an NDJSON export.
 
-The store is never written. A LevelDB is copied first (LevelDB writes to the
-directory it opens: its own log, a new manifest), while a shared lock on its
-`LOCK` file keeps a service from opening it meanwhile; the copy is opened and
-deleted afterwards. A PostgreSQL store is read through connections whose
-transactions are read-only (`default_transaction_read_only`), so even a bug
-here could not write. An export is the NDJSON of `GET /v1/decisions/export`
+The store is never written: it is opened in the `read_only` mode. A LevelDB is
+copied first (LevelDB writes to the directory it opens: its own log, a new
+manifest), while a shared lock on its `LOCK` file keeps a service from opening
+it meanwhile; the copy is opened and deleted afterwards. A PostgreSQL store is
+read through connections whose transactions are read-only
+(`default_transaction_read_only`), so even a bug here could not write. An export is the NDJSON of `GET /v1/decisions/export`
 or `sessionstate decisions export`: each line an OPA decision log event with
 the entry as stored under `sessionstate`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from service.decisions.bundle import BundleSelection
 from service.decisions.reader import LAST_SEQ, DecisionLogReader
 from service.decisions.review import DataDirBusy, ReviewError
 from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
-from service.store_backend import StoreKind, StoreTarget
-from store.backends.contract import Lanes
-from store.backends.postgres import PostgresLaneStore
+from service.store_backend import StoreTarget
+from store.backends.contract import Lanes, Mode
 from store.evidence_chain import chain_name, parse_entry
-from store.integrity import StoreUnavailable
-from store.lanes import LaneStore
+from store.integrity import StoreBusy, StoreUnavailable
 
 
 class ExportUnreadable(ReviewError):
@@ -134,54 +126,16 @@ def _entry(raw: bytes) -> dict[str, Any] | None:
 
 @contextmanager
 def _read_only_lanes(store: StoreTarget) -> Iterator[Lanes]:
-    if store.kind is StoreKind.POSTGRESQL:
-        assert store.conninfo is not None
-        shared = PostgresLaneStore(read_only_conninfo(store.conninfo))
-        try:
-            yield shared
-        finally:
-            shared.close()
-        return
-    assert store.leveldb_path is not None
-    with tempfile.TemporaryDirectory(prefix="sessionstate-impact-") as scratch:
-        copy = leveldb_copy(store.leveldb_path, Path(scratch) / "leveldb")
-        try:
-            lanes = LaneStore(copy)
-        except StoreUnavailable as error:
-            raise ReviewError(str(error)) from None
-        try:
-            yield lanes
-        finally:
-            lanes.close()
-
-
-def read_only_conninfo(conninfo: str) -> str:
-    """The connection string with every transaction read-only (`options=-c ...`)."""
-    params = conninfo_to_dict(conninfo)
-    options = str(params.get("options") or "")
-    params["options"] = (options + " -c default_transaction_read_only=on").strip()
-    return make_conninfo(**{name: str(value) for name, value in params.items()})
-
-
-def leveldb_copy(database: Path, into: Path) -> Path:
-    """A copy of the LevelDB at `database`, taken while no service can hold it."""
-    if not (database / "CURRENT").is_file():
-        raise FileNotFoundError(f"no sessionstate database at {database}")
     try:
-        lock = os.open(database / "LOCK", os.O_RDONLY)
-    except FileNotFoundError:
-        lock = None
+        lanes = store.open(Mode.READ_ONLY)
+    except StoreBusy:
+        raise DataDirBusy(
+            f"cannot read {store.target}: the service (or another review) holds it; stop "
+            "it first, read a copy of the data dir, or give an export with --decisions"
+        ) from None
+    except StoreUnavailable as error:
+        raise ReviewError(str(error)) from None
     try:
-        if lock is not None:
-            try:  # LevelDB holds a write lock on LOCK while it is open; a read lock conflicts
-                fcntl.lockf(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                raise DataDirBusy(
-                    f"cannot read {database}: the service (or another review) holds it; stop "
-                    "it first, read a copy of the data dir, or give an export with --decisions"
-                ) from None
-        shutil.copytree(database, into, ignore=shutil.ignore_patterns("LOCK"))
+        yield lanes
     finally:
-        if lock is not None:
-            os.close(lock)
-    return into
+        lanes.close()

@@ -1,8 +1,21 @@
 """The lane-store contract: what the chain, the session store and the journal need of a store.
 
-Two backends keep it: the embedded LevelDB (`store.lanes.LaneStore`) and
-PostgreSQL (`store.backends.postgres.PostgresLaneStore`). One parametrised
-suite (tests/test_lane_store_contract.py) holds both to it.
+Each backend is one class in a module of its own beside this one (the embedded
+LevelDB in `leveldb.py`, PostgreSQL in `postgres.py`), registered by name in
+`registry.py`. One parametrised suite (tests/test_lane_store_contract.py)
+holds each to it. The contract has four parts:
+
+- a read-only view (`LaneView`: get, scan, count, close), what a review or an
+  impact run reads through;
+- the core every backend keeps (`Lanes`: the view, a batch that commits
+  together with its compare-and-set `expect`, a hold on a key, whether it
+  takes writes, and the `Capabilities` it declares);
+- optional capabilities, each a small Protocol the backend declares in its
+  `Capabilities` and callers ask for by that declaration (`recovers`,
+  `drops_log_tail`, `probes`), never by the backend's class;
+- how a backend is opened (`Backend`: by location and `Mode`) and upgraded.
+
+What the operations promise:
 
 - Keys are `LaneKey`s; values are bytes, returned exactly as written.
 - A batch commits all its puts and deletes together, or nothing of them (an
@@ -26,15 +39,19 @@ suite (tests/test_lane_store_contract.py) holds both to it.
   failed). A latched store refuses writes (`StoreUnwritable`, nothing done)
   until `reopen()` has succeeded, so a writer that caches what it wrote (the
   journal's chain head) reads it again first.
-- Lanes with no tenant component are keys too; a batch may mix tenants (the
-  journal's batches do, while the decision chain is one for all tenants).
+- Lanes with no tenant component are keys too; a batch may mix tenants (each
+  tenant's decisions are a chain of their own, but the journal's batches on a
+  store of one process carry several chains), unless the store declares
+  `one_tenant_per_transaction`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Protocol
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar, Protocol, TypeGuard
 
 from store.keys import LaneKey, TenantResourceLane
 
@@ -57,6 +74,35 @@ class ExpectationFailed(Exception):
     """A batch's `expect` did not hold at commit: nothing of the batch was written."""
 
 
+class LocationInvalid(ValueError):
+    """A backend cannot be at the location given; the message never quotes the location."""
+
+
+class StoreUpgradeRefused(RuntimeError):
+    """The database answered but refused a step of the upgrade; nothing of that step stayed."""
+
+
+class Mode(StrEnum):
+    """What a store is opened for."""
+
+    SERVE = "serve"  # the service's own handle: reads and writes
+    REVIEW = "review"  # a review's: every block read once at open where the engine can
+    READ_ONLY = "read_only"  # nothing is written, not even an engine's own files
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend declares of itself, so that callers ask this rather than its class."""
+
+    shared: bool  # many processes may open it at once (else one process only)
+    one_tenant_per_transaction: bool  # every batch touches one tenant's keys
+    repair: bool  # `sessionstate db repair` rebuilds it
+    connections: int  # operations it runs at once (a pool's size; 1 for an embedded engine)
+    recovery: bool  # it reopens after a latched write and counts both (`Recovery`)
+    log_tail: bool  # it drops a torn log tail at open and says how much (`LogTail`)
+    probe: bool  # it answers readiness probes over the network (`Probe`)
+
+
 class LaneBatch(Protocol):
     def put(self, key: LaneKey, value: bytes) -> None: ...
     def delete(self, key: LaneKey) -> None: ...
@@ -65,8 +111,8 @@ class LaneBatch(Protocol):
         ...
 
 
-class Lanes(Protocol):
-    """A lane store, whichever engine holds it."""
+class LaneView(Protocol):
+    """A lane store read, never written: what a review or an impact run needs."""
 
     def get(self, key: LaneKey) -> bytes | None: ...
 
@@ -87,6 +133,18 @@ class Lanes(Protocol):
         ...
 
     def count(self, lane: TenantResourceLane) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class Lanes(LaneView, Protocol):
+    """The core of a lane store, whichever engine holds it: every backend keeps this."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def put(self, key: LaneKey, value: bytes, *, sync: bool = True) -> None: ...
 
@@ -112,6 +170,10 @@ class Lanes(Protocol):
         """False from a latching write failure until a successful `reopen()`."""
         ...
 
+
+class Recovery(Protocol):
+    """Capability `recovery`: reopening after a latched write, and counting both."""
+
     @property
     def write_failures(self) -> int:
         """Writes so far that latched the store."""
@@ -128,7 +190,89 @@ class Lanes(Protocol):
         """Accept writes again once the store is known to be readable; else `StoreOffline`."""
         ...
 
-    @property
-    def closed(self) -> bool: ...
 
-    def close(self) -> None: ...
+class LogTail(Protocol):
+    """Capability `log_tail`: what opening dropped from the engine's own write-ahead log."""
+
+    @property
+    def dropped_log_bytes(self) -> int: ...
+
+    def acknowledge_dropped_log_bytes(self) -> None:
+        """The dropped bytes were reported; later opens no longer carry them."""
+        ...
+
+
+class Probe(Protocol):
+    """Capability `probe`: a store across the network, asked whether it answers and writes."""
+
+    def reachable(self, timeout: float = 1.0) -> bool: ...
+
+    def write_probe(self, timeout: float = 1.0) -> bool: ...
+
+
+class RecoveringLanes(Lanes, Recovery, Protocol): ...
+
+
+class LogTailLanes(Lanes, LogTail, Protocol): ...
+
+
+class ProbedLanes(Lanes, Probe, Protocol): ...
+
+
+def recovers(lanes: Lanes) -> TypeGuard[RecoveringLanes]:
+    return lanes.capabilities.recovery
+
+
+def drops_log_tail(lanes: Lanes) -> TypeGuard[LogTailLanes]:
+    return lanes.capabilities.log_tail
+
+
+def probes(lanes: Lanes) -> TypeGuard[ProbedLanes]:
+    return lanes.capabilities.probe
+
+
+@dataclass(frozen=True)
+class SchemaVersions:
+    """A store's schema version before and after an upgrade (None: it has no schema)."""
+
+    found: int | None
+    now: int | None
+
+
+class Backend(Lanes, Protocol):
+    """A backend's class: its name, what it declares, and how a location is opened.
+
+    A location is the text that finds the store (a directory, a connection string);
+    it may carry a secret, so only `shown(location)` is ever printed.
+    """
+
+    NAME: ClassVar[str]
+    CAPABILITIES: ClassVar[Capabilities]
+    SETTING_FORMS: ClassVar[str | None]  # what a setting naming it looks like; None: never named
+
+    @classmethod
+    def claims(cls, location: str) -> bool:
+        """Whether a configured location is meant for this backend (right or wrong)."""
+        ...
+
+    @classmethod
+    def shown(cls, location: str) -> str:
+        """What may be shown of location; `LocationInvalid` when it cannot be this store's."""
+        ...
+
+    @classmethod
+    def present(cls, location: str) -> bool:
+        """Whether there is a store at location to open (an embedded one may not exist yet)."""
+        ...
+
+    @classmethod
+    def open(cls, location: str, mode: Mode) -> Lanes:
+        """Open the store at location for mode; `StoreOffline` (or the engine's own open
+        errors) when it cannot be."""
+        ...
+
+    @classmethod
+    def upgrade(cls, location: str) -> SchemaVersions:
+        """Bring the store's schema to this code's version (`StoreOffline`,
+        `StoreUpgradeRefused`)."""
+        ...

@@ -28,15 +28,22 @@ the connection string or a key.
 `write_probe` proves the database takes writes now (for readiness): in one
 short transaction it takes the lock every batch's upserts take on the lanes
 table and writes the probe row, each step bounded.
+
+As a backend (store/backends/contract.py) its location is a libpq connection
+string, a secret: only `shown` (`host:port/db`) is ever printed. Many
+processes share it; `serve` and `review` open it alike, and `read_only` opens
+connections whose every transaction is read-only
+(`default_transaction_read_only`), so even a bug could not write.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -45,12 +52,19 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from store.backends import postgres_schema
 from store.backends.contract import (
+    Backend,
+    Capabilities,
     ExpectationFailed,
     LaneBatch,
-    Lanes,
+    LocationInvalid,
+    Mode,
+    ProbedLanes,
+    RecoveringLanes,
+    SchemaVersions,
     StoreOffline,
     StoreOutcomeUnknown,
     StoreUnwritable,
+    StoreUpgradeRefused,
 )
 from store.backends.postgres_schema import LANES_TABLE, NO_TENANT, PROBE_TABLE
 from store.keys import (
@@ -86,6 +100,7 @@ _PROBE_WRITE = (
     "ON CONFLICT (tenant_id, name) DO UPDATE SET probed_at = EXCLUDED.probed_at"
 )
 PROBE_ROW = "readiness"
+URI_SCHEMES = ("postgresql://", "postgres://")
 
 Connection = psycopg.Connection[tuple[object, ...]]
 T = TypeVar("T")
@@ -100,6 +115,28 @@ def redacted(conninfo: str) -> str:
     params = conninfo_to_dict(conninfo)
     params.pop("password", None)
     return make_conninfo(**{name: str(value) for name, value in params.items()})
+
+
+def read_only_conninfo(conninfo: str) -> str:
+    """The connection string with every transaction read-only (`options=-c ...`)."""
+    params = conninfo_to_dict(conninfo)
+    options = str(params.get("options") or "")
+    params["options"] = (options + " -c default_transaction_read_only=on").strip()
+    return make_conninfo(**{name: str(value) for name, value in params.items()})
+
+
+def shown_target(params: Mapping[str, object]) -> str:
+    """`host:port[,host:port]/db` from libpq parameters: no user, no password, no options."""
+    hosts = str(params.get("host") or params.get("hostaddr") or "local").split(",")
+    ports = str(params.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    pairs = [
+        f"{host}:{port}" if port else host
+        for host, port in zip(hosts, ports + [""] * (len(hosts) - len(ports)), strict=False)
+    ]
+    dbname = str(params.get("dbname") or "")
+    return ",".join(pairs) + (f"/{dbname}" if dbname else "")
 
 
 def key_tenant(key: LaneKey) -> str:
@@ -144,6 +181,18 @@ class PostgresLaneStore:
     unreachable database raises `StoreOffline`, a wrong schema `SchemaMismatch`.
     """
 
+    NAME: ClassVar[str] = "postgresql"
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        shared=True,
+        one_tenant_per_transaction=False,  # unless opened with `single_tenant_batches`
+        repair=False,  # PostgreSQL's own tools look after it
+        connections=DEFAULT_MAX_CONNECTIONS,
+        recovery=True,
+        log_tail=False,
+        probe=True,
+    )
+    SETTING_FORMS: ClassVar[str | None] = "a postgresql:// URI or libpq key=value pairs"
+
     def __init__(
         self,
         conninfo: str,
@@ -186,6 +235,54 @@ class PostgresLaneStore:
         except BaseException:
             self._pool.close()
             raise
+
+    # -- as a backend ----------------------------------------------------------
+
+    @classmethod
+    def claims(cls, location: str) -> bool:
+        return location.startswith(URI_SCHEMES) or ("://" not in location and "=" in location)
+
+    @classmethod
+    def shown(cls, location: str) -> str:
+        try:
+            params = conninfo_to_dict(location)
+        except psycopg.Error:  # its message quotes the string: not shown
+            raise LocationInvalid(
+                "is not a valid libpq connection string (a postgresql:// URI or key=value pairs)"
+            ) from None
+        return shown_target(params)
+
+    @classmethod
+    def present(cls, location: str) -> bool:
+        return True  # a database: opening says whether it answers
+
+    @classmethod
+    def open(cls, location: str, mode: Mode) -> PostgresLaneStore:
+        return cls(read_only_conninfo(location) if mode is Mode.READ_ONLY else location)
+
+    @classmethod
+    def upgrade(cls, location: str) -> SchemaVersions:
+        """Create or upgrade the tables and record the version."""
+        try:
+            done = postgres_schema.upgrade(location)
+        except psycopg.OperationalError:
+            raise StoreOffline(
+                f"cannot reach the PostgreSQL store at {cls.shown(location)}"
+            ) from None
+        except psycopg.Error as error:  # e.g. no right to create tables: the state, not the text
+            raise StoreUpgradeRefused(
+                f"the PostgreSQL store at {cls.shown(location)} refused the schema upgrade "
+                f"(SQLSTATE {error.sqlstate or 'unknown'})"
+            ) from None
+        return SchemaVersions(done.found, done.now)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(
+            self.CAPABILITIES,
+            one_tenant_per_transaction=self.single_tenant_batches,
+            connections=self.max_connections,
+        )
 
     @property
     def max_connections(self) -> int:
@@ -545,5 +642,7 @@ def _sqlstate(error: BaseException) -> str:
     return f"SQLSTATE {state}" if state else type(error).__name__
 
 
-if TYPE_CHECKING:  # PostgresLaneStore keeps the lane-store contract (mypy checks this line)
-    _KEEPS_CONTRACT: type[Lanes] = PostgresLaneStore
+if TYPE_CHECKING:  # it keeps the contract and the capabilities it declares (mypy checks these)
+    _BACKEND: type[Backend] = PostgresLaneStore
+    _RECOVERS: type[RecoveringLanes] = PostgresLaneStore
+    _PROBES: type[ProbedLanes] = PostgresLaneStore

@@ -1,9 +1,11 @@
-"""`LaneStore`: the one LevelDB database, addressed by `LaneKey`s.
+"""`LevelDBLaneStore`: the embedded backend, one LevelDB database addressed by `LaneKey`s.
 
 It knows nothing of HTTP or policy. Writes are synced by default, and keys that
 change together go through one `WriteBatch`. It keeps the lane-store contract
 (store/backends/contract.py): a batch's `expect` is checked under a lock that
-every write of this handle takes, and LevelDB admits only this process.
+every write of this handle takes, and LevelDB admits only this process. Its
+location is a directory (`leveldb` under the data dir when no other store is
+configured); it has no schema to upgrade.
 
 A failed write latches the store read-only. LevelDB makes only a failed sync
 sticky: after a failed append (a full disk, say) it keeps appending behind the
@@ -18,27 +20,40 @@ the write happened, `StoreUnwritable`. A synced write whose record reached the
 log whole but whose sync failed may be replayed at reopen: its outcome is
 unknown, `StoreOutcomeUnknown` (`store.log_tail.may_have_landed` tells them
 apart from the log's end before and after the write).
+
+Modes: `serve` opens the directory; `review` also reads every stored block
+once; `read_only` opens a copy taken under a shared lock on LevelDB's `LOCK`
+(LevelDB writes to the directory it opens: its own log, a new manifest), which
+refuses writes and is deleted at close.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import takewhile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from store.backends.contract import (
+    Backend,
+    Capabilities,
     ExpectationFailed,
     LaneBatch,
-    Lanes,
+    LogTailLanes,
+    Mode,
+    RecoveringLanes,
+    SchemaVersions,
     StoreOffline,
     StoreOutcomeUnknown,
     StoreUnwritable,
 )
-from store.integrity import check_tables, open_leveldb
+from store.integrity import StoreBusy, check_tables, open_leveldb
 from store.keys import (
     LaneKey,
     TenantResourceLane,
@@ -59,9 +74,7 @@ from store.log_tail import (
 # Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
 REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
 READER_WAIT_SECONDS = 10.0
-
-
-__all__ = ["ExpectationFailed", "LaneBatch", "LaneStore", "StoreOffline", "StoreUnwritable"]
+DIRECTORY = "leveldb"  # its directory under a data dir
 
 
 class _PlyvelBatch:
@@ -79,7 +92,7 @@ class _PlyvelBatch:
         self.expected[key.encode()] = value
 
 
-class LaneStore:
+class LevelDBLaneStore:
     """One LevelDB database under `path`. LevelDB admits a single process.
 
     Opening raises `StoreBusy`, `StoreCorrupt` or `StoreUnavailable` (store.integrity)
@@ -89,11 +102,25 @@ class LaneStore:
     and at earlier ones that no service has reported yet (store.log_tail).
     """
 
+    NAME: ClassVar[str] = "leveldb"
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        shared=False,
+        one_tenant_per_transaction=False,
+        repair=True,
+        connections=1,
+        recovery=True,
+        log_tail=True,
+        probe=False,
+    )
+    SETTING_FORMS: ClassVar[str | None] = None  # the embedded store: never named by a setting
+
     def __init__(self, path: Path, *, read_every_block: bool = False) -> None:
         self.path = path
         self.dropped_log_bytes = 0
         self._db: Any = self._open(read_every_block=read_every_block)
         self._write_failed = False
+        self._refusal: str | None = None  # why every write is refused (opened read-only)
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None  # a read-only copy's
         self._exclusive: dict[bytes, threading.Lock] = {}
         self._exclusive_guard = threading.Lock()
         self.write_failures = 0  # failed writes so far (each latched the store)
@@ -105,6 +132,45 @@ class LaneStore:
         # Writes of this handle, one at a time: a batch's `expect` is checked and its
         # writes land with no other write of this process in between.
         self._commit = threading.Lock()
+
+    # -- as a backend ----------------------------------------------------------
+
+    @classmethod
+    def claims(cls, location: str) -> bool:
+        return False  # only ever the data dir's own store
+
+    @classmethod
+    def shown(cls, location: str) -> str:
+        return location
+
+    @classmethod
+    def present(cls, location: str) -> bool:
+        return Path(location).is_dir()
+
+    @classmethod
+    def open(cls, location: str, mode: Mode) -> LevelDBLaneStore:
+        path = Path(location)
+        if mode is Mode.SERVE:
+            return cls(path)
+        if mode is Mode.REVIEW:
+            return cls(path, read_every_block=True)
+        scratch = tempfile.TemporaryDirectory(prefix="sessionstate-leveldb-")
+        try:
+            store = cls(copy_of(path, Path(scratch.name) / DIRECTORY))
+        except BaseException:
+            scratch.cleanup()
+            raise
+        store._scratch = scratch
+        store._refusal = "the store was opened read-only"
+        return store
+
+    @classmethod
+    def upgrade(cls, location: str) -> SchemaVersions:
+        return SchemaVersions(None, None)  # no schema to upgrade yet
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.CAPABILITIES
 
     def _open(self, *, read_every_block: bool = False) -> Any:
         torn = torn_log_tail(self.path)
@@ -183,7 +249,7 @@ class LaneStore:
     @property
     def writable(self) -> bool:
         """False from a failed write until a successful `reopen()`."""
-        return not self._write_failed and not self._db.closed
+        return not self._write_failed and self._refusal is None and not self._db.closed
 
     def put(self, key: LaneKey, value: bytes, *, sync: bool = True) -> None:
         with self._writing(sync) as db:
@@ -197,8 +263,7 @@ class LaneStore:
     def batch(self, *, sync: bool = True) -> Iterator[LaneBatch]:
         """All puts and deletes inside commit together, or not at all on error."""
         with self._reading() as db:
-            if self._write_failed:
-                raise StoreUnwritable("a write failed; the store has not been reopened since")
+            self._check_writable()
             batch = db.write_batch(sync=sync)
             pending = _PlyvelBatch(batch)
             yield pending  # an error in the body leaves the batch unwritten
@@ -223,14 +288,19 @@ class LaneStore:
     @contextmanager
     def _writing(self, sync: bool) -> Iterator[Any]:
         with self._reading() as db:
-            if self._write_failed:
-                raise StoreUnwritable("a write failed; the store has not been reopened since")
+            self._check_writable()
             with self._commit:
                 before = log_mark(self.path) if sync else None
                 try:
                     yield db
                 except Exception as error:
                     self._latch(error, sync, before)
+
+    def _check_writable(self) -> None:
+        if self._refusal is not None:
+            raise StoreUnwritable(self._refusal)
+        if self._write_failed:
+            raise StoreUnwritable("a write failed; the store has not been reopened since")
 
     def _latch(self, error: Exception, synced: bool, before: LogMark) -> None:
         """Refuse writes from now on. Only a synced write can fail after its record is whole
@@ -282,7 +352,34 @@ class LaneStore:
             self._gate.wait_for(lambda: self._readers == 0, timeout=10)
             if not self._db.closed:
                 self._db.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
 
-if TYPE_CHECKING:  # LaneStore keeps the lane-store contract (mypy checks this line)
-    _KEEPS_CONTRACT: type[Lanes] = LaneStore
+def copy_of(database: Path, into: Path) -> Path:
+    """A copy of the LevelDB at `database`, taken while no other process can hold it
+    (`StoreBusy` while one does)."""
+    if not (database / "CURRENT").is_file():
+        raise FileNotFoundError(f"no sessionstate database at {database}")
+    try:
+        lock = os.open(database / "LOCK", os.O_RDONLY)
+    except FileNotFoundError:
+        lock = None
+    try:
+        if lock is not None:
+            try:  # LevelDB holds a write lock on LOCK while it is open; a read lock conflicts
+                fcntl.lockf(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                raise StoreBusy(database) from None
+        shutil.copytree(database, into, ignore=shutil.ignore_patterns("LOCK"))
+    finally:
+        if lock is not None:
+            os.close(lock)
+    return into
+
+
+if TYPE_CHECKING:  # it keeps the contract and the capabilities it declares (mypy checks these)
+    _BACKEND: type[Backend] = LevelDBLaneStore
+    _RECOVERS: type[RecoveringLanes] = LevelDBLaneStore
+    _LOG_TAIL: type[LogTailLanes] = LevelDBLaneStore
