@@ -34,8 +34,9 @@ from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, entry_body
 from service.policy.trace import DecisionEngine, DecisionTrace
 from store.canonical import canonical_digest, canonical_json
+from store.chain.entry import seal
+from store.chain.evidence import EvidenceChain
 from store.chain_head import GENESIS, format_timestamp
-from store.evidence_chain import EvidenceChain, seal
 from store.lanes import LaneStore
 from tests.policy_inputs import allowed_input
 

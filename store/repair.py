@@ -27,9 +27,9 @@ from typing import Literal, TypeVar
 import plyvel
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.chain.walk import ChainVerification
 from store.chain_head import GENESIS
 from store.checkpoints import CheckpointVerifier
-from store.evidence_chain import ChainVerification
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
 from store.lanes import LaneStore

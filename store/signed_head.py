@@ -33,20 +33,13 @@ from typing import Any
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json
+from store.chain.entry import ChainCorrupt, seal
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, legacy_chain_present, marker_key
+from store.chain.walk import ChainVerification
 from store.chain_head import ChainHead
 from store.chain_loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
 from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.evidence_chain import (
-    LEGACY_CHAIN,
-    ChainCorrupt,
-    ChainVerification,
-    EvidenceChain,
-    chain_names,
-    entry_key,
-    legacy_chain_present,
-    marker_key,
-    seal,
-)
 from store.keys import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")

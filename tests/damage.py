@@ -6,7 +6,7 @@ from pathlib import Path
 
 import plyvel
 
-from store.evidence_chain import EvidenceChain
+from store.chain.evidence import EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
 from store.lanes import LaneStore
 

@@ -15,6 +15,8 @@ from pydantic import ValidationError
 
 from service.cli import main
 from store.canonical import canonical_digest, canonical_json
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import (
     KEY_FILE,
@@ -23,7 +25,6 @@ from store.checkpoints import (
     CheckpointVerifier,
     checkpoint_payload,
 )
-from store.evidence_chain import EvidenceChain, entry_key
 from store.lanes import LaneStore
 from store.secrets import SECRETS_DIR
 from store.signed_head import ChainUnverified, verified_checkpoint

@@ -16,7 +16,8 @@ import requests
 
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
-from store.evidence_chain import EvidenceChain, entry_key
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.full_walk import full_walk_key
 from store.lanes import LaneStore
 from tests.factories import state_input

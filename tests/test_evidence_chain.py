@@ -16,16 +16,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from store.canonical import Encoded, canonical_digest, canonical_json
-from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
+from store.chain.entry import ChainCorrupt, seal
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import ANCHOR_KEY, entry_key
+from store.chain_head import GENESIS_HASH, NO_TENANT_CHAIN, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner, RetentionAnchor
-from store.evidence_chain import (
-    ANCHOR_KEY,
-    NO_TENANT_CHAIN,
-    ChainCorrupt,
-    EvidenceChain,
-    entry_key,
-    seal,
-)
 from store.keys import LaneKey, TenantResourceLane, lane_prefix
 from store.lanes import LaneBatch, LaneStore
 

@@ -20,8 +20,9 @@ from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import upgrade
 from store.canonical import canonical_json, sha256_digest
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.digests import DigestKey
-from store.evidence_chain import EvidenceChain, entry_key
 from store.keys import LaneKey, TenantResourceLane, scope_prefix
 from store.lanes import LaneStore
 from store.reasons import CorruptionLabel

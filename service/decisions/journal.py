@@ -70,18 +70,11 @@ from service.periodic import PeriodicPrune
 from store.backends.contract import ExpectationFailed, Lanes, StoreOutcomeUnknown
 from store.backends.postgres import PostgresLaneStore
 from store.canonical import canonical_json
+from store.chain.entry import ChainCorrupt, SealedEntry, seal
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_names, entry_key, legacy_chain_present, marker_key
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import (
-    ChainCorrupt,
-    EvidenceChain,
-    SealedEntry,
-    chain_names,
-    entry_key,
-    legacy_chain_present,
-    marker_key,
-    seal,
-)
 from store.keys import LaneKey
 from store.lanes import LaneStore, StoreOffline
 from store.record import SessionStateRecord

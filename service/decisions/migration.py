@@ -34,22 +34,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.decisions.log import decision_id_key, seq_name
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
-from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.evidence_chain import (
-    CHAIN_FIELDS,
+from store.chain.entry import CHAIN_FIELDS, parse_entry, seal
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import (
     LEGACY_CHAIN,
-    ChainVerification,
-    EvidenceChain,
     anchor_key,
     chain_name,
     chain_names,
     entry_key,
     legacy_chain_present,
     marker_key,
-    parse_entry,
-    seal,
 )
+from store.chain.walk import ChainVerification
+from store.chain_head import ChainHead, format_timestamp
+from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.keys import LaneKey, TenantResourceLane
 
 MIGRATION_KEY = LaneKey(TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"chain_migration")

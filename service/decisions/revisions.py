@@ -39,15 +39,9 @@ from service.policy.client import UNKNOWN
 from service.reasons import Reason
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
-from store.evidence_chain import (
-    LEGACY_CHAIN,
-    EvidenceChain,
-    chain_names,
-    entry_key,
-    marker_key,
-    parse_entry,
-    tenant_chain_names,
-)
+from store.chain.entry import parse_entry
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, marker_key, tenant_chain_names
 from store.keys import LaneKey, TenantResourceLane
 
 _PREFIX = b"revision:"

@@ -33,7 +33,8 @@ from service.impact.report import Verdict
 from service.store_backend import StoreKind, StoreTarget
 from store.backends.contract import Lanes
 from store.backends.postgres import PostgresLaneStore
-from store.evidence_chain import chain_name, parse_entry
+from store.chain.entry import parse_entry
+from store.chain.keys import chain_name
 from store.integrity import StoreUnavailable
 from store.lanes import LaneStore
 
