@@ -37,8 +37,9 @@ entry at that seq is another) takes no entry: extending it would re-use seqs
 that signed head covered. Every entry for it fails with `ChainBehindSignedHead`
 (nothing of it is stored), other chains are committed as usual, and the chain
 is logged once as `decision_log_behind_signed_head`. It is checked whenever the
-journal reads a chain's head, and read again at each entry for it until an
-operator records the loss (`sessionstate decisions record-loss`).
+journal reads a chain's head (`service.decisions.known_heads`), and read again
+at each entry for it until an operator records the loss (`sessionstate
+decisions record-loss`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from typing import Any
 from service import tracing
 from service.decisions.batch_plan import BatchPlan, QueuedEntry, plan_batch
 from service.decisions.group_commit import GroupCommits, GroupCommitsClosed
+from service.decisions.known_heads import KnownHeads
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, decision_id_key
 from service.decisions.record_writes import StateWrite
 from service.decisions.recovery import StoreRecovery
@@ -150,10 +152,8 @@ class DecisionJournal:
             concurrent=_concurrent_commits(lanes),
         )
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
-        self._heads: dict[str, ChainHead] = {}
-        self._heads_guard = threading.Lock()
-        self._signed_heads = signed_heads
-        self._behind: set[str] = set()  # chains behind their signed head, as last read
+        self._heads = KnownHeads(lanes, signed_heads)
+        self._guard = threading.Lock()  # of the counts, and of the summaries' reset
         # Shared by the chains' leaders (each writes its own chain's); a failed decision counts
         # under live_revision().
         self._summaries = SummaryCache(lanes, live_revision)
@@ -169,29 +169,11 @@ class DecisionJournal:
     def head(self, name: str) -> ChainHead:
         """The newest entry of chain `name` this journal knows of: what it committed last, or
         what the store held when it first looked (another writer may have appended since)."""
-        with self._heads_guard:
-            known = self._heads.get(name)
-        return known if known is not None else self._read_head(name)
+        return _reached(self._heads.head(name))
 
     def _read_head(self, name: str) -> ChainHead:
-        """The stored head of chain `name`, checked against its signed head (a chain behind
-        it is never kept as known, so it is read again next time)."""
-        chain = EvidenceChain(self._lanes, name)
-        head = chain.head()
-        behind = self._signed_heads is not None and self._signed_heads.behind(chain)
-        with self._heads_guard:
-            newly = behind and name not in self._behind
-            if behind:
-                self._behind.add(name)
-                self._heads.pop(name, None)
-            else:
-                self._behind.discard(name)
-                self._heads[name] = head
-        if newly:
-            log.error("decision_log_behind_signed_head", extra={"chain": name})
-        if behind:
-            raise ChainBehindSignedHead()
-        return head
+        """The stored head of chain `name`, checked against its signed head."""
+        return _reached(self._heads.read(name))
 
     def read_every_head(self) -> None:
         """Read each chain's head now, so a chain behind its signed head is found (logged, and
@@ -205,8 +187,7 @@ class DecisionJournal:
 
     def chains_behind_signed_head(self) -> int:
         """How many chains were found behind their signed head when last read (`/readyz`)."""
-        with self._heads_guard:
-            return len(self._behind)
+        return self._heads.behind
 
     def record(self, body: DecisionEntryBody, *, status: int) -> dict[str, Any]:
         """Append one decision entry that changed nothing; returns it sealed, once on disk."""
@@ -282,8 +263,8 @@ class DecisionJournal:
     def _forget(self) -> None:
         """After a reopen: read every head and summary again (a write of unknown outcome may
         have landed)."""
-        with self._heads_guard:
-            self._heads.clear()
+        self._heads.forget()
+        with self._guard:
             self._summaries.clear()
 
     def _commit(self, batch: list[QueuedEntry]) -> None:
@@ -350,7 +331,7 @@ class DecisionJournal:
     def _plan_again(self, batch: list[QueuedEntry], attempt: int) -> BatchPlan:
         """After a lost race: read the batch's chains again (and forget the summaries, which
         another writer may have added to too), pause, and plan the batch again."""
-        with self._heads_guard:
+        with self._guard:
             self.conflicts += 1
         self._summaries.clear()
         for name in {pending.body.chain for pending in batch}:
@@ -362,8 +343,8 @@ class DecisionJournal:
         return self._plan(batch)
 
     def _acknowledge(self, batch: list[QueuedEntry], plan: BatchPlan) -> None:
-        with self._heads_guard:
-            self._heads.update(plan.heads)
+        self._heads.committed(plan.heads)
+        with self._guard:
             self._summaries.written(plan.summaries)
             self.batches += 1
         plan.records.committed()  # what the next read of each session will find
@@ -392,6 +373,12 @@ class DecisionJournal:
         for pending in batch:
             pending.error = error
             pending.wake.set()
+
+
+def _reached(head: ChainHead | None) -> ChainHead:
+    if head is None:  # the chain is behind its signed head (logged when found)
+        raise ChainBehindSignedHead()
+    return head
 
 
 def _concurrent_commits(lanes: Lanes) -> int:
