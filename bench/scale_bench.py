@@ -70,8 +70,9 @@ from store.backends import postgres_schema
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
+from store.chain.entry import seal
+from store.chain.keys import entry_key, marker_key
 from store.chain_head import GENESIS, ChainHead, format_timestamp
-from store.evidence_chain import entry_key, marker_key, seal
 from store.scope import TenantScope
 from tests.policy_inputs import allowed_input
 

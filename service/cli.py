@@ -43,7 +43,8 @@ from service.walkthrough import walkthrough
 from store.backends.contract import Lanes, StoreOffline, StoreUpgradeRefused
 from store.backends.postgres_schema import SchemaMismatch
 from store.canonical import canonical_json
-from store.evidence_chain import ChainCorrupt, chain_name, chain_names
+from store.chain.entry import ChainCorrupt
+from store.chain.keys import chain_name, chain_names
 from store.integrity import StoreBusy, StoreUnavailable
 from store.repair import repair
 from store.scope import is_scope_id

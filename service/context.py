@@ -18,10 +18,11 @@ from service.approvals import ApprovalStore
 from service.auth import ProviderSettings, TokenVerifier
 from service.decisions import revisions
 from service.decisions.activation_log import ActivationLog
-from service.decisions.journal import DecisionJournal, RetentionTask
+from service.decisions.journal import DecisionJournal
 from service.decisions.live import LiveRevisions, instance_id
 from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
+from service.decisions.retention import RetentionTask
 from service.decisions.scrub import DecisionScrub
 from service.metrics import ServiceMetrics
 from service.policy.client import UNKNOWN, PolicyClient

@@ -61,7 +61,8 @@ from service.settings import Settings
 from service.store_backend import StoreTarget
 from service.workers import listeners_per_worker, supervise
 from store.backends.contract import Lanes, Mode
-from store.evidence_chain import EvidenceChain, chain_names, legacy_chain_present
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_names, legacy_chain_present
 from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.serve")

@@ -1,6 +1,6 @@
 """Where a decision chain ends, and the timestamps its entries and checkpoints carry.
 
-Shared by the chain (`store.evidence_chain`) and its signed checkpoints
+Shared by the chain (`store.chain`) and its signed checkpoints
 (`store.checkpoints`), so neither needs the other's internals.
 """
 

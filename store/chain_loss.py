@@ -13,7 +13,7 @@ Two cases, and the entry's seq and link say which:
   takes the seq after the signed head and links to the signed head's hash, so
   no covered seq is ever used again. The seqs from the one after `follows` up
   to the signed head are gone (`lost_from_seq`..`lost_to_seq`); a walk accepts
-  exactly this gap (`store.evidence_chain`) and reports it.
+  exactly this gap (`store.chain.walk`) and reports it.
 - the chain reaches the signed head's seq with another entry there (seqs were
   re-used, by a version before this check, or by whoever edited the store):
   the entry follows the stored head as any entry does. Which of the signed

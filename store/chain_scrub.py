@@ -24,9 +24,9 @@ from datetime import datetime
 
 from store.backends.contract import ExpectationFailed
 from store.canonical import canonical_json
+from store.chain.evidence import EvidenceChain
 from store.chain_head import ChainHead, parse_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner
-from store.evidence_chain import EvidenceChain
 from store.full_walk import FullWalk, record_full_walk
 from store.keys import LaneKey, TenantResourceLane
 

@@ -23,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from store.backends.contract import StoreOffline
 from store.canonical import canonical_json
+from store.chain.evidence import EvidenceChain
+from store.chain.walk import ChainProblem, ChainVerification
 from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointVerifier
-from store.evidence_chain import ChainProblem, ChainVerification, EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")

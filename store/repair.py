@@ -28,9 +28,9 @@ import plyvel
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.backends.leveldb import LevelDBLaneStore
+from store.chain.walk import ChainVerification
 from store.chain_head import GENESIS
 from store.checkpoints import CheckpointVerifier
-from store.evidence_chain import ChainVerification
 from store.integrity import StoreBusy, StoreUnavailable, classify
 from store.keys import TenantResourceLane
 from store.log_tail import checksum_failures, torn_log_tail

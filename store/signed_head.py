@@ -33,20 +33,13 @@ from typing import Any
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json
+from store.chain.entry import ChainCorrupt
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, legacy_chain_present, marker_key
+from store.chain.walk import ChainVerification
 from store.chain_head import ChainHead
 from store.chain_loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
 from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.evidence_chain import (
-    LEGACY_CHAIN,
-    ChainCorrupt,
-    ChainVerification,
-    EvidenceChain,
-    chain_names,
-    entry_key,
-    legacy_chain_present,
-    marker_key,
-    seal,
-)
 from store.keys import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
@@ -203,11 +196,12 @@ def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]
         head = chain.head()
         loss = ChainLoss.of(remembered, head)
         body = {**members, LOSS_MEMBER: loss.model_dump(mode="json")}
-        (sealed,), _ = seal([body], loss.links_to, chain.name)
+        extension = chain.extension(loss.links_to)
+        (sealed,) = extension.seal([body])
         index = lanes.get(losses_index_key(chain.name))
         with lanes.batch(sync=True) as batch:
-            for free in {entry_key(head.seq + 1, chain.name), sealed.key}:
-                batch.expect(free, None)
+            extension.add_to(batch)  # expects the seq after the signed head free
+            batch.expect(entry_key(head.seq + 1, chain.name), None)  # and the stored head's
             batch.expect(key, stored)
             batch.expect(losses_index_key(chain.name), index)
             batch.put(losses_index_key(chain.name), index_with(index, sealed.seq))
@@ -215,7 +209,6 @@ def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]
                 batch.put(marker_key(chain.name), b"")
             if not loss.gap:
                 batch.delete(key)
-            batch.put(sealed.key, sealed.value)
     log.warning("decision_log_loss_recorded", extra={"chain": chain.name, "seq": sealed.seq})
     return sealed.entry
 

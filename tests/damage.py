@@ -7,7 +7,7 @@ from pathlib import Path
 import plyvel
 
 from store.backends.leveldb import LevelDBLaneStore
-from store.evidence_chain import EvidenceChain
+from store.chain.evidence import EvidenceChain
 from store.keys import LaneKey, TenantResourceLane
 
 CANARY = "DAMAGE-CANARY-4e1b"

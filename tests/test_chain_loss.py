@@ -14,10 +14,13 @@ import pytest
 from service.decisions.journal import ChainBehindSignedHead, DecisionJournal
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
+from store.chain.entry import parse_entry, seal
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
+from store.chain.walk import ChainVerification
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner
 from store.digests import DigestKey
-from store.evidence_chain import ChainVerification, EvidenceChain, entry_key, parse_entry, seal
 from store.session_state import Precondition, state_key
 from store.signed_head import (
     NothingLost,

@@ -21,7 +21,8 @@ import pytest
 from service.decisions.journal import DecisionJournal
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
-from store.evidence_chain import EvidenceChain, chain_names
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_names
 from tests.factories import decision_entry_body
 
 THREADS = 8

@@ -16,6 +16,8 @@ from pydantic import ValidationError
 from service.cli import main
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
 from store.checkpoints import (
     KEY_FILE,
@@ -24,7 +26,6 @@ from store.checkpoints import (
     CheckpointVerifier,
     checkpoint_payload,
 )
-from store.evidence_chain import EvidenceChain, entry_key
 from store.secrets import SECRETS_DIR
 from store.signed_head import ChainUnverified, verified_checkpoint
 

@@ -17,7 +17,8 @@ import requests
 from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from store.backends.leveldb import LevelDBLaneStore
-from store.evidence_chain import EvidenceChain, entry_key
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.full_walk import full_walk_key
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings

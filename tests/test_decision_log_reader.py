@@ -22,7 +22,7 @@ from service.policy.input import PolicyActor, PolicyTarget
 from service.policy.trace import DecisionEngine, DecisionTrace
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
-from store.evidence_chain import entry_key
+from store.chain.keys import entry_key
 
 CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

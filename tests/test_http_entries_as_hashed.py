@@ -20,7 +20,7 @@ from service.cli import main
 from service.contract import NEXT_CURSOR_HEADER
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_digest, canonical_json
-from store.evidence_chain import entry_key
+from store.chain.keys import entry_key
 from tests.factories import state_input
 from tests.hash_recipe import hashes_as_the_recipe_says
 from tests.live import LiveService, live_service, service_settings

@@ -9,8 +9,9 @@ import re
 
 from service.contract import NEXT_CURSOR_HEADER
 from store.canonical import canonical_json
+from store.chain.entry import parse_entry
+from store.chain.keys import entry_key
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import entry_key, parse_entry
 from store.signed_head import verified_head_key
 from tests.live import LiveService
 

@@ -22,8 +22,8 @@ import pytest
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from service.decisions.log import DecisionEntryBody
 from store.backends.leveldb import LevelDBLaneStore
+from store.chain.evidence import EvidenceChain
 from store.digests import DigestKey
-from store.evidence_chain import EvidenceChain
 from store.session_state import Precondition, SessionStateStore
 from tests.factories import decision_entry_body, record, scope
 

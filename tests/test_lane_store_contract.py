@@ -22,8 +22,9 @@ from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import upgrade
 from store.backends.registry import BACKENDS, backend
 from store.canonical import canonical_json, sha256_digest
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.digests import DigestKey
-from store.evidence_chain import EvidenceChain, entry_key
 from store.integrity import StoreBusy
 from store.keys import LaneKey, TenantResourceLane, scope_prefix
 from store.reasons import CorruptionLabel

@@ -22,7 +22,7 @@ from service.auth import mint_token
 from service.http.ui_chart import CHART_BUCKETS, decision_chart
 from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_json
-from store.evidence_chain import chain_name, entry_key
+from store.chain.keys import chain_name, entry_key
 from tests.live import JWT_SECRET, LiveService
 from tests.test_http_decisions import auditor, exercise, listed
 

@@ -42,9 +42,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 from service.decisions.reader import DecisionLogReader
 from service.policy.input import PolicyAction
 from store.canonical import canonical_digest, canonical_json
-from store.chain_head import SYSTEM_CHAIN, format_timestamp
+from store.chain.entry import parse_entry
+from store.chain_head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
 from store.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
-from store.evidence_chain import NO_TENANT_CHAIN, parse_entry
 from store.scope import ScopeId
 from store.signed_head import ChainUnverified, verified_checkpoint
 

@@ -2,14 +2,15 @@
 
 Requests queue their entry (and, for a durable write, the record and its
 precondition) on their chain's line (`service.decisions.group_commit`) and one
-of them commits: the leader, which takes whatever is pending on its line, checks
-each write's precondition in order against the stored state as the batch
-leaves it, seals each entry onto its tenant's chain, and commits records,
-entries and indexes in one synced batch. So many requests share one fsync;
-each chain stays strictly ordered with no gaps; no record exists without the
-entry that allowed it; and no entry says applied unless its record was
-written. One thread of its own only reopens a store latched after a failed
-write, when no request comes to do it.
+of them commits: the leader, which takes whatever is pending on its line, plans
+the batch (`service.decisions.batch_plan`: it checks each write's precondition
+in order against the stored state as the batch leaves it and seals each entry
+onto its tenant's chain), and commits records, entries and indexes in one
+synced batch. So many requests share one fsync; each chain stays strictly
+ordered with no gaps; no record exists without the entry that allowed it; and
+no entry says applied unless its record was written. One thread of its own
+only reopens a store latched after a failed write, when no request comes to do
+it (`service.decisions.recovery`).
 
 On PostgreSQL each chain has a line of its own, and each batch is one
 transaction of one tenant: a chain whose rows another transaction holds, or
@@ -36,8 +37,9 @@ entry at that seq is another) takes no entry: extending it would re-use seqs
 that signed head covered. Every entry for it fails with `ChainBehindSignedHead`
 (nothing of it is stored), other chains are committed as usual, and the chain
 is logged once as `decision_log_behind_signed_head`. It is checked whenever the
-journal reads a chain's head, and read again at each entry for it until an
-operator records the loss (`sessionstate decisions record-loss`).
+journal reads a chain's head (`service.decisions.known_heads`), and read again
+at each entry for it until an operator records the loss (`sessionstate
+decisions record-loss`).
 """
 
 from __future__ import annotations
@@ -48,75 +50,33 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from opentelemetry.trace import SpanContext
-
 from service import tracing
+from service.decisions.batch_plan import BatchPlan, QueuedEntry, plan_batch
 from service.decisions.group_commit import GroupCommits, GroupCommitsClosed
-from service.decisions.log import (
-    DecisionEntryBody,
-    DecisionOutcome,
-    decision_id_key,
-    index_puts,
-    prune_log,
-)
+from service.decisions.known_heads import KnownHeads
+from service.decisions.log import DecisionEntryBody, DecisionOutcome, decision_id_key
+from service.decisions.record_writes import StateWrite
+from service.decisions.recovery import StoreRecovery
 from service.decisions.revisions import SummaryCache
-from service.periodic import PeriodicPrune
-from store.backends.contract import (
-    ExpectationFailed,
-    Lanes,
-    StoreOffline,
-    StoreOutcomeUnknown,
-    recovers,
-)
-from store.canonical import canonical_json
+from store.backends.contract import ExpectationFailed, Lanes, StoreOffline, StoreOutcomeUnknown
+from store.chain.entry import ChainCorrupt
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_names, legacy_chain_present, marker_key
 from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import CheckpointSigner
-from store.evidence_chain import (
-    ChainCorrupt,
-    EvidenceChain,
-    SealedEntry,
-    chain_names,
-    entry_key,
-    legacy_chain_present,
-    marker_key,
-    seal,
-)
 from store.keys import LaneKey
 from store.record import SessionStateRecord
-from store.session_state import (
-    NOTHING_STORED,
-    PARSED_RECORDS,
-    Precondition,
-    StoredVersion,
-    state_key,
-    stored_version,
-)
+from store.session_state import Precondition
 from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
 COMMIT_ATTEMPTS = 32  # commits of one batch that lost a race to another writer, then it fails
 MAX_RACE_BACKOFF_SECONDS = 0.05  # after a lost race: a random pause up to this, doubling from 1 ms
-RECOVERY_INTERVAL_SECONDS = 1.0
-
-
-# A batch sealed and ready: its entries, the records it writes, what the commit expects, the
-# records as written, and each chain's head before and after it.
-_Prepared = tuple[
-    list[SealedEntry],
-    list[tuple[LaneKey, bytes | None]],  # None: delete the key
-    list[tuple[LaneKey, bytes | None]],
-    list[tuple[SessionStateRecord, bytes]],
-    dict[str, ChainHead],
-    dict[str, ChainHead],
-    list[tuple[LaneKey, bytes]],  # the revision summaries it writes (service.decisions.revisions)
-]
 
 
 class JournalClosed(RuntimeError):
@@ -157,45 +117,6 @@ class CommitContended(RuntimeError):
     """Other writers kept appending to the batch's chains: nothing of the batch was stored."""
 
 
-@dataclass
-class _StateWrite:
-    record: SessionStateRecord
-    precondition: Precondition
-
-
-@dataclass
-class _Pending:
-    """One entry on its way to the chain, with what it changes if its decision allowed."""
-
-    body: DecisionEntryBody
-    status: int = 0  # the answer's; a write's is decided at commit, by its precondition
-    approval_id: str | None = None
-    write: _StateWrite | None = None
-    puts: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)  # None: delete
-    # Set when the entry is committed (or failed), or when the lead is handed to this request.
-    wake: threading.Event = field(default_factory=threading.Event)
-    entry: dict[str, Any] | None = None
-    error: BaseException | None = None
-    link: SpanContext | None = None  # the request's commit span, which the batch's links to
-
-    @property
-    def settled(self) -> bool:
-        """Committed (`entry`) or failed (`error`)."""
-        return self.entry is not None or self.error is not None
-
-    def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
-        """The entry's outcome, built here only. Any entry but a write is applied exactly
-        when it has keys to store; a write, when its precondition holds against the stored
-        version at commit (201 created, 200 replaced), else it is 412 and not applied."""
-        if self.write is None or stored is None:
-            status, applied = self.status, bool(self.puts)
-        elif self.write.precondition.holds(stored):
-            status, applied = (201 if stored.version is None else 200), True
-        else:
-            status, applied = 412, False
-        return DecisionOutcome(status=status, applied=applied, approval_id=self.approval_id)
-
-
 @dataclass(frozen=True)
 class WriteResult:
     applied: bool
@@ -220,34 +141,25 @@ class DecisionJournal:
             raise LegacyChainPresent()
         self._lanes = lanes
         self._clock = clock
-        self._max_batch = max_batch
-        self._on_reopened = on_reopened
-        self._last_recovery = 0.0
         # A store of one process (LevelDB): one line for every chain (one batch, one fsync).
         self._one_line = not lanes.capabilities.shared
-        self._lines: GroupCommits[_Pending] = GroupCommits(
+        self._lines: GroupCommits[QueuedEntry] = GroupCommits(
             self._commit,
             partial(self._fail, error=JournalClosed("the batch was not committed")),
             max_batch=max_batch,
             concurrent=_concurrent_commits(lanes),
         )
-        # Held by recovery, and by each commit on LevelDB (whose reopen closes the database).
-        self._committing = threading.RLock()
         # Each chain's head as this journal last committed or read it; a lost race re-reads it.
-        self._heads: dict[str, ChainHead] = {}
-        self._heads_guard = threading.Lock()
-        self._signed_heads = signed_heads
-        self._behind: set[str] = set()  # chains behind their signed head, as last read
+        self._heads = KnownHeads(lanes, signed_heads)
+        self._guard = threading.Lock()  # of the counts, and of the summaries' reset
         # Shared by the chains' leaders (each writes its own chain's); a failed decision counts
         # under live_revision().
         self._summaries = SummaryCache(lanes, live_revision)
         self.conflicts = 0  # commits that lost a race to another writer and were retried
         self.batches = 0  # commits so far (entries / batches shows the grouping)
         self._closed = threading.Event()
-        self._recovery = threading.Thread(
-            target=self._recover_while_idle, name="decision-journal-recovery", daemon=True
-        )
-        self._recovery.start()
+        # Its lock is held by each commit on LevelDB too (whose reopen closes the database).
+        self._recovery = StoreRecovery(lanes, self._forget, on_reopened)
 
     def chain(self, name: str) -> EvidenceChain:
         return EvidenceChain(self._lanes, name)
@@ -255,29 +167,11 @@ class DecisionJournal:
     def head(self, name: str) -> ChainHead:
         """The newest entry of chain `name` this journal knows of: what it committed last, or
         what the store held when it first looked (another writer may have appended since)."""
-        with self._heads_guard:
-            known = self._heads.get(name)
-        return known if known is not None else self._read_head(name)
+        return _reached(self._heads.head(name))
 
     def _read_head(self, name: str) -> ChainHead:
-        """The stored head of chain `name`, checked against its signed head (a chain behind
-        it is never kept as known, so it is read again next time)."""
-        chain = EvidenceChain(self._lanes, name)
-        head = chain.head()
-        behind = self._signed_heads is not None and self._signed_heads.behind(chain)
-        with self._heads_guard:
-            newly = behind and name not in self._behind
-            if behind:
-                self._behind.add(name)
-                self._heads.pop(name, None)
-            else:
-                self._behind.discard(name)
-                self._heads[name] = head
-        if newly:
-            log.error("decision_log_behind_signed_head", extra={"chain": name})
-        if behind:
-            raise ChainBehindSignedHead()
-        return head
+        """The stored head of chain `name`, checked against its signed head."""
+        return _reached(self._heads.read(name))
 
     def read_every_head(self) -> None:
         """Read each chain's head now, so a chain behind its signed head is found (logged, and
@@ -291,12 +185,11 @@ class DecisionJournal:
 
     def chains_behind_signed_head(self) -> int:
         """How many chains were found behind their signed head when last read (`/readyz`)."""
-        with self._heads_guard:
-            return len(self._behind)
+        return self._heads.behind
 
     def record(self, body: DecisionEntryBody, *, status: int) -> dict[str, Any]:
         """Append one decision entry that changed nothing; returns it sealed, once on disk."""
-        pending = self._submit(_Pending(body, status))
+        pending = self._submit(QueuedEntry(body, status))
         assert pending.entry is not None
         return pending.entry
 
@@ -313,7 +206,7 @@ class DecisionJournal:
 
         The outcome says `applied` exactly when there was something to store.
         """
-        pending = self._submit(_Pending(body, status, approval_id, puts=list(puts)))
+        pending = self._submit(QueuedEntry(body, status, approval_id, puts=list(puts)))
         assert pending.entry is not None
         return pending.entry
 
@@ -325,7 +218,7 @@ class DecisionJournal:
         The entry's outcome is set here: 201 created, 200 replaced, or 412 and
         not applied when the stored version moved on.
         """
-        pending = self._submit(_Pending(body, write=_StateWrite(record, precondition)))
+        pending = self._submit(QueuedEntry(body, write=StateWrite(record, precondition)))
         assert pending.entry is not None
         outcome = DecisionOutcome.model_validate(pending.entry["outcome"])
         return WriteResult(
@@ -344,9 +237,9 @@ class DecisionJournal:
         self._closed.set()
         deadline = time.monotonic() + timeout
         self._lines.close(timeout)
-        self._recovery.join(max(0.0, deadline - time.monotonic()))
+        self._recovery.close(deadline - time.monotonic())
 
-    def _submit(self, pending: _Pending) -> _Pending:
+    def _submit(self, pending: QueuedEntry) -> QueuedEntry:
         pending.body.encoded_members  # noqa: B018 - encoded here, in parallel, not in the commit
         with tracing.commit_span(pending.body.decision.decision_id) as span:
             pending.link = tracing.link_of(span)
@@ -365,51 +258,22 @@ class DecisionJournal:
             raise JournalClosed("the decision entry could not be committed") from pending.error
         return pending
 
-    def _recover_while_idle(self) -> None:
-        """While the store is latched, try now and then to reopen it without traffic."""
-        while not self._closed.wait(RECOVERY_INTERVAL_SECONDS):
-            self._recover()
+    def _forget(self) -> None:
+        """After a reopen: read every head and summary again (a write of unknown outcome may
+        have landed)."""
+        self._heads.forget()
+        with self._guard:
+            self._summaries.clear()
 
-    def _recover(self) -> bool:
-        """Reopen a latched store when there is room; at most once a second. True if writable."""
-        if self._lanes.writable:
-            return True
-        with self._committing:
-            return self._lanes.writable or self._reopen()
-
-    def _reopen(self) -> bool:
-        """Reopen the latched store (under `_committing`), then read every chain again."""
-        now = time.monotonic()
-        lanes = self._lanes
-        if (
-            not recovers(lanes)
-            or now - self._last_recovery < RECOVERY_INTERVAL_SECONDS
-            or not lanes.room_to_reopen()
-        ):
-            return False
-        self._last_recovery = now
-        try:
-            lanes.reopen()
-            with self._heads_guard:
-                self._heads.clear()  # read again: a write of unknown outcome may have landed
-                self._summaries.clear()
-        except Exception as error:  # still no room, or worse: stay latched, try again later
-            log.error("store_reopen_failed", extra={"error_type": type(error).__name__})
-            return False
-        log.warning("store_reopened")
-        if self._on_reopened is not None:
-            self._on_reopened(self._lanes)
-        return True
-
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _commit(self, batch: list[QueuedEntry]) -> None:
         links = ((pending.link, pending.body.decision.decision_id) for pending in batch)
         with tracing.batch_span(len(batch), links) as span:
             self._commit_batch(batch)
             tracing.note_batch(span, (pending.error for pending in batch))
 
-    def _commit_batch(self, batch: list[_Pending]) -> None:
+    def _commit_batch(self, batch: list[QueuedEntry]) -> None:
         if self._one_line:  # one process: one batch, one fsync; never beside a reopen
-            with self._committing:
+            with self._recovery.lock:
                 if self._recovered(batch):
                     self._commit_unit(batch, nullcontext)
             return
@@ -417,42 +281,34 @@ class DecisionJournal:
             chain = marker_key(batch[0].body.chain)
             self._commit_unit(batch, partial(self._lanes.exclusive, chain))
 
-    def _recovered(self, batch: list[_Pending]) -> bool:
+    def _recovered(self, batch: list[QueuedEntry]) -> bool:
         """Whether the store can write, reopened if it was latched; else batch fails."""
-        if self._recover():
+        if self._recovery.writable():
             return True
         self._fail(batch, StoreOffline("the store is latched after a failed write"))
         return False
 
     def _commit_unit(
-        self, batch: list[_Pending], hold: Callable[[], AbstractContextManager[Any]]
+        self, batch: list[QueuedEntry], hold: Callable[[], AbstractContextManager[Any]]
     ) -> None:
-        """Seal batch on the heads this journal knows, then commit it in one store batch
+        """Plan batch on the heads this journal knows, then commit it in one store batch
         while holding its chain (`hold`): writers of one chain (other workers, other
-        replicas) take turns. After losing a race, read the heads again and seal again while
+        replicas) take turns. After losing a race, read the heads again and plan again while
         still holding it, so the next attempt cannot lose to another journal."""
         try:
             batch = self._refuse_behind(batch)
             if not batch:
                 return
-            prepared = self._prepare(batch)
+            plan = self._plan(batch)
             with hold():
                 for attempt in range(COMMIT_ATTEMPTS):
                     try:
-                        self._write(batch, prepared)
+                        with self._lanes.batch(sync=True) as writes:
+                            plan.add_to(writes)
                     except ExpectationFailed:  # another writer came first: nothing was written
-                        with self._heads_guard:
-                            self.conflicts += 1
-                        self._summaries.clear()  # another writer may have added to them too
-                        for name in {pending.body.chain for pending in batch}:
-                            self._read_head(name)
-                        # A random pause, so two writers that keep colliding (a hold that
-                        # could not be had holds nothing) stop doing so in step.
-                        pause = min(MAX_RACE_BACKOFF_SECONDS, 0.001 * 2**attempt)
-                        time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter
-                        prepared = self._prepare(batch)
+                        plan = self._plan_again(batch, attempt)
                         continue
-                    self._acknowledge(batch, prepared)
+                    self._acknowledge(batch, plan)
                     return
         except Exception as error:  # nothing of this batch was acknowledged; each fails closed
             log.error("journal_commit_failed", extra={"error_type": type(error).__name__})
@@ -461,40 +317,40 @@ class DecisionJournal:
         log.error("journal_commit_contended", extra={"attempts": COMMIT_ATTEMPTS})
         self._fail(batch, CommitContended("other writers kept appending to these chains"))
 
-    def _write(self, batch: list[_Pending], prepared: _Prepared) -> None:
-        sealed_entries, record_puts, expected, _, starts, _, summaries = prepared
-        with self._lanes.batch(sync=True) as writes:
-            for key, value in expected:
-                writes.expect(key, value)
-            for name, start in starts.items():
-                writes.expect(entry_key(start.seq + 1, name), None)
-                if start.seq == 0:  # held while written? Only if entry 1 exists: the
-                    writes.put(marker_key(name), b"")  # expectation above fails first
-            for key, change in record_puts:
-                if change is None:
-                    writes.delete(key)
-                else:
-                    writes.put(key, change)
-            for key, summary in summaries:
-                writes.put(key, summary)
-            for pending, sealed in zip(batch, sealed_entries, strict=True):
-                writes.put(sealed.key, sealed.value)
-                for index_key, index_value in index_puts(pending.body, sealed.seq):
-                    writes.put(index_key, index_value)
+    def _plan(self, batch: list[QueuedEntry]) -> BatchPlan:
+        return plan_batch(
+            batch,
+            lanes=self._lanes,
+            head=self.head,
+            recorded_at=format_timestamp(self._clock()),
+            summaries=self._summaries,
+        )
 
-    def _acknowledge(self, batch: list[_Pending], prepared: _Prepared) -> None:
-        sealed_entries, _, _, written, _, heads, summaries = prepared
-        with self._heads_guard:
-            self._heads.update(heads)
-            self._summaries.written(summaries)
+    def _plan_again(self, batch: list[QueuedEntry], attempt: int) -> BatchPlan:
+        """After a lost race: read the batch's chains again (and forget the summaries, which
+        another writer may have added to too), pause, and plan the batch again."""
+        with self._guard:
+            self.conflicts += 1
+        self._summaries.clear()
+        for name in {pending.body.chain for pending in batch}:
+            self._read_head(name)
+        # A random pause, so two writers that keep colliding (a hold that could not be had
+        # holds nothing) stop doing so in step.
+        pause = min(MAX_RACE_BACKOFF_SECONDS, 0.001 * 2**attempt)
+        time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter
+        return self._plan(batch)
+
+    def _acknowledge(self, batch: list[QueuedEntry], plan: BatchPlan) -> None:
+        self._heads.committed(plan.heads)
+        with self._guard:
+            self._summaries.written(plan.summaries)
             self.batches += 1
-        for record, encoded in written:  # what the next read of each session will find
-            PARSED_RECORDS.remember(record, encoded)
-        for pending, sealed in zip(batch, sealed_entries, strict=True):
+        plan.records.committed()  # what the next read of each session will find
+        for pending, sealed in zip(batch, plan.entries, strict=True):
             pending.entry = sealed.entry
             pending.wake.set()
 
-    def _refuse_behind(self, batch: list[_Pending]) -> list[_Pending]:
+    def _refuse_behind(self, batch: list[QueuedEntry]) -> list[QueuedEntry]:
         """Fail the entries of chains whose head cannot be had (behind their signed head, or
         corrupt): the others, of other chains, to commit."""
         refused: dict[str, BaseException] = {}
@@ -511,103 +367,19 @@ class DecisionJournal:
         return [pending for pending in batch if pending.body.chain not in refused]
 
     @staticmethod
-    def _fail(batch: list[_Pending], error: BaseException) -> None:
+    def _fail(batch: list[QueuedEntry], error: BaseException) -> None:
         for pending in batch:
             pending.error = error
             pending.wake.set()
 
-    def _prepare(self, batch: list[_Pending]) -> _Prepared:
-        """Decide each write against the state as the batch leaves it; date and seal the entries
-        onto their chains. Also what the commit expects (each replaced record as read) and each
-        chain's head before and after the batch."""
-        versions: dict[bytes, StoredVersion] = {}
-        expected: dict[bytes, tuple[LaneKey, bytes | None]] = {}
-        record_puts: list[tuple[LaneKey, bytes | None]] = []
-        written: list[tuple[SessionStateRecord, bytes]] = []
-        recorded_at = format_timestamp(self._clock())
-        starts: dict[str, ChainHead] = {}  # each chain's head before the batch
-        heads: dict[str, ChainHead] = {}  # and after it
-        sealed_entries: list[SealedEntry] = []
-        for pending in batch:
-            write = pending.write
-            stored = None if write is None else self._version(write, versions, expected)
-            outcome = pending.outcome(stored)
-            if write is not None and outcome.applied:
-                key = state_key(write.record.scope)
-                value = canonical_json(write.record.to_json())
-                record_puts.append((key, value))
-                written.append((write.record, value))
-                versions[key.encode()] = StoredVersion(
-                    write.record.state_digest, write.record.summary
-                )
-            record_puts.extend(pending.puts)
-            name = pending.body.chain
-            if name not in starts:
-                starts[name] = self.head(name)
-            head = heads.get(name, starts[name])
-            body = pending.body
-            sealed, heads[name] = seal(
-                [body.sealable(outcome, recorded_at)],
-                head,
-                name,
-                encoded_members=[body.encoded_members],
-            )
-            sealed_entries.extend(sealed)
-        summaries, summaries_read = self._summaries.updates(pending.body for pending in batch)
-        expectations = [*expected.values(), *summaries_read]
-        return sealed_entries, record_puts, expectations, written, starts, heads, summaries
 
-    def _version(
-        self,
-        write: _StateWrite,
-        versions: dict[bytes, StoredVersion],
-        expected: dict[bytes, tuple[LaneKey, bytes | None]],
-    ) -> StoredVersion:
-        """What the write's record replaces as the batch leaves it so far (what the store
-        held is expected at commit, so a write by another process meanwhile is not lost)."""
-        scope = write.record.scope
-        key = state_key(scope)
-        encoded = key.encode()
-        if encoded not in versions:
-            stored = self._lanes.get(key)
-            expected[encoded] = (key, stored)
-            versions[encoded] = (
-                NOTHING_STORED if stored is None else stored_version(scope, key, stored)
-            )
-        return versions[encoded]
+def _reached(head: ChainHead | None) -> ChainHead:
+    if head is None:  # the chain is behind its signed head (logged when found)
+        raise ChainBehindSignedHead()
+    return head
 
 
 def _concurrent_commits(lanes: Lanes) -> int:
     """How many chains may commit at once: half the store's connections (a commit holds its
     chain on one connection and writes on another), at least one."""
     return max(1, lanes.capabilities.connections // 2)
-
-
-class RetentionTask(PeriodicPrune):
-    """Prunes the decision log by age: once at start, then every `interval` seconds."""
-
-    def __init__(
-        self,
-        lanes: Lanes,
-        days: int,
-        *,
-        data_dir: Path,
-        clock: Callable[[], datetime],
-        interval: float = 3600.0,
-    ) -> None:
-        self._lanes = lanes
-        self._data_dir = data_dir  # its checkpoint key signs the anchors
-        self._age = timedelta(days=days)
-        self._clock = clock
-        super().__init__(
-            self.prune_now,
-            interval=interval,
-            name="decision-retention",
-            log=log,
-            event="decision_log",
-        )
-
-    def prune_now(self) -> int:
-        now = self._clock()
-        signer = CheckpointSigner.from_data_dir(self._data_dir)
-        return prune_log(self._lanes, now - self._age, signer, now)

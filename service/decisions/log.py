@@ -1,7 +1,7 @@
 """The compliance decision log: what an entry holds, and where it is indexed.
 
 Every decision the service makes becomes one entry of the evidence chain
-(`store.evidence_chain`): the decision trace, who asked, for what, the full
+(`store.chain`): the decision trace, who asked, for what, the full
 policy input (which never holds raw text), and the outcome (HTTP status,
 whether anything was applied). Each tenant's entries are a chain of their own
 (`chain_name`: entries that name no tenant go on `NO_TENANT_CHAIN`), so a
@@ -41,10 +41,11 @@ from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
 from store.canonical import Encoded
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_name, chain_names
 from store.chain_head import SYSTEM_CHAIN
 from store.checkpoints import CheckpointSigner
 from store.derived import DerivedOnce
-from store.evidence_chain import EvidenceChain, chain_name, chain_names
 from store.keys import LaneKey, TenantResourceLane
 
 

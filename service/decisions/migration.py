@@ -34,22 +34,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.decisions.log import decision_id_key, seq_name
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
-from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.evidence_chain import (
-    CHAIN_FIELDS,
+from store.chain.append import ChainExtension
+from store.chain.entry import CHAIN_FIELDS, parse_entry
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import (
     LEGACY_CHAIN,
-    ChainVerification,
-    EvidenceChain,
     anchor_key,
     chain_name,
     chain_names,
     entry_key,
     legacy_chain_present,
-    marker_key,
-    parse_entry,
-    seal,
 )
+from store.chain.walk import ChainVerification
+from store.chain_head import ChainHead, format_timestamp
+from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.keys import LaneKey, TenantResourceLane
 
 MIGRATION_KEY = LaneKey(TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"chain_migration")
@@ -86,7 +84,7 @@ def migrate(lanes: Lanes, now: datetime) -> ChainMigration | None:
     verified = legacy.verify()
     if not verified.ok:
         raise LegacyChainUnverified(verified)
-    heads: dict[str, ChainHead] = {}
+    extensions: dict[str, ChainExtension] = {}
     moved = 0
     with lanes.batch(sync=True) as batch:
         for seq, stored in legacy.stored_entries(until_seq=verified.head_seq):
@@ -94,17 +92,16 @@ def migrate(lanes: Lanes, now: datetime) -> ChainMigration | None:
             body = {name: value for name, value in entry.items() if name not in CHAIN_FIELDS}
             body["legacy"] = {name: entry[name] for name in CHAIN_FIELDS}
             name = chain_name(_tenant_of(entry))
-            if name not in heads:
-                heads[name] = EvidenceChain(lanes, name).head()
-                if heads[name].seq == 0:
-                    batch.put(marker_key(name), b"")
-            sealed, heads[name] = seal([body], heads[name], name)
-            batch.put(sealed[0].key, sealed[0].value)
+            if name not in extensions:
+                extensions[name] = EvidenceChain(lanes, name).extension()
+            (sealed,) = extensions[name].seal([body])
             decision_id = _member(entry, "decision").get("decision_id")
             if isinstance(decision_id, str):
-                batch.put(decision_id_key(name, decision_id), seq_name(sealed[0].seq))
+                batch.put(decision_id_key(name, decision_id), seq_name(sealed.seq))
             batch.delete(entry_key(seq, LEGACY_CHAIN))
             moved += 1
+        for extension in extensions.values():
+            extension.add_to(batch)
         for key, _ in lanes.scan(TenantResourceLane.TRACE_INDEX):
             if key.tenant == LEGACY_CHAIN or not key.name.startswith(b"id:"):
                 batch.delete(key)  # the old indexes: by decision id (no tenant), by tenant and seq
@@ -114,7 +111,7 @@ def migrate(lanes: Lanes, now: datetime) -> ChainMigration | None:
             old_head=ChainHead(seq=verified.head_seq, hash=verified.head_hash),
             old_anchor=legacy.anchor(),
             entries=moved,
-            chains=heads,
+            chains={name: extension.head for name, extension in extensions.items()},
         )
         batch.put(MIGRATION_KEY, canonical_json(record.model_dump(mode="json")))
     return record

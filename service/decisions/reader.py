@@ -28,9 +28,11 @@ from service.contract import DECISION_ID
 from service.decisions.log import DecisionLogEntry, decision_id_key, opa_event
 from service.decisions.query import DecisionQuery
 from store.backends.contract import Lanes
+from store.chain.entry import parse_entry
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_names
 from store.chain_head import ChainHead
 from store.chain_loss import LOSS_MEMBER
-from store.evidence_chain import EvidenceChain, chain_names, parse_entry
 
 log = logging.getLogger("sessionstate.decisions")
 EVERYTHING = DecisionQuery()

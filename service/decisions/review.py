@@ -28,17 +28,11 @@ from service.decisions.reader import DecisionLogReader
 from service.store_backend import StoreTarget, embedded_target
 from store import signed_head
 from store.backends.contract import ExpectationFailed, Lanes, Mode
-from store.chain_head import SYSTEM_CHAIN, format_timestamp
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import LEGACY_CHAIN, is_chain_name, legacy_chain_present, tenant_chain_names
+from store.chain.walk import ChainVerification
+from store.chain_head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
 from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.evidence_chain import (
-    LEGACY_CHAIN,
-    NO_TENANT_CHAIN,
-    ChainVerification,
-    EvidenceChain,
-    is_chain_name,
-    legacy_chain_present,
-    tenant_chain_names,
-)
 from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.secrets import SECRETS_DIR
 from store.signed_head import ChainUnverified, verified_checkpoint, verify_every_chain, whole_walk

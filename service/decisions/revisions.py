@@ -26,6 +26,7 @@ then `complete` is false. A new store is complete from its start.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,17 +38,11 @@ from service.decisions.live import LiveInterval, fits, live_at, stored
 from service.decisions.log import DecisionEntryBody
 from service.policy.client import UNKNOWN
 from service.reasons import Reason
-from store.backends.contract import ExpectationFailed, Lanes
+from store.backends.contract import ExpectationFailed, LaneBatch, Lanes
 from store.canonical import canonical_json
-from store.evidence_chain import (
-    LEGACY_CHAIN,
-    EvidenceChain,
-    chain_names,
-    entry_key,
-    marker_key,
-    parse_entry,
-    tenant_chain_names,
-)
+from store.chain.entry import parse_entry
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, marker_key, tenant_chain_names
 from store.keys import LaneKey, TenantResourceLane
 
 _PREFIX = b"revision:"
@@ -173,6 +168,21 @@ def _summarised(
     return summaries
 
 
+@dataclass(frozen=True)
+class SummaryUpdate:
+    """A batch's summary writes: each summary's new value, and what the commit expects each
+    key to hold (as read)."""
+
+    puts: list[tuple[LaneKey, bytes]]
+    read: list[tuple[LaneKey, bytes | None]]
+
+    def add_to(self, batch: LaneBatch) -> None:
+        for key, as_read in self.read:
+            batch.expect(key, as_read)
+        for key, value in self.puts:
+            batch.put(key, value)
+
+
 class SummaryCache:
     """The journal's summaries as it last read or wrote them, as stored and as parsed; cleared
     when a commit lost a race or the store was reopened: another writer may have added to
@@ -191,9 +201,7 @@ class SummaryCache:
         self._known.clear()
         self._staged.clear()
 
-    def updates(
-        self, bodies: Iterable[DecisionEntryBody]
-    ) -> tuple[list[tuple[LaneKey, bytes]], list[tuple[LaneKey, bytes | None]]]:
+    def updates(self, bodies: Iterable[DecisionEntryBody]) -> SummaryUpdate:
         """The summary puts for a batch's entries, and what the commit expects each key to
         hold (as read), so a summary is never overwritten with a count that missed some."""
         by_chain: dict[str, list[dict[str, Any]]] = {}
@@ -227,11 +235,11 @@ class SummaryCache:
                 key = summary_key(chain, revision)
                 puts.append((key, canonical_json(summary.model_dump())))
                 self._staged[key.encode()] = summary
-        return puts, expected
+        return SummaryUpdate(puts, expected)
 
-    def written(self, puts: Iterable[tuple[LaneKey, bytes]]) -> None:
+    def written(self, update: SummaryUpdate) -> None:
         """The last `updates`' puts were committed: they are what the store holds now."""
-        for key, value in puts:
+        for key, value in update.puts:
             encoded = key.encode()
             staged = self._staged.pop(encoded, None)
             self._known[encoded] = (value, staged if staged is not None else _parsed(value))

@@ -29,10 +29,11 @@ from pathlib import Path
 
 from service.metrics import ServiceMetrics
 from store.backends.contract import Lanes
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import chain_names
 from store.chain_head import parse_timestamp
 from store.chain_scrub import scrub_in_progress, scrub_step
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import EvidenceChain, chain_names
 from store.full_walk import FullWalk, last_full_walk
 
 log = logging.getLogger("sessionstate.decisions")

@@ -1,14 +1,13 @@
 """Reading a request body into its pydantic model: 415, 400 or 422, never a 500.
 
-JSON is parsed strictly: one document, no duplicate keys, no NaN or Infinity.
-Errors carry paths and rule names, never values, and never the name of a member
+JSON is parsed strictly (`store.strict_json`): one document, no duplicate keys,
+no NaN or Infinity. Errors carry paths and rule names, never values, and never the name of a member
 the model does not know (that is reported as "(unknown member)").
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from flask import request
 from pydantic import BaseModel, ValidationError
@@ -16,25 +15,11 @@ from werkzeug.exceptions import HTTPException
 
 from service.http.problems import Problem
 from service.reasons import Reason
+from store.strict_json import MalformedJson, strict_loads
 from store.violations import violations_of
 
 M = TypeVar("M", bound=BaseModel)
 MAX_BODY_BYTES = 1024 * 1024
-
-
-class _MalformedJson(ValueError):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise _MalformedJson
-    return result
-
-
-def _no_constants(_: str) -> Any:
-    raise _MalformedJson
 
 
 def json_body(model: type[M], *, optional: bool = False) -> M:
@@ -50,12 +35,8 @@ def json_body(model: type[M], *, optional: bool = False) -> M:
     if request.mimetype != "application/json" and not request.mimetype.endswith("+json"):
         raise Problem(Reason.UNSUPPORTED_MEDIA_TYPE)
     try:
-        document = json.loads(
-            raw.decode("utf-8"),
-            object_pairs_hook=_no_duplicate_keys,
-            parse_constant=_no_constants,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        document = strict_loads(raw)
+    except MalformedJson:
         raise Problem(Reason.MALFORMED_JSON) from None
     try:
         return model.model_validate(document)

@@ -41,8 +41,8 @@ from service.wire import (
     DecisionVerifyResponse,
     PolicyRevisionsResponse,
 )
+from store.chain.entry import ChainCorrupt
 from store.checkpoints import CheckpointSigner
-from store.evidence_chain import ChainCorrupt
 from store.full_walk import FullWalk, last_full_walk, record_full_walk
 from store.signed_head import Verified, resumed_checkpoint
 from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of

@@ -26,7 +26,8 @@ from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
 from service.store_backend import StoreTarget
 from store.backends.contract import Lanes, Mode
-from store.evidence_chain import chain_name, parse_entry
+from store.chain.entry import parse_entry
+from store.chain.keys import chain_name
 from store.integrity import StoreBusy, StoreUnavailable
 
 

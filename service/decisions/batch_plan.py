@@ -1,0 +1,138 @@
+"""`BatchPlan`: one group commit's batch, decided and sealed, with every write it makes.
+
+The journal's leader takes the entries queued on its line (`QueuedEntry`) and
+plans them in order (`plan_batch`): each durable write is decided by its
+precondition against the state as the batch leaves it (`RecordWrites`), each
+entry gets its outcome and is sealed onto its chain after the head the journal
+knows (`ChainExtension`), and the plan carries what else the decisions write:
+the keys they changed (an approval granted or revoked, an activation) with the
+entries' indexes (`KeyChanges`), and the policy revisions' summaries
+(`SummaryUpdate`). `BatchPlan.add_to` puts all of it in one store batch, with
+what its commit expects; after a lost race the batch is planned again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import SpanContext
+
+from service.decisions.log import DecisionEntryBody, DecisionOutcome, index_puts
+from service.decisions.record_writes import RecordWrites, StateWrite
+from service.decisions.revisions import SummaryCache, SummaryUpdate
+from store.backends.contract import LaneBatch, Lanes
+from store.chain.append import ChainExtension
+from store.chain.entry import SealedEntry
+from store.chain_head import ChainHead
+from store.keys import LaneKey
+from store.session_state import StoredVersion
+
+
+@dataclass
+class QueuedEntry:
+    """One entry on its way to the chain, with what it changes if its decision allowed."""
+
+    body: DecisionEntryBody
+    status: int = 0  # the answer's; a write's is decided at commit, by its precondition
+    approval_id: str | None = None
+    write: StateWrite | None = None
+    puts: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)  # None: delete
+    # Set when the entry is committed (or failed), or when the lead is handed to this request.
+    wake: threading.Event = field(default_factory=threading.Event)
+    entry: dict[str, Any] | None = None
+    error: BaseException | None = None
+    link: SpanContext | None = None  # the request's commit span, which the batch's links to
+
+    @property
+    def settled(self) -> bool:
+        """Committed (`entry`) or failed (`error`)."""
+        return self.entry is not None or self.error is not None
+
+    def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
+        """The entry's outcome, built here only. Any entry but a write is applied exactly
+        when it has keys to store; a write, when its precondition holds against the stored
+        version at commit (201 created, 200 replaced), else it is 412 and not applied."""
+        if self.write is None or stored is None:
+            status, applied = self.status, bool(self.puts)
+        elif self.write.precondition.holds(stored):
+            status, applied = (201 if stored.version is None else 200), True
+        else:
+            status, applied = 412, False
+        return DecisionOutcome(status=status, applied=applied, approval_id=self.approval_id)
+
+
+@dataclass
+class KeyChanges:
+    """Keys a batch's decisions changed, and its entries' indexes (a value None deletes)."""
+
+    changes: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)
+
+    def extend(self, changes: Iterable[tuple[LaneKey, bytes | None]]) -> None:
+        self.changes.extend(changes)
+
+    def add_to(self, batch: LaneBatch) -> None:
+        for key, value in self.changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+
+
+@dataclass
+class BatchPlan:
+    """A batch ready to commit: its entries (one per queued entry, in order), each chain's
+    extension, and the effects the entries allowed."""
+
+    entries: list[SealedEntry]
+    chains: dict[str, ChainExtension]
+    records: RecordWrites
+    changes: KeyChanges
+    summaries: SummaryUpdate
+
+    @property
+    def heads(self) -> dict[str, ChainHead]:
+        """Each chain's head once the batch is committed."""
+        return {name: chain.head for name, chain in self.chains.items()}
+
+    def add_to(self, batch: LaneBatch) -> None:
+        """Every write of the plan, and what its commit expects, in one store batch."""
+        self.records.add_to(batch)
+        self.changes.add_to(batch)
+        self.summaries.add_to(batch)
+        for chain in self.chains.values():
+            chain.add_to(batch)
+
+
+def plan_batch(
+    queued: Sequence[QueuedEntry],
+    *,
+    lanes: Lanes,
+    head: Callable[[str], ChainHead],
+    recorded_at: str,
+    summaries: SummaryCache,
+) -> BatchPlan:
+    """Decide each write against the state as the batch leaves it, and seal each entry,
+    dated `recorded_at`, onto its chain after `head(chain)` (read once per chain)."""
+    records = RecordWrites(lanes)
+    changes = KeyChanges()
+    chains: dict[str, ChainExtension] = {}
+    entries: list[SealedEntry] = []
+    for item in queued:
+        write = item.write
+        outcome = item.outcome(None if write is None else records.version(write))
+        if write is not None and outcome.applied:
+            records.write(write)
+        changes.extend(item.puts)
+        body = item.body
+        if body.chain not in chains:
+            chains[body.chain] = ChainExtension(body.chain, head(body.chain))
+        (sealed,) = chains[body.chain].seal(
+            [body.sealable(outcome, recorded_at)], encoded_members=[body.encoded_members]
+        )
+        changes.extend(index_puts(body, sealed.seq))
+        entries.append(sealed)
+    update = summaries.updates(item.body for item in queued)
+    return BatchPlan(entries, chains, records, changes, update)

@@ -1,0 +1,14 @@
+"""The decision log's evidence chain: one append-only, tamper-evident hash chain per tenant.
+
+A compliance reviewer must be able to tell that no recorded entry was edited,
+removed, inserted or reordered after the fact. So every entry carries its `seq`,
+the previous entry's `hash`, and its own `hash` (the canonical digest of the
+entry without `hash`): changing any entry breaks it or the link to it. Cutting
+the newest entries leaves a shorter chain that still links; only a checkpoint
+signed earlier (`store.checkpoints`) shows that.
+
+The package's modules: where a chain lives in the store (`keys`), the entry
+format and its sealing (`entry`), entries added to a batch with what guards
+them (`append`), the retention anchor as stored (`anchor`), the verification
+walk (`walk`), and the chain over a lane store (`evidence`: `EvidenceChain`).
+"""
