@@ -1,4 +1,4 @@
-"""The lane-store contract: what the chain, the session store and the journal need of a store.
+"""The lane-store contract: what the chains, the session store and the journal need of a store.
 
 Two backends keep it: the embedded LevelDB (`store.lanes.LaneStore`) and
 PostgreSQL (`store.backends.postgres.PostgresLaneStore`). One parametrised
@@ -25,9 +25,10 @@ suite (tests/test_lane_store_contract.py) holds both to it.
   was under way; LevelDB when the record reached its log whole but the sync
   failed). A latched store refuses writes (`StoreUnwritable`, nothing done)
   until `reopen()` has succeeded, so a writer that caches what it wrote (the
-  journal's chain head) reads it again first.
-- Lanes with no tenant component are keys too; a batch may mix tenants (the
-  journal's batches do, while the decision chain is one for all tenants).
+  journal's chain heads) reads it again first.
+- Lanes with no tenant component are keys too. A batch may mix tenants: on
+  LevelDB the journal's batches do (every tenant's chain shares one batch),
+  while on PostgreSQL each of its batches holds one tenant's chain.
 """
 
 from __future__ import annotations
