@@ -58,8 +58,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from service.app import create_app
-from service.approval_index import mark_index_complete_if_empty
-from service.approvals import Approval, ApprovalStore, approval_writes, revocation
+from service.approvals.index import mark_index_complete_if_empty
+from service.approvals.lookup import ApprovalStore
+from service.approvals.model import Approval
+from service.approvals.writes import approval_writes, revocation
 from service.auth import mint_token
 from service.context import ServiceContext
 from service.decisions.log import decision_id_key, seq_name

@@ -18,8 +18,8 @@ from typing import Any
 import jwt
 from pydantic import ValidationError
 
-from service.approval_index import index_approvals, mark_index_complete_if_empty
-from service.approvals import ApprovalStore
+from service.approvals.index import index_approvals, mark_index_complete_if_empty
+from service.approvals.lookup import ApprovalStore
 from service.auth import mint_token
 from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
 from service.decisions import review as decision_review

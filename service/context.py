@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from service.approval_index import ExpiredApprovalPruner, mark_index_complete_if_empty
-from service.approvals import ApprovalStore
+from service.approvals.index import ExpiredApprovalPruner, mark_index_complete_if_empty
+from service.approvals.lookup import ApprovalStore
 from service.auth import ProviderSettings, TokenVerifier
 from service.decisions import revisions
 from service.decisions.activation_log import ActivationLog

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from service.approvals import ApprovalGrantInput
+from service.approvals.model import ApprovalGrantInput
 from service.contract import (
     APPROVAL,
     APPROVALS,

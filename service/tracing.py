@@ -22,7 +22,7 @@ The spans of one request (docs/operators.md, "Tracing"):
   of those requests) in one `sessionstate.journal.batch` span of its own trace,
   linked to each entry's commit span.
 
-No span carries raw text: every span passes `_Scrubbed` on its way out, which
+No span carries raw text: every span passes a scrubbing exporter (`_scrubbed`) on its way out, which
 keeps only the attributes named in `_KEPT` (methods, route templates, status
 codes, ids, actions, allow and reason codes), drops events (exception messages)
 and status descriptions, and names a request span by method and route template,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.approvals import Approval
+from service.approvals.model import Approval
 from service.decisions.log import DecisionLogEntry
 from service.decisions.revisions import RevisionReport
 from service.policy.trace import DecisionTrace

@@ -48,12 +48,3 @@ def exactly_one_of(first: str, second: str) -> JsonDict:
             for name in (first, second)
         ]
     }
-
-
-# Rules JSON Schema cannot state (across fields, or about tokens the service issued);
-# the schema says them in words.
-RULES_BEYOND_SCHEMA = (
-    "max_tokens_exceeds_context_window",
-    "duplicate_id_conflict",
-    "invalid_cursor",
-)

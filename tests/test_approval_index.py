@@ -6,32 +6,33 @@ upgrade` indexes it. On LevelDB and on PostgreSQL."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from service.approval_index import (
+from service.approvals.index import (
     index_approvals,
     mark_index_complete_if_empty,
     prune_expired_index,
 )
-from service.approvals import (
+from service.approvals.lookup import ApprovalStore
+from service.approvals.model import (
     INDEX_COMPLETE,
     Approval,
     ApprovalGrantInput,
-    ApprovalStore,
-    approval_writes,
     index_key,
-    revocation,
     stored_form,
 )
+from service.approvals.writes import approval_writes, new_approval, revocation
 from service.cli import main
 from service.decisions.journal import DecisionJournal
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
 from tests.counting_lanes import CountingLanes
 from tests.factories import decision_entry_body, scope
+from tests.journalled_approvals import JournalledApprovals
 from tests.live import DIGEST_KEY, JWT_SECRET
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -44,13 +45,20 @@ def lanes(lanes_on_both: Lanes) -> Lanes:
 
 
 @pytest.fixture
-def approvals(lanes: Lanes) -> ApprovalStore:
+def journal(lanes: Lanes) -> Iterator[DecisionJournal]:
+    journal = DecisionJournal(lanes)
+    yield journal
+    journal.close()
+
+
+@pytest.fixture
+def approvals(lanes: Lanes, journal: DecisionJournal) -> JournalledApprovals:
     assert mark_index_complete_if_empty(lanes)  # a new store: its index is complete
-    return ApprovalStore(lanes)
+    return JournalledApprovals(lanes, journal)
 
 
 def grant(
-    approvals: ApprovalStore,
+    approvals: JournalledApprovals,
     session_id: str | None = "chat-1",
     *,
     ttl: int = 600,
@@ -61,10 +69,12 @@ def grant(
     return approvals.grant(TENANT, workspace, wanted, "op-1", at)
 
 
-def test_the_lookup_of_a_write_reads_only_what_applies(lanes: Lanes) -> None:
+def test_the_lookup_of_a_write_reads_only_what_applies(
+    lanes: Lanes, journal: DecisionJournal
+) -> None:
     counted = CountingLanes(lanes)
     assert mark_index_complete_if_empty(lanes)
-    approvals = ApprovalStore(counted)  # type: ignore[arg-type]
+    approvals = JournalledApprovals(counted, journal)  # type: ignore[arg-type]
     for n in range(40):
         grant(approvals, ttl=60, at=NOW - timedelta(hours=1, seconds=n))  # expired
         revoked = grant(approvals, ttl=7200)
@@ -82,7 +92,9 @@ def test_the_lookup_of_a_write_reads_only_what_applies(lanes: Lanes) -> None:
     assert (counted.scanned, counted.got) == (0, 0)  # the workspace's keys all expired
 
 
-def test_a_revoked_approval_is_not_applied_and_leaves_the_index(approvals: ApprovalStore) -> None:
+def test_a_revoked_approval_is_not_applied_and_leaves_the_index(
+    approvals: JournalledApprovals,
+) -> None:
     own = grant(approvals)
     workspace_wide = grant(approvals, None)
     assert approvals.covering(scope(), NOW) == own
@@ -94,7 +106,7 @@ def test_a_revoked_approval_is_not_applied_and_leaves_the_index(approvals: Appro
     assert approvals.active(TENANT, WORKSPACE, NOW) == []
 
 
-def test_other_sessions_approvals_are_not_applied(approvals: ApprovalStore) -> None:
+def test_other_sessions_approvals_are_not_applied(approvals: JournalledApprovals) -> None:
     grant(approvals, "chat-2")
     grant(approvals, "chat-1", workspace="ws-2")
     assert approvals.covering(scope(), NOW) is None
@@ -102,7 +114,9 @@ def test_other_sessions_approvals_are_not_applied(approvals: ApprovalStore) -> N
     assert theirs is not None and theirs.session_id == "chat-2"
 
 
-def test_of_several_expiring_at_once_the_greatest_id_applies(approvals: ApprovalStore) -> None:
+def test_of_several_expiring_at_once_the_greatest_id_applies(
+    approvals: JournalledApprovals,
+) -> None:
     """As before the index: the greatest (expires_at, approval_id) in force."""
     granted = [grant(approvals, ttl=600) for _ in range(4)]
     greatest = max(granted, key=lambda approval: approval.approval_id)
@@ -112,7 +126,7 @@ def test_of_several_expiring_at_once_the_greatest_id_applies(approvals: Approval
     assert approvals.covering(scope(), NOW) == rest
 
 
-def test_of_several_the_one_that_expires_last_applies(approvals: ApprovalStore) -> None:
+def test_of_several_the_one_that_expires_last_applies(approvals: JournalledApprovals) -> None:
     grant(approvals, ttl=600)
     longest = grant(approvals, ttl=900)
     grant(approvals, ttl=300)
@@ -122,7 +136,7 @@ def test_of_several_the_one_that_expires_last_applies(approvals: ApprovalStore) 
 
 
 def test_expired_approvals_are_pruned_from_the_index_and_kept_as_history(
-    approvals: ApprovalStore, lanes: Lanes
+    approvals: JournalledApprovals, lanes: Lanes
 ) -> None:
     expired = grant(approvals, ttl=1, at=NOW - timedelta(seconds=5))
     current = grant(approvals, ttl=600)
@@ -137,7 +151,7 @@ def test_expired_approvals_are_pruned_from_the_index_and_kept_as_history(
 
 
 def test_an_index_key_left_for_a_revoked_approval_does_not_apply(
-    approvals: ApprovalStore, lanes: Lanes
+    approvals: JournalledApprovals, lanes: Lanes
 ) -> None:
     """As an upgrade racing a revocation could leave: the approval itself decides."""
     granted = grant(approvals)
@@ -148,7 +162,7 @@ def test_an_index_key_left_for_a_revoked_approval_does_not_apply(
 
 
 def test_an_index_key_is_checked_against_the_approval_it_names(
-    approvals: ApprovalStore, lanes: Lanes
+    approvals: JournalledApprovals, lanes: Lanes
 ) -> None:
     """A key under another session, or with another expiry, than its approval's is not it."""
     granted = grant(approvals, "chat-2", ttl=60)
@@ -161,41 +175,37 @@ def test_an_index_key_is_checked_against_the_approval_it_names(
 
 
 def test_the_journal_commits_an_approval_with_its_index_key_and_a_revocation_without(
-    lanes: Lanes,
+    lanes: Lanes, journal: DecisionJournal
 ) -> None:
-    journal = DecisionJournal(lanes)
-    try:
-        approval = ApprovalStore.new_approval(
-            TENANT, WORKSPACE, ApprovalGrantInput(ttl_seconds=600, reason="r"), "op-1", NOW
-        )
-        journal.record_effect(
-            decision_entry_body("grant-1"), status=201, puts=approval_writes(approval)
-        )
-        assert lanes.get(index_key(approval)) == b""
-        revoked = revocation(approval, NOW)
-        assert revoked is not None
-        entry = journal.record_effect(
-            decision_entry_body("revoke-1"), status=204, puts=approval_writes(revoked)
-        )
-        assert entry["outcome"]["applied"] is True
-        assert lanes.get(index_key(approval)) is None
-        assert lanes.get(stored_form(revoked)[0]) == stored_form(revoked)[1]
-    finally:
-        journal.close()
+    approval = new_approval(
+        TENANT, WORKSPACE, ApprovalGrantInput(ttl_seconds=600, reason="r"), "op-1", NOW
+    )
+    journal.record_effect(
+        decision_entry_body("grant-1"), status=201, puts=approval_writes(approval)
+    )
+    assert lanes.get(index_key(approval)) == b""
+    revoked = revocation(approval, NOW)
+    assert revoked is not None
+    entry = journal.record_effect(
+        decision_entry_body("revoke-1"), status=204, puts=approval_writes(revoked)
+    )
+    assert entry["outcome"]["applied"] is True
+    assert lanes.get(index_key(approval)) is None
+    assert lanes.get(stored_form(revoked)[0]) == stored_form(revoked)[1]
 
 
 def legacy(lanes: Lanes, now: datetime = NOW) -> dict[str, Approval]:
     """Approvals as a store written before the index holds them: no index keys at all."""
     made = {
-        "applies": ApprovalStore.new_approval(
+        "applies": new_approval(
             TENANT, WORKSPACE, ApprovalGrantInput(session_id="chat-1", ttl_seconds=600, reason="r"),
             "op-1", now,
         ),
-        "expired": ApprovalStore.new_approval(
+        "expired": new_approval(
             TENANT, WORKSPACE, ApprovalGrantInput(ttl_seconds=60, reason="r"),
             "op-1", now - timedelta(hours=1),
         ),
-        "revoked": ApprovalStore.new_approval(
+        "revoked": new_approval(
             TENANT, WORKSPACE, ApprovalGrantInput(ttl_seconds=900, reason="r"), "op-1", now,
         ),
     }  # fmt: skip

@@ -757,7 +757,6 @@ def test_service_configured_as_in_compose_is_ready_with_the_manifest_revision(
 
 # --- docker-compose.ha.yml ---------------------------------------------------------------
 
-HA_COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.ha.yml").read_text())
 HA_SECRETS = (TOKEN_ENV, "SESSIONSTATE_JWT_SECRET", "SESSIONSTATE_DIGEST_KEY")
 
 

@@ -6,7 +6,7 @@ the count of decisions by action, and the count of decisions that failed while
 it was live (OPA gave no answer, or refused the service: the entry names the
 revision `unknown`; they count under the revision live on the instance then,
 `service.decisions.live`). The journal updates it in the same batch as the
-entries it counts (`SummaryUpdate`), so a reader gets the list from a few keys
+entries it counts (`SummaryCache.updates`), so a reader gets the list from a few keys
 instead of a walk of the log. The summary keeps what was decided: entries pruned
 by retention later still count. Rate limit summaries (the service decided
 them) are not counted.

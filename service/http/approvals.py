@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from service.approvals import ApprovalGrantInput, ApprovalStore, approval_writes, revocation
+from service.approvals.model import ApprovalGrantInput
+from service.approvals.writes import approval_writes, new_approval, revocation_writes
 from service.contract import APPROVAL, APPROVAL_ID, APPROVALS, DECISION_ID_HEADER, fill, flask_rule
 from service.http.body import json_body
 from service.http.common import (
@@ -32,7 +33,7 @@ def grant_approval(tenant_id: str, workspace_id: str) -> Response:
         tenant_id=tenant_id, workspace_id=workspace_id, session_id=grant.session_id
     )
     # The policy judges the approval that would be stored (a tenant may bound its lifetime).
-    approval = ApprovalStore.new_approval(
+    approval = new_approval(
         tenant_id, workspace_id, grant, operator=actor.sub, now=context().clock()
     )
     trace = authorize("approval.grant", actor, target, approval=approval)
@@ -70,9 +71,8 @@ def revoke_approval(tenant_id: str, workspace_id: str, approval_id: str) -> Resp
     current = context().approvals.get(tenant_id, workspace_id, approval_id)
     if current is None:
         raise Problem(Reason.APPROVAL_NOT_FOUND, decision=trace)
-    revoked = revocation(current, context().clock())
-    changes = [] if revoked is None else approval_writes(revoked)
-    journal_effect(204, changes, approval_id=approval_id)
+    # Revoking twice changes nothing: the first `revoked_at` stays.
+    journal_effect(204, revocation_writes(current, context().clock()), approval_id=approval_id)
     # 204 has no body: the decision that governed it is named in a header.
     response = Response(status=204, headers={DECISION_ID_HEADER: trace.decision_id})
     del response.headers["Content-Type"]

@@ -16,7 +16,7 @@ from typing import cast
 from flask import Response, current_app, g, request
 from pydantic import BaseModel
 
-from service.approvals import Approval
+from service.approvals.model import Approval
 from service.auth import Actor
 from service.context import ServiceContext
 from service.decisions.journal import WriteResult

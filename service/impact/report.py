@@ -36,7 +36,8 @@ class ImpactExample(BaseModel):
 
 
 class ChangeCounts(BaseModel):
-    """Evaluated decisions of one action or tenant, and how they changed."""
+    """Evaluated decisions of one action or tenant, and how they changed (each change a
+    count named as `DecisionChange` names it)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -101,7 +102,7 @@ class ImpactReport(BaseModel):
         return False
 
 
-_COLUMNS = ("evaluated", "changed", "allow_gained", "allow_lost", "reasons_changed")
+_COLUMNS = tuple(ChangeCounts.model_fields)
 
 
 def render(report: ImpactReport, form: ReportFormat) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from service import tracing
-from service.approvals import Approval
+from service.approvals.model import Approval
 from service.auth import Actor
 from service.metrics import ServiceMetrics
 from service.policy.client import EncodedInput, PolicyClient

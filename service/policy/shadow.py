@@ -29,23 +29,16 @@ from service.policy.change import DecisionChange, decision_change
 from service.policy.client import EncodedInput, PolicyClient
 from service.policy.trace import DecisionTrace
 
+# A change the shadow's decision makes is named as `DecisionChange` names it, but for none,
+# which is `agree`; or the shadow made no decision.
 ShadowOutcome = Literal[
-    "agree", "allow_gained", "allow_lost", "reasons_changed", "unavailable", "timeout"
-]
-SHADOW_OUTCOMES: tuple[ShadowOutcome, ...] = (
     "agree",
-    "allow_gained",
-    "allow_lost",
-    "reasons_changed",
+    DecisionChange.ALLOW_GAINED,
+    DecisionChange.ALLOW_LOST,
+    DecisionChange.REASONS_CHANGED,
     "unavailable",
     "timeout",
-)
-_OUTCOMES: dict[DecisionChange, ShadowOutcome] = {
-    DecisionChange.UNCHANGED: "agree",
-    DecisionChange.ALLOW_GAINED: "allow_gained",
-    DecisionChange.ALLOW_LOST: "allow_lost",
-    DecisionChange.REASONS_CHANGED: "reasons_changed",
-}
+]
 THREADS = 8
 
 
@@ -69,7 +62,7 @@ def compare(live: DecisionTrace, shadow: DecisionTrace) -> ShadowDecision:
     """The shadow's decision beside the live one."""
     if shadow.engine_unavailable:
         return _no_decision("unavailable")
-    outcome = _OUTCOMES[decision_change(live, shadow)]
+    outcome = _outcome(decision_change(live, shadow))
     return ShadowDecision(
         outcome=outcome,
         agrees=outcome == "agree",
@@ -77,6 +70,10 @@ def compare(live: DecisionTrace, shadow: DecisionTrace) -> ShadowDecision:
         allow=shadow.allow,
         reasons=shadow.reasons,
     )
+
+
+def _outcome(change: DecisionChange) -> ShadowOutcome:
+    return "agree" if change is DecisionChange.UNCHANGED else change
 
 
 def _no_decision(outcome: ShadowOutcome) -> ShadowDecision:

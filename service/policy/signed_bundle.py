@@ -64,7 +64,6 @@ from service.policy.source import (
 log = logging.getLogger(__name__)
 SigningAlg = Literal["RS256", "ES256", "HS256"]
 SIGNING_ALGS: tuple[SigningAlg, ...] = ("RS256", "ES256", "HS256")
-KEY_ID = "sessionstate"
 MAX_MESSAGE = 300  # OPA's reason, cut: enough to tell a bad signature from a tampered file
 
 

@@ -1,4 +1,4 @@
-"""The lane-store contract: what the chain, the session store and the journal need of a store.
+"""The lane-store contract: what the chains, the session store and the journal need of a store.
 
 Each backend is one class in a module of its own beside this one (the embedded
 LevelDB in `leveldb.py`, PostgreSQL in `postgres.py`), registered by name in
@@ -38,11 +38,11 @@ What the operations promise:
   was under way; LevelDB when the record reached its log whole but the sync
   failed). A latched store refuses writes (`StoreUnwritable`, nothing done)
   until `reopen()` has succeeded, so a writer that caches what it wrote (the
-  journal's chain head) reads it again first.
-- Lanes with no tenant component are keys too; a batch may mix tenants (each
-  tenant's decisions are a chain of their own, but the journal's batches on a
-  store of one process carry several chains), unless the store declares
-  `one_tenant_per_transaction`.
+  journal's chain heads) reads it again first.
+- Lanes with no tenant component are keys too. A batch may mix tenants: on a
+  store of one process (LevelDB) the journal's batches do (every tenant's chain
+  shares one batch), while a store that declares `one_tenant_per_transaction`
+  (PostgreSQL) gets batches that each hold one tenant's chain.
 """
 
 from __future__ import annotations

@@ -106,10 +106,6 @@ Connection = psycopg.Connection[tuple[object, ...]]
 T = TypeVar("T")
 
 
-class _Retry(Exception):
-    """This attempt failed in a way that a new attempt may not."""
-
-
 def redacted(conninfo: str) -> str:
     """The connection string without its password, for readiness reports and logs."""
     params = conninfo_to_dict(conninfo)

@@ -1,6 +1,6 @@
-"""Keeping the approvals' index (`service.approvals`): pruning the keys of expired
-approvals, marking a new store's index complete, and building the index of a store
-written before it existed (`sessionstate db upgrade`).
+"""Keeping the approvals' index: pruning the keys of expired approvals, marking a new
+store's index complete, and building the index of a store written before it existed
+(`sessionstate db upgrade`).
 
 The approvals themselves are never deleted here: expired ones stay stored as
 history, only their index keys go. Each tenant's keys are written in batches of
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from service.approvals import INDEX_COMPLETE, index_key, indexed_as, parse_stored
+from service.approvals.model import INDEX_COMPLETE, index_key, indexed_as, parse_stored
 from service.periodic import PeriodicPrune
 from store.backends.contract import Lanes
 from store.keys import LaneKey, TenantResourceLane
