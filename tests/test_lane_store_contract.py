@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -384,12 +386,27 @@ def test_a_leveldb_opened_read_only_is_a_copy_deleted_at_close(tmp_path: Path) -
 
 
 def test_a_leveldb_another_process_holds_is_not_copied(tmp_path: Path) -> None:
-    held = LevelDBLaneStore(tmp_path / "leveldb")
+    """Held by another process: POSIX record locks do not conflict within one process
+    (and closing a descriptor drops them all), so the holder must be another one."""
+    LevelDBLaneStore(tmp_path / "leveldb").close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from store.backends.leveldb import LevelDBLaneStore; "
+            "held = LevelDBLaneStore(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()",
+            str(tmp_path / "leveldb"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         with pytest.raises(StoreBusy):
             LevelDBLaneStore.open(str(tmp_path / "leveldb"), Mode.READ_ONLY)
     finally:
-        held.close()
+        holder.communicate("", timeout=30)
 
 
 def test_an_embedded_store_not_made_yet_is_not_present(tmp_path: Path) -> None:
