@@ -9,7 +9,9 @@ keys that sign and name a `kid`); this module decides when it is asked:
   is up. From half that age on, the first request that uses it starts a fetch
   in the background and goes on with the set it has.
 - One fetch at a time (single flight), on a thread of its own, given up after
-  `timeout_seconds` as a whole. The request that started it waits for it, at
+  `timeout_seconds` as a whole. A fetch given up may go on (urllib bounds each
+  read, not the whole: a provider that trickles bytes keeps it alive); no other
+  starts until it ends, so such a provider holds one thread and one connection. The request that started it waits for it, at
   most that long; any other request that needs what the fetch may bring (no
   set young enough, or a `kid` the set lacks) fails at once with
   `KeysUnavailable`: no request thread waits behind the provider.
@@ -62,6 +64,7 @@ class ProviderKeys:
         self._cache_seconds = cache_seconds
         self._cooldown = cooldown_seconds
         self._timeout = timeout_seconds
+        self._stray: _Flight | None = None  # the last fetch given up, while it runs
         self._guard = threading.Lock()
         self._set: _KeySet | None = None
         self._flight: _Flight | None = None
@@ -89,7 +92,7 @@ class ProviderKeys:
         now = time.monotonic()
         self._give_up_late_flight(now)
         current = self._fresh(now)
-        idle = self._flight is None and self._may_fetch(now, current)
+        idle = self._flight is None and not self._straying() and self._may_fetch(now, current)
         if current is not None and kid in current.keys:
             if idle and now - current.fetched_at >= self._cache_seconds / 2:
                 self._start(now)
@@ -135,7 +138,14 @@ class ProviderKeys:
 
     def _give_up_late_flight(self, now: float) -> None:
         if self._flight is not None and now >= self._flight.deadline:
+            self._stray = self._flight  # its thread may go on (a trickling provider)
             self._ended(failed=True)
+
+    def _straying(self) -> bool:
+        """Whether a fetch given up is still running: no other starts beside it, so a
+        provider that trickles bytes holds one thread and one connection, never more."""
+        stray = self._stray
+        return stray is not None and not stray.done.is_set()
 
     def _ended(self, *, failed: bool) -> None:
         self._flight = None

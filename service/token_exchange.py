@@ -170,7 +170,8 @@ class FormFields(Protocol):
 
 def public_origin(url: str) -> str:
     """`SESSIONSTATE_PUBLIC_URL` as the origin a resource's URL must start with exactly:
-    `http(s)://host[:port]`, lowercased, without a trailing `/`.
+    `http(s)://host[:port]`, lowercased, without a trailing `/` or the scheme's default
+    port (a resource's URL is compared the same way).
 
     Raises ValueError (a fixed message, never the value) for anything else: a path, a
     query, a fragment, credentials, no host, a port that is no port.
@@ -186,8 +187,16 @@ def public_origin(url: str) -> str:
         raise ValueError("must name no user or password")
     if parts.path not in ("", "/") or parts.query or parts.fragment or "?" in url or "#" in url:
         raise ValueError("must have no path, query or fragment: only scheme, host and port")
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    return f"{parts.scheme}://{host}" + ("" if port is None else f":{port}")
+    return _origin(parts.scheme, parts.hostname, port)
+
+
+def _origin(scheme: str, hostname: str, port: int | None) -> str:
+    """An origin as compared: scheme and host lowercased (RFC 3986 says they are
+    case-insensitive), the scheme's default port left out."""
+    host = hostname if ":" not in hostname else f"[{hostname}]"
+    default = {"https": 443, "http": 80}.get(scheme.lower())
+    shown = "" if port is None or port == default else f":{port}"
+    return f"{scheme.lower()}://{host.lower()}{shown}"
 
 
 def read_exchange(
@@ -281,7 +290,8 @@ def _session(resource: str | None, origin: str | None) -> TenantScope | None:
 
     Nothing is decoded or normalised: a segment that is not a scope id as sent
     (percent-escapes included) makes the resource malformed, and so does a URL when
-    no origin is configured, or one whose scheme, host and port are not `origin`'s.
+    no origin is configured, or one whose scheme, host and port are not `origin`'s (in
+    any case, the default port written or not), or that names credentials.
     """
     if resource is None or len(resource) > MAX_RESOURCE_CHARS:
         return None
@@ -291,9 +301,12 @@ def _session(resource: str | None, origin: str | None) -> TenantScope | None:
             return None
         try:
             parts = urlsplit(resource)
+            port = parts.port
         except ValueError:
             return None
-        named = f"{parts.scheme}://{parts.netloc}"
+        if not parts.hostname or parts.username is not None or parts.password is not None:
+            return None
+        named = _origin(parts.scheme, parts.hostname, port)
         if named != origin or parts.query or parts.fragment or "#" in resource:
             return None
         path = parts.path

@@ -45,6 +45,7 @@ class Provider:
     fetches: int = 0
     down: bool = False
     body: bytes | None = None
+    trickle: bool = False  # while held, send the headers and then a byte now and then
     held: threading.Event = field(default_factory=threading.Event)
     entered: threading.Event = field(default_factory=threading.Event)
     url: str = ""
@@ -107,6 +108,15 @@ def provider() -> Iterator[Provider]:
         def do_GET(self) -> None:
             with state.guard:
                 state.fetches += 1
+            if not state.held.is_set() and state.trickle:
+                state.entered.set()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                while not state.held.wait(0.05):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                return
             if not state.held.is_set():
                 state.entered.set()
                 state.held.wait()
@@ -427,3 +437,22 @@ def test_a_set_getting_old_is_fetched_again_while_requests_go_on_with_it(
         assert provider.entered.wait(10)
         assert provider.fetches == 2
         provider.held.set()
+
+
+def test_a_provider_that_trickles_bytes_holds_one_fetch_never_more(
+    sidecar: OpaSidecar, tmp_path: Path, provider: Provider
+) -> None:
+    """urllib bounds each read, not the whole fetch: a fetch given up goes on while the
+    provider trickles; no other starts beside it."""
+    provider.add("key-1")
+    provider.trickle = True
+    provider.held.clear()
+    overrides = {"jwt_jwks_timeout_ms": 200, "jwt_jwks_refresh_cooldown_seconds": 0}
+    with _service(sidecar, tmp_path, provider, **overrides) as service:
+        try:
+            for _ in range(5):
+                assert _preview(service, provider.token("key-1")) == (503, "token_keys_unavailable")
+                time.sleep(0.3)  # past the fetch's time: before, each of these started one
+            assert provider.fetches == 1
+        finally:
+            provider.held.set()

@@ -188,6 +188,12 @@ def test_a_sessions_url_under_the_public_origin_is_a_resource_too(public: LiveSe
     assert_resource_malformed(exchange_as(public, public.url + session_of("user-42")))
     for near in ("http://state.example.com", "https://state.example.com:8443", PUBLIC_URL + "."):
         assert_resource_malformed(exchange_as(public, near + session_of("user-42")))
+    # Scheme and host in any case, the default port written or not: the same origin.
+    for same in ("HTTPS://State.Example.COM", "https://state.example.com:443"):
+        assert exchange_as(public, same + session_of("user-42")).status_code == 200
+    assert_resource_malformed(
+        exchange_as(public, "https://u@state.example.com" + session_of("user-42"))
+    )
 
 
 def test_without_a_public_url_only_a_sessions_path_is_a_resource(service: LiveService) -> None:
@@ -223,6 +229,7 @@ def test_a_public_url_is_its_origin(tmp_path: Path) -> None:
         ("https://State.Example.com/", "https://state.example.com"),
         ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
         ("https://[::1]:8443", "https://[::1]:8443"),
+        ("https://state.example.com:443", "https://state.example.com"),
     ]:
         assert configured_public_origin(service_settings(tmp_path, public_url=url)) == origin
     assert configured_public_origin(service_settings(tmp_path)) is None
