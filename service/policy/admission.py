@@ -30,12 +30,19 @@ CHECKS: list[AdmissionCheck] = [
 ]
 
 
-def admit(opa_bin: str, bundle: PolicyBundle, source_dir: Path | None = None) -> list[Refusal]:
+def admit(
+    opa_bin: str,
+    bundle: PolicyBundle,
+    source_dir: Path | None = None,
+    *,
+    memo: bool = True,
+) -> list[Refusal]:
     """Every check's refusals of the bundle (read from `source_dir`, if from a directory);
     a set admitted before, the same in every respect, is not checked again
-    (`service.policy.admission_memo`)."""
+    (`service.policy.admission_memo`), unless `memo` is false (`policy build`: what is
+    signed is checked every time, whatever a cache file says)."""
     key = admission_key(bundle.revision, invariant_modules(source_dir), opa_bin)
-    if remembered(key):
+    if memo and remembered(key):
         return []
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-admission-") as tmp:
         root = Path(tmp) / "bundle"

@@ -20,6 +20,7 @@ nothing: a counterexample hypothesis does not reach is missed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from collections.abc import Callable, Iterator
@@ -42,6 +43,15 @@ from service.settings import default_policy_dir
 VIOLATED = "policy_invariant_violated"
 INVARIANTS_PACKAGE = "sessionstate.invariants"
 SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a directory's
+# The shipped invariants, pinned by the sha256 of their text: in a checkout the default
+# policies are a directory anyone editing the policies can change, so a shipped invariant
+# deleted or edited there refuses every set until this release's code says otherwise
+# (tests/test_policy_invariants.py holds these to the files).
+SHIPPED_DIGESTS = {
+    "no_cross_session_read": "1d62014fa5c7c43fbaf25125fe2e9384de2636a39c833392b4dd0e8e9b91364d",
+    "no_cross_tenant_allow": "fa64fe24c3c38804e3a6b3a254413c83b8cd7fad42de60dee02125e80d87dd8c",
+    "no_write_without_approval": "d33e2f5313b02833ccd76ebbd17651eb2369dd8d0203f94b3841cfd9d5394cc1",
+}
 MAX_EXAMPLES = 200
 MAX_SHRINK_EVALUATIONS = 150
 _QUERY = "data.sessionstate.invariant_batch.violations"
@@ -58,6 +68,9 @@ violations := {sprintf("%d", [i]): names |
 
 
 def invariants_hold(candidate: Candidate) -> list[Refusal]:
+    tampered = shipped_tampered()
+    if tampered:
+        return tampered
     modules = invariant_modules(candidate.source_dir)
     if not modules:
         return []
@@ -109,6 +122,22 @@ def invariant_modules(source_dir: Path | None) -> list[tuple[str, str]]:
         if text not in texts
     ]
     return [*own.items(), *shipped]
+
+
+def shipped_tampered() -> list[Refusal]:
+    """A refusal for each shipped invariant missing from the default policies, or not the
+    text this release pinned."""
+    directory = default_policy_dir() / INVARIANTS_DIR
+    found = _modules_in(default_policy_dir())
+    return [
+        Refusal(
+            VIOLATED,
+            f"the shipped invariant {INVARIANTS_PACKAGE}.{name} is missing from {directory} or "
+            "is not the text this release ships: restore it (git checkout, or reinstall)",
+        )
+        for name, digest in SHIPPED_DIGESTS.items()
+        if name not in found or hashlib.sha256(found[name].encode()).hexdigest() != digest
+    ]
 
 
 def _modules_in(policy_dir: Path) -> dict[str, str]:

@@ -105,7 +105,7 @@ def build_signed_bundle(
     if not signing_key.is_file():
         raise BundleBuildError(f"--signing-key names no readable file: {signing_key}")
     # PolicySourceError when unfit, PolicyTestsFailed when its tests keep it from shipping.
-    bundle = PolicySource(policy_dir, opa_bin, tests=tests).load()
+    bundle = PolicySource(policy_dir, opa_bin, tests=tests, memo=False).load()
     with tempfile.TemporaryDirectory(prefix="sessionstate-policy-build-") as tmp:
         stage = Path(tmp)
         bundle.write_to(stage, serial=serial)

@@ -116,11 +116,13 @@ class PolicySource:
         *,
         tests: CoverageGate | None = None,
         setting: str = "SESSIONSTATE_POLICY_DIR",
+        memo: bool = True,
     ) -> None:
         self.policy_dir = policy_dir
         self.setting = setting  # what names the directory, in a refusal
         self.opa_bin = opa_bin
         self.tests = tests
+        self.memo = memo  # admissions remembered (`service.policy.admission_memo`)
         self._served: PolicyBundle | None = None
         self._valid = True
         self._refusals: tuple[str, ...] = ()
@@ -275,7 +277,7 @@ class PolicySource:
         errors = document_errors(settings) or compile_errors(self.opa_bin, bundle)
         if errors:
             return bundle, errors, ()
-        refusals = admit(self.opa_bin, bundle, self.policy_dir)
+        refusals = admit(self.opa_bin, bundle, self.policy_dir, memo=self.memo)
         return bundle, [str(refusal) for refusal in refusals], refusal_codes(refusals)
 
 
