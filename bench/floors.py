@@ -126,9 +126,9 @@ def serve_flask(flask_app: Any, port: int) -> None:
     from hypercorn.asyncio.run import worker_serve
 
     from service import serving_heap
+    from service.config.settings import Settings
     from service.http.front import BoundedWSGIWrapper, front_config
     from service.serve import GRACEFUL_SECONDS, THREADS, _listen, raise_open_file_limit
-    from service.settings import Settings
 
     settings = Settings()  # the defaults: the service's timeouts
     listener = _listen("127.0.0.1", port)
@@ -169,8 +169,8 @@ def serve_governed(port: int, opa_url: str, store_dir: str) -> None:
     """Each request: one read decision as the service asks it, then one synced append."""
     from flask import Flask
 
+    from service.config.settings import Settings
     from service.policy.client import PolicyClient
-    from service.settings import Settings
 
     client = PolicyClient(
         opa_url,

@@ -21,7 +21,10 @@ from pydantic import ValidationError
 from service.approvals.index import index_approvals, mark_index_complete_if_empty
 from service.approvals.lookup import ApprovalStore
 from service.auth import mint_token
-from service.context import ConfigurationError, configured_store, jwt_secret, secret_lines
+from service.config.errors import ConfigurationError
+from service.config.secrets import jwt_secret, secret_lines
+from service.config.settings import Settings, setting_errors, unknown_variables
+from service.config.store import StoreTarget, configured_store
 from service.decisions import review as decision_review
 from service.decisions import revisions
 from service.decisions.bundle import VERIFIER
@@ -36,8 +39,6 @@ from service.policy.reload import LOCK_FILE, REVISION_PATTERN, PolicyStatus, req
 from service.policy.sidecar import SidecarError
 from service.policy.signed_bundle import SIGNING_ALGS, build_signed_bundle
 from service.policy.source import PolicyRefused, PolicyTestsFailed
-from service.settings import Settings, setting_errors, unknown_variables
-from service.store_backend import StoreTarget
 from service.store_backend import upgrade as upgrade_store
 from service.walkthrough import walkthrough
 from store.backends.contract import Lanes, StoreOffline, StoreUpgradeRefused

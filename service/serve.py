@@ -29,15 +29,11 @@ from hypercorn.asyncio.run import worker_serve
 
 from service import serving_heap, tracing
 from service.app import create_app
-from service.context import (
-    ConfigurationError,
-    ServiceContext,
-    check_settings,
-    configured_store,
-    deciding_revision,
-    token_verifier,
-    utc_now,
-)
+from service.config.check import check_settings
+from service.config.errors import ConfigurationError
+from service.config.settings import Settings
+from service.config.store import StoreTarget, configured_store
+from service.context import ServiceContext, deciding_revision, token_verifier, utc_now
 from service.decisions import activations
 from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal, LegacyChainPresent
@@ -57,8 +53,6 @@ from service.policy.engine_checks import (
 )
 from service.policy.reload import LOCK_FILE, forget_pid, forget_status, write_pid
 from service.policy.sidecar import OpaSidecar
-from service.settings import Settings
-from service.store_backend import StoreTarget
 from service.workers import listeners_per_worker, supervise
 from store.backends.contract import Lanes, Mode
 from store.chain.evidence import EvidenceChain

@@ -42,6 +42,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from service.config.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -122,7 +124,7 @@ def exporters() -> list[str]:
         return []
     unknown = [part for part in named if part not in EXPORTERS]
     if unknown:
-        raise _misconfigured(
+        raise ConfigurationError(
             "OTEL_TRACES_EXPORTER may name otlp, console or none (one, or a comma-separated list)"
         )
     return named
@@ -145,22 +147,16 @@ def check() -> list[str]:
             _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
         ) or PROTOCOL
         if protocol != PROTOCOL:
-            raise _misconfigured(
+            raise ConfigurationError(
                 "OTEL_EXPORTER_OTLP_PROTOCOL (or _TRACES_PROTOCOL) must be http/protobuf: "
                 "the service exports OTLP over HTTP (a collector's port 4318)"
             )
         parts = urlsplit(_otlp_endpoint())
         if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise _misconfigured(
+            raise ConfigurationError(
                 "OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) must be an http(s):// URL"
             )
     return named
-
-
-def _misconfigured(message: str) -> ValueError:
-    from service.context import ConfigurationError  # the context imports this module
-
-    return ConfigurationError(message)
 
 
 def opa_tracing() -> OpaTracing | None:

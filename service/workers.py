@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 
 from service import tracing
+from service.config.settings import Settings
 from service.context import ServiceContext
 from service.logs import configure_logging
 from service.policy.sidecar import OpaSidecar, _die_with_parent
-from service.settings import Settings
 
 log = logging.getLogger("sessionstate.workers")
 POLL_SECONDS = 0.2

@@ -22,7 +22,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.context import ConfigurationError, check_settings, rate_limits, utc_now
+from service.config.check import check_settings
+from service.config.errors import ConfigurationError
+from service.config.values import rate_limits
+from service.context import utc_now
 from service.policy.input import PolicyTarget
 from service.policy.sidecar import OpaSidecar
 from service.rate_limits import ActorRateLimiter, actor_key, peer_key

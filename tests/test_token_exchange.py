@@ -35,12 +35,10 @@ from sessionstate_client import (
 from sessionstate_client import TenantScope as ClientScope
 
 from service.auth import Actor, AuthenticationFailed, TokenVerifier, mint_token
-from service.context import (
-    ConfigurationError,
-    check_settings,
-    configured_public_origin,
-    session_token_issuer,
-)
+from service.config.check import check_settings
+from service.config.errors import ConfigurationError
+from service.config.secrets import session_token_issuer
+from service.config.values import configured_public_origin
 from service.policy.sidecar import OpaSidecar
 from service.reasons import Reason
 from service.session_tokens import SIGNING_KEY_NAME, SigningKey

@@ -339,7 +339,7 @@ def test_tracing_is_on_only_when_the_environment_asks(
 def test_settings_the_service_cannot_follow_are_configuration_errors(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
 ) -> None:
-    from service.context import ConfigurationError
+    from service.config.errors import ConfigurationError
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
