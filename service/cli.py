@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(status.model_dump_json())
             return _reload_exit(status)
-        from service.serve import serve as run_service
+        from service.runtime.process import serve as run_service
 
         if args.watch_policies:
             settings = settings.model_copy(update={"watch_policies": True})

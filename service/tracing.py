@@ -12,8 +12,9 @@ timeout, compression and certificates); OTLP goes over HTTP with protobuf only.
 
 The spans of one request (docs/operators.md, "Tracing"):
 
-- the request (`opentelemetry-instrumentation-flask`, set up by `service.http.tracing`; W3C `traceparent` and
-  `tracestate` of the caller are its parent), with the decision id on it;
+- the request (`opentelemetry-instrumentation-flask`, set up by
+  `service.http.request_tracing`; W3C `traceparent` and `tracestate` of the
+  caller are its parent), with the decision id on it;
 - `sessionstate.policy.decision`, around the query to OPA, whose `traceparent`
   it is (so OPA's own spans join the trace: `opa_tracing`); its trace id is the
   decision's `trace_id`, kept in the decision entry;
@@ -226,7 +227,7 @@ def shutdown() -> None:
 
 
 def provider() -> TracerProvider | None:
-    """The tracer provider while tracing is on (`service.http.tracing` instruments Flask)."""
+    """The tracer provider while tracing is on (`service.http.request_tracing` instruments Flask)."""
     return _provider
 
 
