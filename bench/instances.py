@@ -25,7 +25,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import held_signals, stop_group
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.runtime.serving import GRACEFUL_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sessionstate_client import ModelServiceSession, SessionStateClient
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.config.settings import Settings
 from store.bounds import MAX_TURNS_PER_WRITE
 from store.inputs import SessionStateInput

@@ -62,7 +62,7 @@ from service.approvals.index import mark_index_complete_if_empty
 from service.approvals.lookup import ApprovalStore
 from service.approvals.model import Approval
 from service.approvals.writes import approval_writes, revocation
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.config.settings import Settings
 from service.context import ServiceContext
 from service.decisions.log import decision_id_key, seq_name

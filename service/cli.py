@@ -20,9 +20,9 @@ from pydantic import ValidationError
 
 from service.approvals.index import index_approvals, mark_index_complete_if_empty
 from service.approvals.lookup import ApprovalStore
-from service.auth import mint_token
-from service.config.errors import ConfigurationError
-from service.config.secrets import jwt_secret, secret_lines
+from service.auth.tokens import mint_token
+from service.config.configuration_error import ConfigurationError
+from service.config.secret_values import jwt_secret, secret_lines
 from service.config.settings import Settings, setting_errors, unknown_variables
 from service.config.store import StoreTarget, configured_store
 from service.decisions import review as decision_review

@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 
 from service.approvals.index import ExpiredApprovalPruner, mark_index_complete_if_empty
 from service.approvals.lookup import ApprovalStore
-from service.auth import TokenVerifier
-from service.config.secrets import digest_key, jwt_secret, session_token_issuer
+from service.auth.session_tokens import SessionTokenIssuer
+from service.auth.tokens import TokenVerifier
+from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
 from service.config.settings import Settings
 from service.config.store import StoreTarget, configured_store
 from service.config.values import (
@@ -31,14 +32,13 @@ from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
 from service.decisions.retention import RetentionTask
 from service.decisions.scrub import DecisionScrub
-from service.metrics import ServiceMetrics
+from service.observability.metrics import ServiceMetrics
 from service.policy.client import UNKNOWN, PolicyClient
 from service.policy.gate import PolicyGate
 from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter
 from service.replay import SessionReplayPlanner
-from service.session_tokens import SessionTokenIssuer
 from service.store_backend import reachable, takes_writes
 from store.backends.contract import Lanes, drops_log_tail
 from store.digests import DigestKey

@@ -14,7 +14,7 @@ import requests
 from werkzeug.serving import make_server
 
 from service.app import create_app
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.config.settings import Settings
 from service.context import ServiceContext, utc_now
 from service.policy.sidecar import OpaSidecar

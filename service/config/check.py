@@ -4,8 +4,8 @@ name rather than a worker later."""
 
 from __future__ import annotations
 
-from service.config.errors import ConfigurationError
-from service.config.secrets import digest_key, jwt_secret, session_token_issuer
+from service.config.configuration_error import ConfigurationError
+from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
 from service.config.settings import Settings
 from service.config.store import configured_store
 from service.config.values import (

@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     jwt_jwks_url: str | None = None
     jwt_jwks_cache_seconds: int = Field(default=300, ge=1, le=86_400)
     jwt_jwks_refresh_cooldown_seconds: int = Field(default=30, ge=0, le=3_600)
-    # One fetch of the JWKS, as a whole: then it has failed (service.provider_keys).
+    # One fetch of the JWKS, as a whole: then it has failed (service.auth.provider_keys).
     jwt_jwks_timeout_ms: int = Field(default=2_000, ge=100, le=30_000)
     jwt_issuer: str | None = None
     jwt_audience: str | None = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.config.errors import ConfigurationError
+from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
 from store.backends.contract import Capabilities, Lanes, LocationInvalid, Mode
 from store.backends.registry import EMBEDDED, backend, claiming, embedded_location, setting_forms

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from service.auth import ProviderSettings
-from service.config.errors import ConfigurationError
+from service.auth.token_exchange import public_origin
+from service.auth.tokens import ProviderSettings
+from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
 from service.rate_limits import RateLimits, parse_budget
-from service.token_exchange import public_origin
 
 
 def rate_limits(settings: Settings) -> RateLimits:

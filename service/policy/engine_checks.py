@@ -12,7 +12,7 @@ import re
 import shutil
 from pathlib import Path
 
-from service.config.errors import ConfigurationError
+from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
 from service.policy.client import PolicyClient
 

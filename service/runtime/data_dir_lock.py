@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from service.config.errors import ConfigurationError
+from service.config.configuration_error import ConfigurationError
 from service.policy.reload import LOCK_FILE
 
 LOCK_TRIES = 5  # `policy reload` probes the lock for an instant: do not mistake it for a service

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from service.config.errors import ConfigurationError
+from service.config.configuration_error import ConfigurationError
 
 BACKLOG = 1024  # connections the kernel holds for each listening socket until it is accepted
 

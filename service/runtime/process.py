@@ -19,16 +19,16 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from service import tracing
 from service.config.check import check_settings
-from service.config.errors import ConfigurationError
+from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
 from service.config.store import StoreTarget, configured_store
 from service.context import ServiceContext, deciding_revision, token_verifier, utc_now
 from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal, LegacyChainPresent
 from service.decisions.live import LiveRevisions, instance_id
-from service.logs import configure_logging
+from service.observability import tracing
+from service.observability.logs import configure_logging
 from service.policy.client import PolicyClient
 from service.policy.engine_checks import (
     external_opa_accepts_token,

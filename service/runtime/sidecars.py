@@ -15,11 +15,11 @@ from pathlib import Path
 from service.config.settings import Settings
 from service.config.store import configured_store
 from service.decisions import activations
+from service.observability.tracing import OpaTracing
 from service.policy.activation_hold import ActivationHold
 from service.policy.coverage_gate import CoverageGate
 from service.policy.engine_checks import local_opa_bin
 from service.policy.sidecar import OpaSidecar
-from service.tracing import OpaTracing
 from store.backends.contract import Lanes
 
 log = logging.getLogger("sessionstate.serve")

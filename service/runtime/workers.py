@@ -31,10 +31,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from service import tracing
 from service.config.settings import Settings
 from service.context import ServiceContext
-from service.logs import configure_logging
+from service.observability import tracing
+from service.observability.logs import configure_logging
 from service.policy.sidecar import _die_with_parent
 from service.runtime.serving import raise_open_file_limit, serve_http
 from service.runtime.sidecars import Sidecars

@@ -8,9 +8,9 @@ never the value.
 
 from __future__ import annotations
 
-from service.config.errors import ConfigurationError
+from service.auth.session_tokens import SessionTokenIssuer, SigningKeyInvalid, signing_key
+from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
-from service.session_tokens import SessionTokenIssuer, SigningKeyInvalid, signing_key
 from store.digests import DigestKey
 from store.secrets import decode_secret, encode_secret, local_secret, stored_secret
 
