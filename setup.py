@@ -5,7 +5,7 @@ the checkout's `policies/`: what the local OPA sidecar serves (every non-test `.
 and the tenant settings `data.json`, `service.policy.bundle.policy_files`), the tests
 that must pass before it is served (`service.policy.coverage_gate`), the bundle
 manifest and the input schemas. So `sessionstate serve` installed from a wheel finds
-its policies without a checkout (`service.settings.default_policy_dir`).
+its policies without a checkout (`service.config.settings.default_policy_dir`).
 """
 
 from setuptools import find_namespace_packages, setup

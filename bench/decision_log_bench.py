@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.auth import Actor
+from service.auth.tokens import Actor
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, entry_body
 from service.policy.trace import DecisionEngine, DecisionTrace

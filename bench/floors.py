@@ -3,7 +3,7 @@
 - `hello_world`: a hello-world Flask app served exactly as `sessionstate serve`
   serves the service: hypercorn on one listening socket, the same front
   (`BoundedWSGIWrapper`, `front_config` with the default timeouts), the same
-  pool of `service.serve.THREADS` request threads, in a process of its own
+  pool of `service.runtime.serving.THREADS` request threads, in a process of its own
   (`python bench/floors.py hello-world PORT`).
 - `governed_floor`: the least a governed read does, served the same way: a
   Flask route that asks the service's own `PolicyClient` (keep-alive transport)
@@ -122,16 +122,17 @@ def governed_floor(
 
 
 def serve_flask(flask_app: Any, port: int) -> None:
-    """What `service.serve.serve_http` does, with flask_app for the app."""
+    """What `service.runtime.serving.serve_http` does, with flask_app for the app."""
     from hypercorn.asyncio.run import worker_serve
 
-    from service import serving_heap
+    from service.config.settings import Settings
     from service.http.front import BoundedWSGIWrapper, front_config
-    from service.serve import GRACEFUL_SECONDS, THREADS, _listen, raise_open_file_limit
-    from service.settings import Settings
+    from service.runtime import serving_heap
+    from service.runtime.listeners import listen
+    from service.runtime.serving import GRACEFUL_SECONDS, THREADS, raise_open_file_limit
 
     settings = Settings()  # the defaults: the service's timeouts
-    listener = _listen("127.0.0.1", port)
+    listener = listen("127.0.0.1", port)
     raise_open_file_limit()
 
     async def serve() -> None:
@@ -169,8 +170,8 @@ def serve_governed(port: int, opa_url: str, store_dir: str) -> None:
     """Each request: one read decision as the service asks it, then one synced append."""
     from flask import Flask
 
+    from service.config.settings import Settings
     from service.policy.client import PolicyClient
-    from service.settings import Settings
 
     client = PolicyClient(
         opa_url,

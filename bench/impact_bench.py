@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from scale_bench import TENANT, build_chain  # noqa: E402
 
+from service.config.settings import Settings  # noqa: E402
 from service.contract import DECISION_PACKAGES  # noqa: E402
 from service.decisions.reader import DecisionLogReader  # noqa: E402
-from service.settings import Settings  # noqa: E402
 from store.backends.leveldb import LevelDBLaneStore  # noqa: E402
 
 POLICY_DIR = ROOT / "policies"

@@ -25,8 +25,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.processes import held_signals, stop_group
-from service.auth import mint_token
-from service.serve import GRACEFUL_SECONDS
+from service.auth.tokens import mint_token
+from service.runtime.serving import GRACEFUL_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 JWT_SECRET = "jwt-secret-for-service-bench-0123456789abcdef"

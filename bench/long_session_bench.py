@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sessionstate_client import ModelServiceSession, SessionStateClient
 
-from service.auth import mint_token
-from service.settings import Settings
+from service.auth.tokens import mint_token
+from service.config.settings import Settings
 from store.bounds import MAX_TURNS_PER_WRITE
 from store.inputs import SessionStateInput
 from store.scope import TenantScope

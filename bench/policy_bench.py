@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from service.config.settings import Settings
 from service.contract import DECISION_PACKAGES
 from service.policy.client import PolicyClient
 from service.policy.input import PolicyInput
 from service.policy.sidecar import OpaSidecar
-from service.settings import Settings
 from tests.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -62,12 +62,12 @@ from service.approvals.index import mark_index_complete_if_empty
 from service.approvals.lookup import ApprovalStore
 from service.approvals.model import Approval
 from service.approvals.writes import approval_writes, revocation
-from service.auth import mint_token
+from service.auth.tokens import mint_token
+from service.config.settings import Settings
 from service.context import ServiceContext
 from service.decisions.log import decision_id_key, seq_name
 from service.decisions.query import encode_cursor
 from service.policy.sidecar import OpaSidecar
-from service.settings import Settings
 from store.backends import postgres_schema
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore

@@ -71,8 +71,8 @@ from bench.instances import (
 )
 from bench.loadgen import Load, LoadFailure, Request, Result, run
 from bench.processes import exit_on_sigterm
-from service.serve import THREADS
-from service.settings import Settings
+from service.config.settings import Settings
+from service.runtime.serving import THREADS
 from tests.factories import state_input
 
 OK = frozenset({200})

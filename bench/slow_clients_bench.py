@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.instances import SESSION, Served, bearer, grant_approval, token
 from bench.loadgen import INSTALL_HINT, Load, Request, Result, available, run
-from service.settings import Settings
+from service.config.settings import Settings
 from tests.factories import state_input
 
 

@@ -15,6 +15,13 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from service.approvals.model import ApprovalGrantInput
+from service.auth.session_tokens import JsonWebKeySet
+from service.auth.token_exchange import (
+    FORM,
+    TokenErrorDocument,
+    TokenExchangeRequest,
+    TokenExchangeResponse,
+)
 from service.contract import (
     APPROVAL,
     APPROVALS,
@@ -40,13 +47,6 @@ from service.contract import (
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.reasons import Reason
 from service.replay import ReplayPreviewRequest
-from service.session_tokens import JsonWebKeySet
-from service.token_exchange import (
-    FORM,
-    TokenErrorDocument,
-    TokenExchangeRequest,
-    TokenExchangeResponse,
-)
 from service.wire import (
     ApprovalListResponse,
     ApprovalResponse,

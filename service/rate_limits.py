@@ -39,7 +39,7 @@ from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
-from service.auth import Actor
+from service.auth.tokens import Actor
 from service.policy.input import PolicyTarget
 
 Budget = Literal["requests", "denials"]

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from service.settings import Settings, running_from_checkout
+from service.config.settings import Settings, running_from_checkout
 
 EXAMPLE_STATE = (
     '{"runtime_profile": {"task_profile": "coding", "model_id": "qwen2.5-coder:7b", '

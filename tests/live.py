@@ -14,10 +14,10 @@ import requests
 from werkzeug.serving import make_server
 
 from service.app import create_app
-from service.auth import mint_token
+from service.auth.tokens import mint_token
+from service.config.settings import Settings
 from service.context import ServiceContext, utc_now
 from service.policy.sidecar import OpaSidecar
-from service.settings import Settings
 
 JWT_SECRET = "jwt-secret-for-tests-0123456789abcdef"
 DIGEST_KEY = "digest-key-for-tests-0123456789abcdef"

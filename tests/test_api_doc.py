@@ -9,9 +9,9 @@ from pathlib import Path
 from types import ModuleType
 
 from service import contract
+from service.config.settings import Settings, variable
 from service.http.body import MAX_BODY_BYTES
 from service.openapi import OPERATIONS
-from service.settings import Settings, variable
 from store.scope import SCOPE_ID_PATTERN
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from service.auth import Actor, AuthenticationFailed, TokenVerifier, mint_token
+from service.auth.tokens import Actor, AuthenticationFailed, TokenVerifier, mint_token
 
 SECRET = b"s" * 32
 SUB = "sub-canary-5e1f"

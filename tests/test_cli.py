@@ -7,7 +7,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from service.auth import TokenVerifier
+from service.auth.tokens import TokenVerifier
 from service.cli import main
 from store.secrets import local_secret
 

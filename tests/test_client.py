@@ -38,7 +38,7 @@ from sessionstate_client import (
 from sessionstate_client.models import SessionStateResponse
 from sessionstate_client.retries import RetryPolicy, parse_retry_after
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.policy.sidecar import OpaSidecar, send_signal
 from store.keys import LaneKey, TenantResourceLane
 from tests.factories import scope, state_input

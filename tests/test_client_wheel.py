@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests.live import JWT_SECRET
 from tests.served import ROOT, Served
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from service.config.settings import Settings
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody
-from service.settings import Settings
 from store.backends.leveldb import LevelDBLaneStore
 from store.bounds import MAX_SAFE_INTEGER
 from store.builder import build_record

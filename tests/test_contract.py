@@ -164,7 +164,7 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-SERVING = {"service/app.py", "service/serve.py"}
+SERVING = {"service/app.py", "service/runtime/serving.py"}
 
 
 @pytest.mark.parametrize(

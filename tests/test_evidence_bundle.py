@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.cli import main
 from service.decisions import bundle_verifier as verifier
 from service.decisions.bundle import VERIFIER, BundleSelection

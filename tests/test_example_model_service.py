@@ -19,7 +19,7 @@ from sessionstate_client import AsyncSessionStateClient, NotFound, SessionStateC
 from sessionstate_client.models import SessionStateRecord, TenantScope
 
 from examples.model_service import AsyncEchoModelService, EchoModelService, chat, chat_async
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests.live import JWT_SECRET
 from tests.served import ROOT, Served, start
 

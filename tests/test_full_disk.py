@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests.factories import state_input
 from tests.live import JWT_SECRET
 from tests.served import Served, start

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests.live import JWT_SECRET
 from tests.served import Served, start
 

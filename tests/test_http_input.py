@@ -12,7 +12,7 @@ from typing import Any
 import jwt
 import pytest
 
-from service.logs import JsonFormatter
+from service.observability.logs import JsonFormatter
 from service.policy.sidecar import OpaSidecar
 from store.keys import TenantResourceLane
 from tests.factories import state_input

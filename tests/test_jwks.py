@@ -23,7 +23,7 @@ import requests
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.policy.sidecar import OpaSidecar
 from tests.factories import state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.cli import main
 from service.decisions import live as live_revisions
 from service.decisions import revisions

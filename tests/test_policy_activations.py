@@ -27,7 +27,7 @@ import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.policy.activation import Activated, signer_key_id
 from service.policy.bundle import load_bundle
 from service.policy.reload import STATUS_FILE, read_status

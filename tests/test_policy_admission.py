@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.policy.admission import admit
 from service.policy.bundle import load_bundle
 from service.policy.client import PolicyClient

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.policy.bundle import load_bundle
 from service.policy.coverage_gate import CoverageGate
 from service.policy.reload import (

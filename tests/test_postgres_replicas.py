@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from store.backends.postgres_schema import upgrade
 from tests import postgres as pg
 from tests.factories import state_input

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests import postgres as pg
 from tests.factories import state_input
 from tests.live import DIGEST_KEY, JWT_SECRET

@@ -22,11 +22,14 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.context import ConfigurationError, check_settings, rate_limits, utc_now
+from service.auth.token_exchange import ANONYMOUS
+from service.config.check import check_settings
+from service.config.configuration_error import ConfigurationError
+from service.config.values import rate_limits
+from service.context import utc_now
 from service.policy.input import PolicyTarget
 from service.policy.sidecar import OpaSidecar
 from service.rate_limits import ActorRateLimiter, actor_key, peer_key
-from service.token_exchange import ANONYMOUS
 from store.chain.keys import chain_names
 from store.keys import TenantResourceLane
 from tests.factories import state_input

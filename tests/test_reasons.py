@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sessionstate_client.errors import BY_503_REASON
 
-from service.auth import AuthenticationFailed
+from service.auth.tokens import AuthenticationFailed
 from service.decisions.journal import JournalClosed, JournalStoreUnavailable
 from service.http.problems import Problem, problem_of
 from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngineUnavailable

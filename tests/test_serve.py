@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests.factories import state_input
 from tests.live import DIGEST_KEY, JWT_SECRET
 from tests.served import ROOT, Served, free_port, processes_using, start

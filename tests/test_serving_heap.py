@@ -1,4 +1,4 @@
-"""`service.serving_heap.settle`: what serves is frozen out of the collector, young
+"""`service.runtime.serving_heap.settle`: what serves is frozen out of the collector, young
 collections come less often, and garbage in cycles is still collected."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from service.serving_heap import YOUNG_THRESHOLD
+from service.runtime.serving_heap import YOUNG_THRESHOLD
 
 
 def test_settle_freezes_the_built_heap_and_still_collects_cycles() -> None:
@@ -15,7 +15,7 @@ def test_settle_freezes_the_built_heap_and_still_collects_cycles() -> None:
     script = textwrap.dedent(
         """
         import gc, weakref
-        from service import serving_heap
+        from service.runtime import serving_heap
         before = gc.get_threshold()
         serving_heap.settle()
         print(gc.get_freeze_count() > 1000, gc.get_threshold()[0], gc.get_threshold()[1:] == before[1:])

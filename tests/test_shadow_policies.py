@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from tests.conftest import POLICY_DIR
 from tests.factories import state_input
 from tests.hash_recipe import hashes_as_the_recipe_says

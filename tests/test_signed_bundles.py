@@ -481,7 +481,7 @@ def test_served_bad_bundle_at_reload_keeps_deciding_and_readyz_and_metrics_say_s
         assert "verification error" in outcome["errors"][0]
         assert outcome["reason"] == "policy_bundle_rejected"
         # Reads are still decided by the last good bundle.
-        from service.auth import mint_token
+        from service.auth.tokens import mint_token
 
         token = mint_token(
             JWT_SECRET.encode(),

@@ -34,17 +34,15 @@ from sessionstate_client import (
 )
 from sessionstate_client import TenantScope as ClientScope
 
-from service.auth import Actor, AuthenticationFailed, TokenVerifier, mint_token
-from service.context import (
-    ConfigurationError,
-    check_settings,
-    configured_public_origin,
-    session_token_issuer,
-)
+from service.auth.session_tokens import SIGNING_KEY_NAME, SigningKey
+from service.auth.token_exchange import TokenErrorDocument, TokenExchangeResponse
+from service.auth.tokens import Actor, AuthenticationFailed, TokenVerifier, mint_token
+from service.config.check import check_settings
+from service.config.configuration_error import ConfigurationError
+from service.config.secret_values import session_token_issuer
+from service.config.values import configured_public_origin
 from service.policy.sidecar import OpaSidecar
 from service.reasons import Reason
-from service.session_tokens import SIGNING_KEY_NAME, SigningKey
-from service.token_exchange import TokenErrorDocument, TokenExchangeResponse
 from store.chain_head import NO_TENANT_CHAIN
 from store.keys import TenantResourceLane
 from store.scope import TenantScope

@@ -31,8 +31,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from service import tracing
-from service.auth import mint_token
+from service.auth.tokens import mint_token
+from service.observability import tracing
 from service.policy.trace import DecisionEngine, DecisionTrace
 from service.policy.transport import KeepAliveTransport, OpaClientTransport
 from tests.hash_recipe import hashes_as_the_recipe_says
@@ -339,7 +339,7 @@ def test_tracing_is_on_only_when_the_environment_asks(
 def test_settings_the_service_cannot_follow_are_configuration_errors(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
 ) -> None:
-    from service.context import ConfigurationError
+    from service.config.configuration_error import ConfigurationError
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)

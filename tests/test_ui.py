@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from service.auth import mint_token
+from service.auth.tokens import mint_token
 from service.http.ui_chart import CHART_BUCKETS, decision_chart
 from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_json

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings
+from service.config.settings import Settings
 from service.walkthrough import walkthrough
 from tests.served import ROOT, Served, start
 

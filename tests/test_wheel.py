@@ -171,7 +171,7 @@ def clean_environment(home: Path) -> dict[str, str]:
 def test_the_installed_service_finds_its_packaged_policies_unless_told_otherwise(
     installed: Installed, tmp_path: Path
 ) -> None:
-    code = "from service.settings import Settings; print(Settings().policy_dir)"
+    code = "from service.config.settings import Settings; print(Settings().policy_dir)"
     env = clean_environment(tmp_path)
     found = Path(installed_python(installed, code, env, tmp_path))
     assert found.is_relative_to(installed.venv) and found.name == "default_policies"

@@ -55,7 +55,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from service import tracing
 from service.decisions.batch_plan import BatchPlan, QueuedEntry, plan_batch
 from service.decisions.group_commit import GroupCommits, GroupCommitsClosed
 from service.decisions.known_heads import KnownHeads
@@ -63,6 +62,7 @@ from service.decisions.log import DecisionEntryBody, DecisionOutcome, decision_i
 from service.decisions.record_writes import StateWrite
 from service.decisions.recovery import StoreRecovery
 from service.decisions.revisions import SummaryCache
+from service.observability import tracing
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline, StoreOutcomeUnknown
 from store.chain.entry import ChainCorrupt
 from store.chain.evidence import EvidenceChain

@@ -35,7 +35,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
-from service.auth import Actor
+from service.auth.tokens import Actor
 from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
 from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.auth import Actor
+from service.auth.tokens import Actor
 from service.decisions.journal import ChainBehindSignedHead, DecisionJournal, JournalClosed
 from service.decisions.log import DecisionEntryBody
 from service.policy.input import PolicyAction, PolicyActor, PolicyTarget

@@ -21,11 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.config.store import StoreTarget, embedded_target
 from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bundle
 from service.decisions.log import prune_log
 from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
-from service.store_backend import StoreTarget, embedded_target
 from store import signed_head
 from store.backends.contract import ExpectationFailed, Lanes, Mode
 from store.chain.evidence import EvidenceChain

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from service.metrics import ServiceMetrics
+from service.observability.metrics import ServiceMetrics
 from store.backends.contract import Lanes
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import chain_names

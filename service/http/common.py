@@ -17,7 +17,7 @@ from flask import Response, current_app, g, request
 from pydantic import BaseModel
 
 from service.approvals.model import Approval
-from service.auth import Actor
+from service.auth.tokens import Actor
 from service.context import ServiceContext
 from service.decisions.journal import WriteResult
 from service.decisions.log import entry_body

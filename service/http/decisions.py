@@ -16,7 +16,7 @@ from typing import TypeVar
 from flask import Blueprint, Response, request
 from pydantic import BaseModel, ValidationError
 
-from service.auth import Actor
+from service.auth.tokens import Actor
 from service.contract import (
     DECISION,
     DECISION_ID_HEADER,

@@ -19,7 +19,7 @@ from typing import Any
 from flask import Response, g, has_request_context
 from werkzeug.exceptions import HTTPException
 
-from service.auth import AuthenticationFailed
+from service.auth.tokens import AuthenticationFailed
 from service.contract import DECISION_ID_HEADER
 from service.decisions.journal import ChainBehindSignedHead, JournalClosed
 from service.policy.errors import (

@@ -21,7 +21,7 @@ import jwt
 from flask import Blueprint, Response, g, render_template, request, url_for
 from pydantic import ValidationError
 
-from service.auth import Actor, AuthenticationFailed
+from service.auth.tokens import Actor, AuthenticationFailed
 from service.contract import DECISION_ID
 from service.decisions import revisions
 from service.decisions.journal import JournalClosed

@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from service.config.store import StoreTarget
 from service.decisions.bundle import BundleSelection
 from service.decisions.reader import LAST_SEQ, DecisionLogReader
 from service.decisions.review import DataDirBusy, ReviewError
 from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
-from service.store_backend import StoreTarget
 from store.backends.contract import Lanes, Mode
 from store.chain.entry import parse_entry
 from store.chain.keys import chain_name

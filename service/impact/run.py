@@ -7,12 +7,12 @@ from collections.abc import Iterable
 from contextlib import closing
 from pathlib import Path
 
+from service.config.store import StoreTarget
 from service.decisions.bundle import BundleSelection
 from service.impact import candidate, logged
 from service.impact.candidate import CandidateEngine
 from service.impact.compare import ImpactTally, LoggedDecision, skip_reason
 from service.impact.report import ImpactReport
-from service.store_backend import StoreTarget
 
 CHUNK = 2000  # decisions asked at once: bounds memory, keeps every connection busy
 

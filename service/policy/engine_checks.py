@@ -12,9 +12,9 @@ import re
 import shutil
 from pathlib import Path
 
-from service.context import ConfigurationError
+from service.config.configuration_error import ConfigurationError
+from service.config.settings import Settings
 from service.policy.client import PolicyClient
-from service.settings import Settings
 
 REVISION = re.compile(r"sha256:[0-9a-f]{64}")  # a policy revision (service.policy.bundle)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from service import tracing
 from service.approvals.model import Approval
-from service.auth import Actor
-from service.metrics import ServiceMetrics
+from service.auth.tokens import Actor
+from service.observability import tracing
+from service.observability.metrics import ServiceMetrics
 from service.policy.client import EncodedInput, PolicyClient
 from service.policy.errors import (
     PolicyDecisionUndefined,

@@ -32,13 +32,13 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
+from service.config.settings import default_policy_dir
 from service.policy.admission_check import Candidate, Refusal
 from service.policy.bundle import INVARIANTS_DIR
 from service.policy.crossings import scope_crossings
 from service.policy.defined import settings_tenants
 from service.policy.generated import policy_inputs, scope_literals
 from service.policy.scratch import EvaluationFailed, evaluate
-from service.settings import default_policy_dir
 
 VIOLATED = "policy_invariant_violated"
 INVARIANTS_PACKAGE = "sessionstate.invariants"

@@ -26,7 +26,7 @@
   offered (`service.policy.rollback`), unless `bundle_pin` names it.
 - Decision logging is on (console, into `opa.log` in the work dir), so every
   decision carries OPA's `decision_id`.
-- With OpenTelemetry export configured (`tracing`, from `service.tracing`),
+- With OpenTelemetry export configured (`tracing`, from `service.observability.tracing`),
   OPA's `distributed_tracing` sends its spans to the same collector, joining
   the trace of each decision query.
 - If OPA dies, it is restarted with exponential backoff; `stop()` ends it.
@@ -52,6 +52,7 @@ from typing import Any
 
 import requests
 
+from service.observability.tracing import OpaTracing
 from service.policy.activation import (
     SYSTEM_ACTOR,
     SYSTEM_IDENTITY,
@@ -81,7 +82,6 @@ from service.policy.reload import (
 from service.policy.rollback import ROLLBACK, RollbackGuard
 from service.policy.signed_bundle import REJECTED, OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
-from service.tracing import OpaTracing
 
 log = logging.getLogger(__name__)
 
@@ -603,7 +603,7 @@ class OpaSidecar:
             config["status"] = {"service": "policies"}
         if self.tracing is not None:
             # OPA exports its spans where the service does, in the service's traces: the
-            # decision query carries the decision span's `traceparent` (service.tracing).
+            # decision query carries the decision span's `traceparent` (service.observability.tracing).
             config["distributed_tracing"] = self.tracing.config()
         path = self.work_dir / "opa-config.json"
         path.touch(mode=0o600)  # it may hold an HS256 secret

@@ -46,7 +46,7 @@ import requests
 from opa_client.opa import OpaClient
 from requests.adapters import HTTPAdapter
 
-from service import tracing
+from service.observability import tracing
 
 REFUSING_STATUSES = (401, 403)  # OPA's authentication or its system.authz said no
 REFUSED = "refused"

@@ -1,8 +1,8 @@
 """`serve --workers N`: N worker processes on one port, one OPA sidecar for all.
 
-The parent (`service.serve`) holds the data dir, binds the port and starts
-the sidecar (and its bundle server) once; then it spawns N workers, each a
-`python -m service.workers FD` process that inherits a listening socket of
+The parent (`service.runtime.process`) holds the data dir, binds the port and
+starts the sidecar (and its bundle server) once; then it spawns N workers, each a
+`python -m service.runtime.workers FD` process that inherits a listening socket of
 its own, opens its own `ServiceContext` (its own store connections, journal
 and group commit) against the parent's sidecar, and serves HTTP with
 hypercorn as a single process does. The N sockets listen on the one port with
@@ -31,11 +31,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from service import tracing
+from service.config.settings import Settings
 from service.context import ServiceContext
-from service.logs import configure_logging
-from service.policy.sidecar import OpaSidecar, _die_with_parent
-from service.settings import Settings
+from service.observability import tracing
+from service.observability.logs import configure_logging
+from service.policy.sidecar import _die_with_parent
+from service.runtime.serving import raise_open_file_limit, serve_http
+from service.runtime.sidecars import Sidecars
 
 log = logging.getLogger("sessionstate.workers")
 POLL_SECONDS = 0.2
@@ -46,17 +48,13 @@ STOP_GRACE_SECONDS = 15.0
 class Workers:
     """The parent's view of its workers: spawn, restart the dead, stop them all."""
 
-    def __init__(
-        self,
-        listeners: list[socket.socket],
-        sidecar: OpaSidecar | None,
-        shadow: OpaSidecar | None = None,
-    ) -> None:
+    def __init__(self, listeners: list[socket.socket], sidecars: Sidecars) -> None:
         self._count = count = len(listeners)  # a worker for each listening socket
         self._fds = [listener.fileno() for listener in listeners]
         for fd in self._fds:
             os.set_inheritable(fd, True)
         self._env = dict(os.environ)
+        sidecar, shadow = sidecars.live, sidecars.shadow
         if sidecar is not None:  # else the workers use SESSIONSTATE_OPA_URL as the parent does
             self._env |= {
                 "SESSIONSTATE_OPA_URL": sidecar.url,
@@ -79,7 +77,7 @@ class Workers:
     def _spawn(self, slot: int) -> None:
         fd = self._fds[slot]
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.workers", str(fd), str(slot), self._observes],
+            [sys.executable, "-m", "service.runtime.workers", str(fd), str(slot), self._observes],
             env=self._env,
             stdin=subprocess.DEVNULL,
             pass_fds=(fd,),
@@ -116,29 +114,11 @@ class Workers:
         log.info("workers_stopped", extra={"workers": len(running)})
 
 
-def listeners_per_worker(listener: socket.socket, count: int, backlog: int) -> list[socket.socket]:
-    """count sockets listening with SO_REUSEPORT on listener's address (one per worker), in
-    place of listener, which is closed. The kernel lets only processes of the same user
-    join such a group of sockets."""
-    host, port = listener.getsockname()[:2]
-    listener.close()
-    made: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            made.append(socket.create_server((host, port), backlog=backlog, reuse_port=True))
-    except OSError:
-        for sock in made:
-            sock.close()
-        raise
-    return made
-
-
 def supervise(
     listeners: list[socket.socket],
-    sidecar: OpaSidecar | None,
+    sidecars: Sidecars,
     on_ready: Callable[[], None] | None,
     reload: Callable[[], None],
-    shadow: OpaSidecar | None = None,
 ) -> None:
     """Run a worker on each listening socket until SIGTERM or SIGINT; SIGHUP reloads the
     sidecar."""
@@ -146,7 +126,7 @@ def supervise(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload())
-    workers = Workers(listeners, sidecar, shadow)
+    workers = Workers(listeners, sidecars)
     try:
         workers.start()
         if on_ready is not None:
@@ -161,8 +141,6 @@ def supervise(
 
 def worker_main(fd: int, slot: int, observes: bool = False) -> None:
     """One worker: its own context on the parent's socket and sidecar, until SIGTERM."""
-    from service.serve import raise_open_file_limit, serve_http
-
     configure_logging()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the parent's
     settings = Settings()
@@ -181,7 +159,7 @@ def worker_main(fd: int, slot: int, observes: bool = False) -> None:
     context.worker_label = f"{slot}:{os.getpid()}"
     try:
         raise_open_file_limit()
-        asyncio.run(serve_http(settings, context, listener, None, None, None, owns_pid_file=False))
+        asyncio.run(serve_http(settings, context, listener))  # reloads are the parent's
     finally:
         context.close()
         tracing.shutdown()

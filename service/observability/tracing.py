@@ -12,8 +12,9 @@ timeout, compression and certificates); OTLP goes over HTTP with protobuf only.
 
 The spans of one request (docs/operators.md, "Tracing"):
 
-- the request (`opentelemetry-instrumentation-flask`, set up by `service.http.tracing`; W3C `traceparent` and
-  `tracestate` of the caller are its parent), with the decision id on it;
+- the request (`opentelemetry-instrumentation-flask`, set up by
+  `service.http.request_tracing`; W3C `traceparent` and `tracestate` of the
+  caller are its parent), with the decision id on it;
 - `sessionstate.policy.decision`, around the query to OPA, whose `traceparent`
   it is (so OPA's own spans join the trace: `opa_tracing`); its trace id is the
   decision's `trace_id`, kept in the decision entry;
@@ -41,6 +42,8 @@ from urllib.parse import urlsplit
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from service.config.configuration_error import ConfigurationError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -122,7 +125,7 @@ def exporters() -> list[str]:
         return []
     unknown = [part for part in named if part not in EXPORTERS]
     if unknown:
-        raise _misconfigured(
+        raise ConfigurationError(
             "OTEL_TRACES_EXPORTER may name otlp, console or none (one, or a comma-separated list)"
         )
     return named
@@ -145,22 +148,16 @@ def check() -> list[str]:
             _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
         ) or PROTOCOL
         if protocol != PROTOCOL:
-            raise _misconfigured(
+            raise ConfigurationError(
                 "OTEL_EXPORTER_OTLP_PROTOCOL (or _TRACES_PROTOCOL) must be http/protobuf: "
                 "the service exports OTLP over HTTP (a collector's port 4318)"
             )
         parts = urlsplit(_otlp_endpoint())
         if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise _misconfigured(
+            raise ConfigurationError(
                 "OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) must be an http(s):// URL"
             )
     return named
-
-
-def _misconfigured(message: str) -> ValueError:
-    from service.context import ConfigurationError  # the context imports this module
-
-    return ConfigurationError(message)
 
 
 def opa_tracing() -> OpaTracing | None:
@@ -230,7 +227,7 @@ def shutdown() -> None:
 
 
 def provider() -> TracerProvider | None:
-    """The tracer provider while tracing is on (`service.http.tracing` instruments Flask)."""
+    """The tracer provider while tracing is on (`service.http.request_tracing` instruments Flask)."""
     return _provider
 
 

@@ -33,7 +33,7 @@ from jwt.algorithms import ECAlgorithm
 from jwt.utils import base64url_encode
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.auth import Actor
+from service.auth.tokens import Actor
 from store.scope import TenantScope
 from store.secrets import local_key_file
 

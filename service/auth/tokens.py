@@ -4,14 +4,14 @@ The key is chosen by the token's `alg` from a fixed table (HS256 -> the shared
 secret, RS256 -> the configured public key) and PyJWT is told to accept that
 one algorithm only. With an identity provider's JWKS URL, an RS256 or ES256
 token naming a `kid` is verified with that key of the provider's set
-(`service.provider_keys`: one fetch at a time, bounded, at most one per
+(`service.auth.provider_keys`: one fetch at a time, bounded, at most one per
 cooldown, no request thread waiting behind another's fetch), and only if the
 key's own algorithm is the token's; such tokens (and those verified with the
 key file) must carry the configured `iss` and `aud`, when set. A token
 verified with a provider's key is remembered only as long as the provider's
 current set holds that same key under its `kid`: a key withdrawn from the set
 stops its tokens once the set it was in has expired. The session
-tokens the service issues itself (`service.session_tokens`) are ES256 with a
+tokens the service issues itself (`service.auth.session_tokens`) are ES256 with a
 `kid` of its own key: that key verifies them (a dictionary lookup, before any
 JWKS), and they must name the service's own issuer as `iss` and `aud`.
 
@@ -49,9 +49,9 @@ from jwt.algorithms import HMACAlgorithm
 from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.auth.provider_keys import KeysUnavailable, ProviderKeys, UnknownKey
 from service.policy.activation import OperatorIdentity
 from service.policy.input import PolicyActor
-from service.provider_keys import KeysUnavailable, ProviderKeys, UnknownKey
 from service.reasons import Reason
 from store.scope import ScopeId, is_scope_id
 

@@ -1,6 +1,6 @@
 """The request span: opentelemetry-instrumentation-flask on the app, when tracing is on.
 
-The HTTP room's part of `service.tracing`: the request span continues a caller's W3C
+The HTTP room's part of `service.observability.tracing`: the request span continues a caller's W3C
 `traceparent`, and carries the decision that governed the request and the problem's
 reason code (kept in `flask.g` by `service.app`), never a path or other request text.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask, g
 from opentelemetry import trace
 
-from service import tracing
+from service.observability import tracing
 
 
 def instrument(app: Flask) -> None:

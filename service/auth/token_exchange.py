@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import jwt
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.auth import Actor, AuthenticationFailed
+from service.auth.tokens import Actor, AuthenticationFailed
 from service.policy.input import PolicyExchange, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.reasons import Reason

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service.policy.coverage_gate import DEFAULT_COVERAGE_MIN
 from store.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The policy set the wheel carries (setup.py maps the checkout's policies/ onto it).
 PACKAGED_POLICIES = "default_policies"
 ENV_PREFIX = "SESSIONSTATE_"
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     jwt_jwks_url: str | None = None
     jwt_jwks_cache_seconds: int = Field(default=300, ge=1, le=86_400)
     jwt_jwks_refresh_cooldown_seconds: int = Field(default=30, ge=0, le=3_600)
-    # One fetch of the JWKS, as a whole: then it has failed (service.provider_keys).
+    # One fetch of the JWKS, as a whole: then it has failed (service.auth.provider_keys).
     jwt_jwks_timeout_ms: int = Field(default=2_000, ge=100, le=30_000)
     jwt_issuer: str | None = None
     jwt_audience: str | None = None

@@ -1,0 +1,7 @@
+"""`python -m service.cli`: the `sessionstate` command."""
+
+import sys
+
+from service.cli.dispatch import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""Settings parsed into the typed values the service works with: the rate limits, the
+identity provider, the JWT public key and the public origin.
+
+Each function reads one concern of `Settings`; a value that cannot work is a
+`ConfigurationError` that names the variable, never the value.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from service.auth.token_exchange import public_origin
+from service.auth.tokens import ProviderSettings
+from service.config.configuration_error import ConfigurationError
+from service.config.settings import Settings
+from service.rate_limits import RateLimits, parse_budget
+
+
+def rate_limits(settings: Settings) -> RateLimits:
+    """SESSIONSTATE_RATE_LIMIT and SESSIONSTATE_DENIAL_RATE_LIMIT, parsed."""
+    budgets = {}
+    for variable, text in (
+        ("SESSIONSTATE_RATE_LIMIT", settings.rate_limit),
+        ("SESSIONSTATE_DENIAL_RATE_LIMIT", settings.denial_rate_limit),
+    ):
+        try:
+            budgets[variable] = parse_budget(text)
+        except ValueError:
+            raise ConfigurationError(
+                f"{variable} must be rate limits such as '20/minute' or "
+                "'500/second;15000/minute', or 'off'"
+            ) from None
+    return RateLimits(
+        requests=budgets["SESSIONSTATE_RATE_LIMIT"],
+        denials=budgets["SESSIONSTATE_DENIAL_RATE_LIMIT"],
+    )
+
+
+def identity_provider(settings: Settings) -> ProviderSettings:
+    """The identity provider's JWKS URL, issuer and audience (SESSIONSTATE_JWT_*)."""
+    url = settings.jwt_jwks_url
+    if url is not None and urlsplit(url).scheme not in ("https", "http"):
+        raise ConfigurationError("SESSIONSTATE_JWT_JWKS_URL must be an https:// (or http://) URL")
+    return ProviderSettings(
+        jwks_url=url,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        jwks_cache_seconds=settings.jwt_jwks_cache_seconds,
+        jwks_refresh_cooldown_seconds=settings.jwt_jwks_refresh_cooldown_seconds,
+        jwks_timeout_seconds=settings.jwt_jwks_timeout_ms / 1000,
+    )
+
+
+def jwt_public_key(settings: Settings) -> bytes | None:
+    """SESSIONSTATE_JWT_PUBLIC_KEY_FILE's key, as the file holds it; None when unset."""
+    path = settings.jwt_public_key_file
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError:
+        raise ConfigurationError("SESSIONSTATE_JWT_PUBLIC_KEY_FILE cannot be read") from None
+
+
+def configured_public_origin(settings: Settings) -> str | None:
+    """SESSIONSTATE_PUBLIC_URL as the origin a token request's resource URL must name."""
+    if settings.public_url is None:
+        return None
+    try:
+        return public_origin(settings.public_url)
+    except ValueError as error:
+        raise ConfigurationError(f"SESSIONSTATE_PUBLIC_URL {error}") from None

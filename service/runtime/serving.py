@@ -1,0 +1,92 @@
+"""`serve_http`: HTTP served on one listening socket until SIGTERM or SIGINT, by a single
+serving process or by each worker of several (`service.runtime.workers`).
+
+Requests are read by hypercorn on an event loop (`service.http.front`) and handed whole
+to a pool of threads that run the Flask app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hypercorn.asyncio.run import worker_serve
+
+from service.app import create_app
+from service.config.settings import Settings
+from service.context import ServiceContext
+from service.http import request_tracing
+from service.http.front import BoundedWSGIWrapper, front_config
+from service.policy.reload import write_pid
+from service.runtime import serving_heap
+
+log = logging.getLogger("sessionstate.serve")
+THREADS = 16  # requests run at once; reading them costs no thread
+GRACEFUL_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Reloads:
+    """What the process `sessionstate policy reload` signals does on SIGHUP (`reload`), and
+    whether a SIGHUP came before its event loop handled them (`early`). A worker of several
+    has none: reloads are its parent's."""
+
+    reload: Callable[[], None]
+    early: threading.Event
+
+
+async def serve_http(
+    settings: Settings,
+    context: ServiceContext,
+    listener: socket.socket,
+    *,
+    on_ready: Callable[[], None] | None = None,
+    reloads: Reloads | None = None,
+) -> None:
+    """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several)."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if reloads is not None:
+        loop.add_signal_handler(signal.SIGHUP, reloads.reload)
+        if reloads.early.is_set():
+            reloads.reload()
+        # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
+        write_pid(settings.data_dir)
+    flask_app = create_app(context)
+    request_tracing.instrument(flask_app)  # the request span, with OTel export configured
+    app = BoundedWSGIWrapper(
+        flask_app,
+        body_timeout=settings.body_timeout_seconds,
+        refused=context.metrics.refused_before_app,
+    )
+    config = front_config(
+        # hypercorn takes the socket over (and closes it when it stops).
+        bind=f"fd://{listener.detach()}",
+        read_timeout=settings.read_timeout_seconds,
+        keep_alive_timeout=settings.keep_alive_seconds,
+        graceful_timeout=GRACEFUL_SECONDS,
+    )
+    serving_heap.settle()  # what serves is built: out of the collector's way
+    if on_ready is not None:
+        # The socket already listens: connections wait in its backlog until hypercorn accepts.
+        loop.call_soon(on_ready)
+    await worker_serve(app, config, shutdown_trigger=stop.wait)
+    log.info("service_stopped")
+
+
+def raise_open_file_limit() -> None:
+    """Idle and slow clients cost a socket each: allow as many as the hard limit admits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 65_536 if hard == resource.RLIM_INFINITY else hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
