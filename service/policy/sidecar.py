@@ -41,7 +41,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -80,6 +79,7 @@ from service.policy.reload import (
     write_status,
 )
 from service.policy.rollback import ROLLBACK, RollbackGuard
+from service.policy.sidecar_port import sidecar_port
 from service.policy.signed_bundle import REJECTED, OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
 
@@ -105,13 +105,6 @@ _LIBC = (
 def _die_with_parent() -> None:
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class OpaSidecar:
@@ -141,7 +134,7 @@ class OpaSidecar:
         self.opa_bin = opa_bin
         self.policy_dir = policy_dir
         self.work_dir = work_dir
-        self.port = _free_loopback_port()
+        self.port = sidecar_port()
         self.token = secrets.token_urlsafe(32)
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
