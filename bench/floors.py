@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loadgen import Request
 from bench.processes import held_signals, stop_group
-from service.contract import DECISION_PACKAGES
+from service.api.v1 import DECISION_PACKAGES
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
 from store.digests import DigestKey

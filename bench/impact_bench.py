@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from scale_bench import TENANT, build_chain  # noqa: E402
 
+from service.api.v1 import DECISION_PACKAGES  # noqa: E402
 from service.config.settings import Settings  # noqa: E402
-from service.contract import DECISION_PACKAGES  # noqa: E402
 from service.decisions.reader import DecisionLogReader  # noqa: E402
 from store.backends.leveldb import LevelDBLaneStore  # noqa: E402
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from service.api.v1 import DECISION_PACKAGES
 from service.config.settings import Settings
-from service.contract import DECISION_PACKAGES
 from service.policy.client import PolicyClient
 from service.policy.input import PolicyInput
 from service.policy.sidecar import OpaSidecar

@@ -80,8 +80,8 @@ from bench.instances import (
 )
 from bench.loadgen import Load, LoadFailure, Request, UnexpectedStatus, combined, run_together
 from bench.processes import exit_on_sigterm
+from service.api.v1 import WORKER
 from service.config.settings import Settings
-from service.contract import WORKER
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.digests import DigestKey

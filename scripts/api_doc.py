@@ -1,11 +1,11 @@
 """Write or check the generated tables of docs/api.md, from the code that serves the contract.
 
 Each table sits between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`:
-the endpoints (`service.openapi.OPERATIONS`, the document the service serves), every
+the endpoints (`service.api.openapi.OPERATIONS`, the document the service serves), every
 shape of that document (its `components.schemas`, from the pydantic wire models), the
-service's reason codes (`service.reasons.Reason`), the codes the default policies can
+service's reason codes (`service.api.reasons.Reason`), the codes the default policies can
 return (`contains "..."` in policies/**/*.rego), the redacted labels of a corrupt record
-(`store.reasons.CorruptionLabel`) and the settings (`service.config.settings.Settings`).
+(`store.blockers.CorruptionLabel`) and the settings (`service.config.settings.Settings`).
 Everything else in docs/api.md is prose; tests/test_api_doc.py holds it to the code.
 
     .venv/bin/python scripts/api_doc.py          # rewrite the tables in docs/api.md
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from service.api.openapi import openapi_document  # noqa: E402
+from service.api.reasons import Reason  # noqa: E402
 from service.config.settings import Settings, accepted_values, variable  # noqa: E402
-from service.openapi import openapi_document  # noqa: E402
-from service.reasons import Reason  # noqa: E402
-from store.reasons import CorruptionLabel  # noqa: E402
+from store.blockers import CorruptionLabel  # noqa: E402
 
 DOC = ROOT / "docs" / "api.md"
 POLICIES = ROOT / "policies"

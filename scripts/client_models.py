@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from service.openapi import openapi_document
+    from service.api.openapi import openapi_document
 
     source = generate(openapi_document())
     if args.check:

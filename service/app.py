@@ -11,14 +11,14 @@ from flask import Flask, Response, g, request
 from flask_swagger_ui import get_swaggerui_blueprint
 from werkzeug.exceptions import HTTPException
 
+from service.api.reasons import Reason
+from service.api.v1 import DOCS, EXCHANGE, JWKS, OPENAPI, REQUEST_ID, WORKER, method_label
 from service.context import ServiceContext
-from service.contract import DOCS, EXCHANGE, JWKS, OPENAPI, REQUEST_ID, WORKER, method_label
 from service.decisions.journal import JournalClosed
 from service.http import approvals, decisions, ops, state, token, ui
 from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, drop_decision, journal_decision
 from service.http.problems import REFUSALS, Problem, problem_of
-from service.reasons import Reason
 from store.backends.contract import StoreOffline
 
 log = logging.getLogger("sessionstate.http")

@@ -39,8 +39,7 @@ from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter
 from service.replay import SessionReplayPlanner
-from service.store_backend import reachable, takes_writes
-from store.backends.contract import Lanes, drops_log_tail
+from store.backends.contract import Lanes, drops_log_tail, reachable, takes_writes
 from store.digests import DigestKey
 from store.session_state import SessionStateStore
 from store.signed_head import SignedHeads

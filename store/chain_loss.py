@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from store.canonical import canonical_json
 from store.chain_head import ChainHead
 from store.checkpoints import Checkpoint
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 LOSS_MEMBER = "loss"
 

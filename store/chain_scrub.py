@@ -28,7 +28,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain_head import ChainHead, parse_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner
 from store.full_walk import FullWalk, record_full_walk
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
 

@@ -27,7 +27,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.walk import ChainProblem, ChainVerification
 from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointVerifier
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
 

@@ -32,7 +32,7 @@ from store.chain.walk import ChainVerification
 from store.chain_head import GENESIS
 from store.checkpoints import CheckpointVerifier
 from store.integrity import StoreBusy, StoreUnavailable, classify
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 from store.log_tail import checksum_failures, torn_log_tail
 from store.signed_head import verify_every_chain
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from store.blockers import CorruptionLabel
 from store.digests import Digest
-from store.reasons import CorruptionLabel
 from store.record import SessionStateRecord
 
 

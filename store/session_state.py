@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
+from store.blockers import Blocker, CorruptionLabel
 from store.canonical import canonical_json, sha256_digest
-from store.keys import LaneKey, TenantResourceLane
-from store.reasons import Blocker, CorruptionLabel
+from store.key_codec import LaneKey, TenantResourceLane
 from store.record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
 from store.reports import SessionStateReadReport
 from store.scope import TenantScope

@@ -40,7 +40,7 @@ from store.chain.walk import ChainVerification
 from store.chain_head import ChainHead
 from store.chain_loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
 from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
 

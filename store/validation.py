@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.reasons import Blocker
+from store.blockers import Blocker
 from store.record import (
     GENESIS_DIGEST,
     RECORD_SCHEMA,

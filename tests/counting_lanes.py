@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from store.backends.contract import Lanes
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 
 class CountingLanes:

@@ -8,7 +8,7 @@ import plyvel
 
 from store.backends.leveldb import LevelDBLaneStore
 from store.chain.evidence import EvidenceChain
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 CANARY = "DAMAGE-CANARY-4e1b"
 BLOCK = 32768

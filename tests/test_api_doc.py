@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from service import contract
+from service.api import v1 as contract
+from service.api.openapi import OPERATIONS
 from service.config.settings import Settings, variable
 from service.http.body import MAX_BODY_BYTES
-from service.openapi import OPERATIONS
 from store.scope import SCOPE_ID_PATTERN
 
 ROOT = Path(__file__).resolve().parent.parent

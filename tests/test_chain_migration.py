@@ -30,7 +30,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.keys import chain_names
 from store.chain_head import GENESIS, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.factories import decision_entry_body
 from tests.live import DIGEST_KEY, JWT_SECRET, live_service, service_settings
 from tests.served import ROOT

@@ -40,7 +40,7 @@ from sessionstate_client.retries import RetryPolicy, parse_retry_after
 
 from service.auth.tokens import mint_token
 from service.policy.sidecar import OpaSidecar, send_signal
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.factories import scope, state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings
 

@@ -33,9 +33,9 @@ from sessionstate_client.replay import canonical_digest as client_canonical_dige
 from sessionstate_client.replay import plan_replay
 
 from scripts import client_models as generator
-from service import contract
+from service.api import v1 as contract
+from service.api.openapi import openapi_document
 from service.decisions.query import DecisionQuery
-from service.openapi import openapi_document
 from service.policy.input import PolicyAction
 from service.replay import SessionReplayPlanner
 from store.builder import estimate_tokens

@@ -15,13 +15,13 @@ from service.config.settings import Settings
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody
 from store.backends.leveldb import LevelDBLaneStore
+from store.blockers import Blocker, CorruptionLabel
 from store.bounds import MAX_SAFE_INTEGER
 from store.builder import build_record
 from store.canonical import canonical_json, sha256_digest
 from store.compaction import compact, extend
 from store.digests import DigestKey
 from store.inputs import SessionStateInput
-from store.reasons import Blocker, CorruptionLabel
 from store.record import (
     GENESIS_DIGEST,
     NO_COMPACTED_TURNS,

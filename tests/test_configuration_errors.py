@@ -19,8 +19,8 @@ from typing import cast
 import pytest
 from sessionstate_client import PolicyEngineRefused, PolicyEngineUnavailable, SessionStateClient
 
+from service.api.openapi import openapi_document
 from service.context import ServiceContext
-from service.openapi import openapi_document
 from service.policy.sidecar import OpaSidecar
 from tests.conftest import POLICY_DIR
 from tests.factories import scope

@@ -1,5 +1,5 @@
 """One source per contract constant: the routes, the OpenAPI document, OPA's API
-authorization and the client all say what `service.contract` says."""
+authorization and the client all say what `service.api.v1` says."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import httpx
 import pytest
 from sessionstate_client import SessionStateClient, SessionStateError
 
-from service import contract
+from service.api import v1 as contract
+from service.api.openapi import OPERATIONS, openapi_document
 from service.app import create_app
 from service.context import ServiceContext
-from service.openapi import OPERATIONS, openapi_document
 from store.scope import TenantScope
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from service.auth.tokens import mint_token
 from service.cli import main
 from service.decisions import bundle_verifier as verifier
-from service.decisions.bundle import VERIFIER, BundleSelection
+from service.decisions.evidence_bundle import VERIFIER, BundleSelection
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.chain.entry import seal

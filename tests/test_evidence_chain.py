@@ -23,7 +23,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.keys import ANCHOR_KEY, entry_key
 from store.chain_head import GENESIS_HASH, NO_TENANT_CHAIN, ChainHead, format_timestamp
 from store.checkpoints import CheckpointSigner, RetentionAnchor
-from store.keys import LaneKey, TenantResourceLane, lane_prefix
+from store.key_codec import LaneKey, TenantResourceLane, lane_prefix
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 CANARY = "EVIDENCE-CANARY-91c2"

@@ -16,7 +16,7 @@ from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
 from store.chain.keys import chain_name, entry_key
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import requests
 
+from service.api.v1 import NEXT_CURSOR_HEADER
 from service.cli import main
-from service.contract import NEXT_CURSOR_HEADER
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_digest, canonical_json
 from store.chain.keys import entry_key

@@ -14,8 +14,8 @@ import schemathesis
 from hypothesis import settings
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from service.contract import EXCHANGE
-from service.openapi import openapi_document
+from service.api.openapi import openapi_document
+from service.api.v1 import EXCHANGE
 from tests.live import LiveService
 
 schema = schemathesis.openapi.from_dict(openapi_document())

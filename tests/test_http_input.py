@@ -14,7 +14,7 @@ import pytest
 
 from service.observability.logs import JsonFormatter
 from service.policy.sidecar import OpaSidecar
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 from tests.factories import state_input
 from tests.live import JWT_SECRET, LiveService, live_service, service_settings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from service.contract import NEXT_CURSOR_HEADER
+from service.api.v1 import NEXT_CURSOR_HEADER
 from store.canonical import canonical_json
 from store.chain.entry import parse_entry
 from store.chain.keys import entry_key

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.factories import state_input
 from tests.live import LiveService
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from store.keys import LaneKey, TenantResourceLane, decode_key, scope_prefix
+from store.key_codec import LaneKey, TenantResourceLane, decode_key, scope_prefix
 
 ids = st.text(alphabet="Aa0_-.\x00\xff", max_size=6) | st.text(max_size=40).filter(
     lambda s: len(s.encode()) <= 255

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import requests
 
+from service.api.reasons import Reason
 from service.auth.tokens import mint_token
 from service.cli import main
 from service.decisions import live as live_revisions
@@ -29,7 +30,6 @@ from service.decisions import revisions
 from service.decisions.journal import DecisionJournal
 from service.decisions.live import LiveRevisions
 from service.policy.reload import PolicyStatus
-from service.reasons import Reason
 from store.backends.contract import Lanes
 from tests.conftest import POLICY_DIR
 from tests.factories import decision_entry_body

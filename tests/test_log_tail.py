@@ -9,7 +9,7 @@ from pathlib import Path
 import requests
 
 from store.backends.leveldb import LevelDBLaneStore
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from store.log_tail import (
     UNREPORTED_FILE,
     checksum_failures,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.openapi import openapi_document
+from service.api.openapi import openapi_document
 from service.policy.input import policy_input_schema
 
 PYDANTIC_ONLY_KEYS = {"ge", "le", "gt", "lt", "min_length", "max_length", "multiple_of"}

@@ -22,7 +22,7 @@ from service.policy.sidecar import OpaSidecar
 from service.policy.trace import DecisionEngine
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 from tests.conftest import POLICY_DIR
 from tests.factories import decision_entry_body, state_input
 from tests.live import LiveService, live_service, service_settings

@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sessionstate_client import NotFound, SessionStateClient, StoreOutcomeUnknown
 
 from store.backends.postgres_schema import LANES_TABLE
-from store.keys import TenantResourceLane, lane_prefix
+from store.key_codec import TenantResourceLane, lane_prefix
 from tests.commit_cutter import CommitCutter
 from tests.served import Served, start
 from tests.test_postgres_service import TENANT, WORKSPACE, stop, token

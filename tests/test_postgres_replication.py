@@ -14,7 +14,7 @@ import pytest
 from store.backends.contract import StoreOffline
 from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import upgrade
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.postgres import PostgresPair
 
 KEY = LaneKey(TenantResourceLane.APPROVAL_PACKET, "tenant-a", "ws-1", name=b"k")

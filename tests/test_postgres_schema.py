@@ -15,7 +15,7 @@ from store.backends.postgres_schema import (
     Upgrade,
     upgrade,
 )
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.postgres import PostgresServer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.reasons import REASON_PRECEDENCE, primary_reason
+from service.api.reasons import REASON_PRECEDENCE, primary_reason
 
 
 def test_every_scope_or_access_code_the_policies_can_return_has_an_explicit_precedence() -> None:

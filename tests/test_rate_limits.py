@@ -31,7 +31,7 @@ from service.policy.input import PolicyTarget
 from service.policy.sidecar import OpaSidecar
 from service.rate_limits import ActorRateLimiter, actor_key, peer_key
 from store.chain.keys import chain_names
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
 from tests.served import ROOT

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from sessionstate_client.errors import BY_503_REASON
 
+from service.api.reasons import Reason
 from service.auth.tokens import AuthenticationFailed
 from service.decisions.journal import JournalClosed, JournalStoreUnavailable
 from service.http.problems import Problem, problem_of
 from service.policy.errors import PolicyDenied, PolicyEngineRefused, PolicyEngineUnavailable
 from service.policy.trace import DecisionEngine, DecisionTrace
 from service.rate_limits import RateLimited, Refusal
-from service.reasons import Reason
 from store.backends.contract import StoreOffline
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ import pytest
 import rfc8785
 from pydantic import ValidationError
 
+from store.blockers import Blocker
 from store.digests import DigestKey
 from store.inputs import SessionStateInput
-from store.reasons import Blocker
 from store.scope import TenantScope, is_scope_id
 from store.validation import record_blockers
 from store.violations import UNKNOWN_MEMBER, InputRejected, violations_of

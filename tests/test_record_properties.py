@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.digests import DigestKey
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.record import SessionStateRecord
 from store.session_state import SessionStateStore, state_key
 from tests.factories import record, scope

@@ -24,9 +24,9 @@ import pytest
 import requests
 
 from service.auth.tokens import TokenVerifier, mint_token
+from service.cli.walkthrough import EXAMPLE_STATE
 from service.config.configuration_error import ConfigurationError
 from service.config.secret_values import configured_secret
-from service.walkthrough import EXAMPLE_STATE
 from store.secrets import decode_secret, encode_secret, local_secret, stored_secret
 from tests.served import ROOT, Served, start
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from store.backends.leveldb import LevelDBLaneStore
+from store.blockers import CorruptionLabel
 from store.canonical import canonical_json, sha256_digest
 from store.digests import DigestKey
 from store.integrity import StoreBusy
-from store.keys import LaneKey, TenantResourceLane
-from store.reasons import CorruptionLabel
+from store.key_codec import LaneKey, TenantResourceLane
 from store.record import compute_state_digest
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
 from tests.factories import record, scope

@@ -11,7 +11,7 @@ import pytest
 
 from store.backends.leveldb import LevelDBLaneStore
 from store.integrity import REPAIR_ADVICE, StoreBusy, StoreCorrupt, StoreUnavailable
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 from store.repair import repair
 from tests.damage import (
     CANARY,

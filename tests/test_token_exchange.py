@@ -34,6 +34,7 @@ from sessionstate_client import (
 )
 from sessionstate_client import TenantScope as ClientScope
 
+from service.api.reasons import Reason
 from service.auth.session_tokens import SIGNING_KEY_NAME, SigningKey
 from service.auth.token_exchange import TokenErrorDocument, TokenExchangeResponse
 from service.auth.tokens import Actor, AuthenticationFailed, TokenVerifier, mint_token
@@ -42,9 +43,8 @@ from service.config.configuration_error import ConfigurationError
 from service.config.secret_values import session_token_issuer
 from service.config.values import configured_public_origin
 from service.policy.sidecar import OpaSidecar
-from service.reasons import Reason
 from store.chain_head import NO_TENANT_CHAIN
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 from store.scope import TenantScope
 from store.secrets import SECRETS_DIR
 from tests.factories import state_input

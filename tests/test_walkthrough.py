@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from service.cli.walkthrough import walkthrough
 from service.config.settings import Settings
-from service.walkthrough import walkthrough
 from tests.served import ROOT, Served, start
 
 LAST_LINE = "# Stop with Ctrl-C"

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from service.approvals.model import INDEX_COMPLETE, index_key, indexed_as, parse_stored
-from service.periodic import PeriodicPrune
+from service.runtime.periodic import PeriodicPrune
 from store.backends.contract import Lanes
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 logger = logging.getLogger("service.approvals")
 

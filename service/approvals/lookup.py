@@ -29,7 +29,7 @@ from service.approvals.model import (
     parse_stored,
 )
 from store.backends.contract import Lanes
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from store.scope import TenantScope, is_scope_id
 
 logger = logging.getLogger("service.approvals")

@@ -24,11 +24,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from service.contract import APPROVAL_ID, APPROVAL_ID_PATTERN
+from service.api.v1 import APPROVAL_ID, APPROVAL_ID_PATTERN
 from service.policy.input import PolicyApproval
 from store.bounds import JsonInt
 from store.canonical import canonical_json, sha256_digest
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from store.scope import ScopeId
 
 logger = logging.getLogger("service.approvals")

@@ -14,7 +14,7 @@ import secrets
 from datetime import datetime, timedelta
 
 from service.approvals.model import Approval, ApprovalGrantInput, index_key, stored_form
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 
 Changes = list[tuple[LaneKey, bytes | None]]
 """Keys to commit in one batch with their new values (None deletes the key)."""

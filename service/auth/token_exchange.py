@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 import jwt
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.reasons import Reason
+from service.api.wire import ProblemDocument
 from service.auth.tokens import Actor, AuthenticationFailed
 from service.policy.input import PolicyExchange, PolicyTarget
 from service.policy.trace import DecisionTrace
-from service.reasons import Reason
-from service.wire import ProblemDocument
 from store.scope import TenantScope, is_scope_id
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"

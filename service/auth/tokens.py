@@ -49,10 +49,10 @@ from jwt.algorithms import HMACAlgorithm
 from jwt.types import Options
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.api.reasons import Reason
 from service.auth.provider_keys import KeysUnavailable, ProviderKeys, UnknownKey
 from service.policy.activation import OperatorIdentity
 from service.policy.input import PolicyActor
-from service.reasons import Reason
 from store.scope import ScopeId, is_scope_id
 
 MIN_HS256_SECRET_BYTES = 32  # RFC 7518 §3.2: at least the size of the hash output

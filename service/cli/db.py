@@ -7,6 +7,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,12 @@ from service.approvals.lookup import ApprovalStore
 from service.cli.store_access import holding_data_dir
 from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
-from service.config.store import StoreTarget, configured_store
+from service.config.store import VARIABLE, StoreTarget, configured_store
 from service.decisions import review as decision_review
 from service.decisions import revisions
 from service.decisions.migration import migrate, sign_unsigned_anchors
-from service.store_backend import upgrade as upgrade_store
-from store.backends.contract import Lanes
+from store.backends.contract import Lanes, StoreOffline
+from store.backends.registry import backend
 from store.repair import repair
 
 NAME = "db"
@@ -55,7 +56,7 @@ def _upgrade(settings: Settings) -> int:
     still kept as one global chain moved onto per-tenant chains, and retention anchors
     signed; exit 1 if a chain did not verify from its unsigned anchor (left unsigned)."""
     store = configured_store(settings)
-    done = upgrade_store(store)
+    done = _upgrade_schema(store)
     steps: dict[str, Any] = {}
     if store.present:  # PostgreSQL: written by a preview before chains were per tenant?
         with _upgrading_lanes(settings, store) as lanes:
@@ -82,6 +83,30 @@ def _upgrade(settings: Settings) -> int:
         )
     )
     return 1 if did["anchors_unverified"] else 0
+
+
+@dataclass(frozen=True)
+class StoreUpgrade:
+    """What the schema upgrade did, as `sessionstate db upgrade` prints it."""
+
+    store: str
+    target: str
+    found: int | None
+    now: int | None
+
+    @property
+    def changed(self) -> bool:
+        return self.found != self.now
+
+
+def _upgrade_schema(store: StoreTarget) -> StoreUpgrade:
+    """Bring the configured store's schema to this code's version: PostgreSQL creates or
+    upgrades its tables and records the version; LevelDB has no schema yet (`None`)."""
+    try:
+        done = backend(store.kind).upgrade(store.location)
+    except StoreOffline as error:
+        raise StoreOffline(f"{error} ({VARIABLE})") from None
+    return StoreUpgrade(store.kind, store.target, done.found, done.now)
 
 
 def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from service.cli.store_access import review_lanes
 from service.config.settings import Settings
 from service.decisions import review as decision_review
 from service.decisions import revisions
-from service.decisions.bundle import VERIFIER
+from service.decisions.evidence_bundle import VERIFIER
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
 from store.chain.keys import chain_name, chain_names

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from service.cli.arguments import positive
+from service.cli.walkthrough import walkthrough
 from service.config.settings import Settings
-from service.walkthrough import walkthrough
 
 NAME = "serve"
 

@@ -27,7 +27,7 @@ from store.backends.contract import LaneBatch, Lanes
 from store.chain.append import ChainExtension
 from store.chain.entry import SealedEntry
 from store.chain_head import ChainHead
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.session_state import StoredVersion
 
 

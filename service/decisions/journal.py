@@ -68,7 +68,7 @@ from store.chain.entry import ChainCorrupt
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import chain_names, legacy_chain_present, marker_key
 from store.chain_head import ChainHead, format_timestamp
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.record import SessionStateRecord
 from store.session_state import Precondition
 from store.signed_head import SignedHeads

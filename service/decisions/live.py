@@ -39,7 +39,7 @@ from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
 from store.chain.keys import LEGACY_CHAIN
 from store.chain_head import format_timestamp
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from store.secrets import local_key_file
 
 log = logging.getLogger("sessionstate.policy")

@@ -46,7 +46,7 @@ from store.chain.keys import chain_name, chain_names
 from store.chain_head import SYSTEM_CHAIN
 from store.checkpoints import CheckpointSigner
 from store.derived import DerivedOnce
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 
 class DecisionOutcome(BaseModel):

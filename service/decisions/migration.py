@@ -48,7 +48,7 @@ from store.chain.keys import (
 from store.chain.walk import ChainVerification
 from store.chain_head import ChainHead, format_timestamp
 from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 MIGRATION_KEY = LaneKey(TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"chain_migration")
 

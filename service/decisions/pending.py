@@ -15,7 +15,7 @@ from typing import Any
 
 from service.decisions.journal import DecisionJournal, WriteResult
 from service.decisions.log import DecisionEntryBody
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.record import SessionStateRecord
 from store.session_state import Precondition
 

@@ -22,13 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.reasons import Reason
 from service.auth.tokens import Actor
 from service.decisions.journal import ChainBehindSignedHead, DecisionJournal, JournalClosed
 from service.decisions.log import DecisionEntryBody
 from service.policy.input import PolicyAction, PolicyActor, PolicyTarget
 from service.policy.trace import DecisionTrace, service_engine
 from service.rate_limits import Budget, RateLimits, Refusal, actor_key
-from service.reasons import Reason
 from store.canonical import canonical_digest
 from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.contract import DECISION_ID
+from service.api.v1 import DECISION_ID
 from service.decisions.log import DecisionLogEntry, decision_id_key, opa_event
 from service.decisions.query import DecisionQuery
 from store.backends.contract import Lanes

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from store.backends.contract import LaneBatch, Lanes
 from store.canonical import canonical_json
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.record import SessionStateRecord
 from store.session_state import (
     NOTHING_STORED,

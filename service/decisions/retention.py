@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from service.decisions.log import prune_log
-from service.periodic import PeriodicPrune
+from service.runtime.periodic import PeriodicPrune
 from store.backends.contract import Lanes
 from store.checkpoints import CheckpointSigner
 

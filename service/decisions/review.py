@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.config.store import StoreTarget, embedded_target
-from service.decisions.bundle import BundleSelection, EvidenceBundle, write_bundle
+from service.decisions.evidence_bundle import BundleSelection, EvidenceBundle, write_bundle
 from service.decisions.log import prune_log
 from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
@@ -206,7 +206,7 @@ def bundle(
     since: str | None = None,
     until: str | None = None,
 ) -> EvidenceBundle:
-    """Write an evidence bundle to `out`, whole or not at all (`service.decisions.bundle`).
+    """Write an evidence bundle to `out`, whole or not at all (`service.decisions.evidence_bundle`).
 
     Refused, with `ChainUnverified`, for a chain that does not verify, as `checkpoint` is;
     with `ValueError` without a tenant when the data dir holds more than one chain.

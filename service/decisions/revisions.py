@@ -32,18 +32,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.api.reasons import Reason
 from service.decisions import activations
 from service.decisions.activations import ActivationRecord
 from service.decisions.live import LiveInterval, fits, live_at, stored
 from service.decisions.log import DecisionEntryBody
 from service.policy.client import UNKNOWN
-from service.reasons import Reason
 from store.backends.contract import ExpectationFailed, LaneBatch, Lanes
 from store.canonical import canonical_json
 from store.chain.entry import parse_entry
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, marker_key, tenant_chain_names
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 _PREFIX = b"revision:"
 SUMMARIES_COMPLETE = LaneKey(

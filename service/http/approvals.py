@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from service.api.reasons import Reason
+from service.api.v1 import APPROVAL, APPROVAL_ID, APPROVALS, DECISION_ID_HEADER, fill, flask_rule
+from service.api.wire import ApprovalListResponse, ApprovalResponse
 from service.approvals.model import ApprovalGrantInput
 from service.approvals.writes import approval_writes, new_approval, revocation_writes
-from service.contract import APPROVAL, APPROVAL_ID, APPROVALS, DECISION_ID_HEADER, fill, flask_rule
 from service.http.body import json_body
 from service.http.common import (
     authenticate,
@@ -18,8 +20,6 @@ from service.http.common import (
 )
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
-from service.reasons import Reason
-from service.wire import ApprovalListResponse, ApprovalResponse
 
 bp = Blueprint("approvals", __name__)
 

@@ -13,8 +13,8 @@ from flask import request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
+from service.api.reasons import Reason
 from service.http.problems import Problem
-from service.reasons import Reason
 from store.strict_json import MalformedJson, strict_loads
 from store.violations import violations_of
 

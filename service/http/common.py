@@ -16,6 +16,7 @@ from typing import cast
 from flask import Response, current_app, g, request
 from pydantic import BaseModel
 
+from service.api.reasons import Reason
 from service.approvals.model import Approval
 from service.auth.tokens import Actor
 from service.context import ServiceContext
@@ -27,8 +28,7 @@ from service.policy.gate import PolicyGate
 from service.policy.input import PolicyAction, PolicyExchange, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
-from service.reasons import Reason
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.record import SessionStateRecord
 from store.reports import SessionStateWriteReport
 from store.scope import TenantScope, is_scope_id

@@ -16,8 +16,8 @@ from typing import TypeVar
 from flask import Blueprint, Response, request
 from pydantic import BaseModel, ValidationError
 
-from service.auth.tokens import Actor
-from service.contract import (
+from service.api.reasons import Reason
+from service.api.v1 import (
     DECISION,
     DECISION_ID_HEADER,
     DECISIONS,
@@ -27,6 +27,13 @@ from service.contract import (
     NEXT_CURSOR_HEADER,
     flask_rule,
 )
+from service.api.wire import (
+    DecisionEntryResponse,
+    DecisionListResponse,
+    DecisionVerifyResponse,
+    PolicyRevisionsResponse,
+)
+from service.auth.tokens import Actor
 from service.decisions import revisions
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.decisions.reader import FoundEntry
@@ -34,13 +41,6 @@ from service.http.common import authenticate, authorize, context, json_response
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
 from service.policy.trace import DecisionTrace
-from service.reasons import Reason
-from service.wire import (
-    DecisionEntryResponse,
-    DecisionListResponse,
-    DecisionVerifyResponse,
-    PolicyRevisionsResponse,
-)
 from store.chain.entry import ChainCorrupt
 from store.checkpoints import CheckpointSigner
 from store.full_walk import FullWalk, last_full_walk, record_full_walk

@@ -11,7 +11,7 @@ body, limits on the request target (8 KiB) and
 headers (16 KiB), and the 1 MiB body limit, which answers 413 before the app runs whatever
 the framing (Content-Length, chunked, or neither).
 
-A method no route serves (`service.contract.METHODS`) and a request that
+A method no route serves (`service.api.v1.METHODS`) and a request that
 carries both `Content-Length` and `Transfer-Encoding` are answered 400 here,
 with the connection closed, before any route runs.
 
@@ -33,10 +33,10 @@ from hypercorn.config import Config
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from prometheus_client import Counter
 
-from service.contract import METHODS
+from service.api.reasons import Reason
+from service.api.v1 import METHODS
 from service.http.body import MAX_BODY_BYTES
 from service.http.problems import Problem
-from service.reasons import Reason
 
 MAX_TARGET_BYTES = 8 * 1024  # path and query
 MAX_HEADER_BYTES = 16 * 1024  # all header lines together

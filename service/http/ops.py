@@ -6,12 +6,12 @@ import json
 
 from flask import Blueprint, Response
 
+from service.api.openapi import openapi_document
+from service.api.wire import Health, Readiness, StoreReadiness
 from service.http.common import context, json_response
-from service.openapi import openapi_document
 from service.policy.activation_hold import AWAITING_APPROVAL
 from service.policy.signed_bundle import SignedBundleSource
 from service.policy.source import PolicySource
-from service.wire import Health, Readiness, StoreReadiness
 
 bp = Blueprint("ops", __name__)
 

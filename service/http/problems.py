@@ -19,8 +19,9 @@ from typing import Any
 from flask import Response, g, has_request_context
 from werkzeug.exceptions import HTTPException
 
+from service.api.reasons import QUERY_VALIDATION_DETAIL, Reason
+from service.api.v1 import DECISION_ID_HEADER
 from service.auth.tokens import AuthenticationFailed
-from service.contract import DECISION_ID_HEADER
 from service.decisions.journal import ChainBehindSignedHead, JournalClosed
 from service.policy.errors import (
     PolicyDecisionUndefined,
@@ -31,7 +32,6 @@ from service.policy.errors import (
 )
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
-from service.reasons import QUERY_VALIDATION_DETAIL, Reason
 from store.backends.contract import StoreOffline, StoreOutcomeUnknown
 from store.reports import SessionStateWriteReport
 from store.violations import FieldViolation

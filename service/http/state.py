@@ -6,7 +6,8 @@ import re
 
 from flask import Blueprint, Response, request
 
-from service.contract import (
+from service.api.reasons import Reason
+from service.api.v1 import (
     ETAG,
     IF_MATCH,
     IF_NONE_MATCH,
@@ -16,6 +17,7 @@ from service.contract import (
     flask_rule,
     quoted_etag,
 )
+from service.api.wire import ReplayPreviewResponse, SessionStateReadResponse, SessionStateResponse
 from service.http.body import json_body
 from service.http.common import (
     authenticate,
@@ -28,9 +30,7 @@ from service.http.common import (
 )
 from service.http.problems import Problem
 from service.policy.trace import DecisionTrace
-from service.reasons import Reason
 from service.replay import ReplayPreviewRequest
-from service.wire import ReplayPreviewResponse, SessionStateReadResponse, SessionStateResponse
 from store.builder import build_record
 from store.digests import is_digest
 from store.inputs import SessionStateInput

@@ -15,16 +15,16 @@ from http import HTTPStatus
 
 from flask import Blueprint, Response, g, request
 
+from service.api.reasons import Reason
+from service.api.v1 import EXCHANGE, JWKS
 from service.auth.token_exchange import (
     UNVERIFIABLE,
     TokenExchangeResponse,
     oauth_error,
     read_exchange,
 )
-from service.contract import EXCHANGE, JWKS
 from service.http.common import authorize, context, json_response
 from service.http.problems import Problem, document_response
-from service.reasons import Reason
 
 bp = Blueprint("token", __name__)
 JWKS_MAX_AGE_SECONDS = 300

@@ -21,8 +21,9 @@ import jwt
 from flask import Blueprint, Response, g, render_template, request, url_for
 from pydantic import ValidationError
 
+from service.api.reasons import Reason
+from service.api.v1 import DECISION_ID
 from service.auth.tokens import Actor, AuthenticationFailed
-from service.contract import DECISION_ID
 from service.decisions import revisions
 from service.decisions.journal import JournalClosed
 from service.decisions.log import DecisionLogEntry
@@ -35,7 +36,6 @@ from service.http.ui_chart import decision_chart
 from service.policy.errors import PolicyRefusal
 from service.policy.input import PolicyAction
 from service.rate_limits import RateLimited
-from service.reasons import Reason
 from store.backends.contract import StoreOffline
 from store.violations import violations_of
 

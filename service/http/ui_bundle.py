@@ -11,13 +11,13 @@ from tempfile import SpooledTemporaryFile
 from flask import Response, request
 from werkzeug.wsgi import wrap_file
 
-from service.contract import DECISION_ID_HEADER
-from service.decisions.bundle import BundleSelection, write_bundle
+from service.api.reasons import Reason
+from service.api.v1 import DECISION_ID_HEADER
+from service.decisions.evidence_bundle import BundleSelection, write_bundle
 from service.decisions.query import DecisionQuery
 from service.http.common import context
 from service.http.problems import Problem
 from service.policy.trace import DecisionTrace
-from service.reasons import Reason
 from store.signed_head import ChainUnverified
 
 _SPOOL_BYTES = 16 << 20  # a bigger bundle is staged in a temporary file

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from service.api.reasons import Reason
 from service.impact.compare import LoggedDecision
 from service.impact.report import Verdict
 from service.policy.batch import BATCH_PACKAGE, batch_answers, batch_document, batch_module
@@ -34,7 +35,6 @@ from service.policy.opa_errors import check_errors
 from service.policy.sidecar import OpaSidecar
 from service.policy.source import PolicySourceError
 from service.policy.transport import KeepAliveTransport
-from service.reasons import Reason
 
 QUERY_TIMEOUT_SECONDS = 30.0
 

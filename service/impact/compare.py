@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.contract import DECISION_PACKAGES
+from service.api.reasons import Reason
+from service.api.v1 import DECISION_PACKAGES
 from service.impact.report import (
     ChangeCounts,
     ImpactExample,
@@ -25,7 +26,6 @@ from service.impact.report import (
 )
 from service.policy.change import DecisionChange, decision_change
 from service.policy.input import PolicyInput
-from service.reasons import Reason
 
 ENGINE_FAILURES = {
     Reason.POLICY_ENGINE_UNAVAILABLE.value,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config.store import StoreTarget
-from service.decisions.bundle import BundleSelection
+from service.decisions.evidence_bundle import BundleSelection
 from service.decisions.reader import LAST_SEQ, DecisionLogReader
 from service.decisions.review import DataDirBusy, ReviewError
 from service.impact.compare import LoggedDecision

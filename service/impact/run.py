@@ -8,7 +8,7 @@ from contextlib import closing
 from pathlib import Path
 
 from service.config.store import StoreTarget
-from service.decisions.bundle import BundleSelection
+from service.decisions.evidence_bundle import BundleSelection
 from service.impact import candidate, logged
 from service.impact.candidate import CandidateEngine
 from service.impact.compare import ImpactTally, LoggedDecision, skip_reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.contract import DECISION_PACKAGES
+from service.api.v1 import DECISION_PACKAGES
 
 BATCH_PACKAGE = "impact_batch"  # data.sessionstate.impact_batch.decision, for impact analysis
 _MODULE = """# METADATA

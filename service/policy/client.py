@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from service.contract import DECISION_PACKAGES
+from service.api.reasons import Reason
+from service.api.v1 import DECISION_PACKAGES
 from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
 from service.policy.trace import DecisionEngine, DecisionTrace
 from service.policy.transport import (
@@ -27,7 +28,6 @@ from service.policy.transport import (
     KeepAliveTransport,
     OpaClientTransport,
 )
-from service.reasons import Reason
 from store.canonical import canonical_json, sha256_digest
 
 UNKNOWN = "unknown"

@@ -1,6 +1,6 @@
 """The admission check that every decision package is defined and answers the decision schema.
 
-Each package the contract names (`service.contract.DECISION_PACKAGES`) is asked, in one
+Each package the contract names (`service.api.v1.DECISION_PACKAGES`) is asked, in one
 scratch `opa eval` of the candidate, for its `decision` on the representative inputs of its
 actions (`service.policy.samples`: every tenant the candidate's tenant settings name among
 them). A decision that is undefined, or not `{"allow": boolean, "reasons": [string, ...]}`,
@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.contract import DECISION_PACKAGES
+from service.api.reasons import Reason
+from service.api.v1 import DECISION_PACKAGES
 from service.policy.admission_check import Candidate, Refusal
 from service.policy.batch import batch_answers, batch_document, batch_module
 from service.policy.samples import representative_inputs
 from service.policy.scratch import EvaluationFailed, evaluate
 from service.policy.tenant_settings import TENANT_SETTINGS_PATH, TenantSettingsDocument
-from service.reasons import Reason
 
 UNDEFINED = Reason.POLICY_DECISION_UNDEFINED.value
 ADMISSION_BATCH = "admission_batch"  # data.sessionstate.admission_batch.decision

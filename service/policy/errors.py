@@ -7,8 +7,8 @@ for a write or a preview, the write report a refused write would give.
 
 from __future__ import annotations
 
+from service.api.reasons import primary_reason
 from service.policy.trace import DecisionTrace
-from service.reasons import primary_reason
 from store.reports import SessionStateWriteReport
 
 

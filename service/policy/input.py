@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.blockers import Blocker
 from store.inputs import TaskProfile
-from store.reasons import Blocker
 from store.record import SessionStateRecord
 from store.scope import ScopeId
 from store.validation import record_blockers

@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.reasons import Reason
 from service.policy.input import PolicyAction
-from service.reasons import Reason
 
 
 class DecisionEngine(BaseModel):

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar, Protocol, TypeGuard
 
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 
 class StoreOffline(RuntimeError):
@@ -276,3 +276,18 @@ class Backend(Lanes, Protocol):
         """Bring the store's schema to this code's version (`StoreOffline`,
         `StoreUpgradeRefused`)."""
         ...
+
+
+def reachable(lanes: Lanes) -> bool:
+    """Whether the store answers now (across the network: a probe; embedded: it is open)."""
+    if probes(lanes):
+        return lanes.reachable()
+    return not lanes.closed
+
+
+def takes_writes(lanes: Lanes) -> bool | None:
+    """A store across the network: whether a probe write commits now, bounded. An embedded
+    one: None, since this process alone writes it and `writable` says all there is to say."""
+    if probes(lanes):
+        return lanes.write_probe()
+    return None

@@ -54,7 +54,7 @@ from store.backends.contract import (
     StoreUnwritable,
 )
 from store.integrity import StoreBusy, check_tables, open_leveldb
-from store.keys import (
+from store.key_codec import (
     LaneKey,
     TenantResourceLane,
     decode_key,

@@ -67,7 +67,7 @@ from store.backends.contract import (
     StoreUpgradeRefused,
 )
 from store.backends.postgres_schema import LANES_TABLE, NO_TENANT, PROBE_TABLE
-from store.keys import (
+from store.key_codec import (
     LaneKey,
     TenantResourceLane,
     decode_key,

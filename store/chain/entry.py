@@ -24,7 +24,7 @@ from store.canonical import (
 )
 from store.chain.keys import entry_key
 from store.chain_head import NO_TENANT_CHAIN, ChainHead, parse_timestamp
-from store.keys import LaneKey
+from store.key_codec import LaneKey
 from store.strict_json import MalformedJson, strict_loads
 
 CHAIN_FIELDS = ("seq", "prev_hash", "hash")

@@ -34,7 +34,7 @@ from store.checkpoints import (
     CheckpointVerifier,
     RetentionAnchor,
 )
-from store.keys import TenantResourceLane
+from store.key_codec import TenantResourceLane
 
 _HASH_RE = re.compile(HASH_PATTERN)
 _VERIFY_ATTEMPTS = 3

@@ -15,7 +15,7 @@ import re
 
 from store.backends.contract import Lanes
 from store.chain_head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
-from store.keys import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 
 LEGACY_CHAIN = ""  # the single global chain of versions before per-tenant chains
 SEQ_BYTES = 8  # an entry's key name: its seq, big-endian

@@ -1,6 +1,6 @@
 """The v1 contract's constants, written once: paths, id patterns, header names, decisions.
 
-The routes (`service.http`) and the OpenAPI document (`service.openapi`)
+The routes (`service.http`) and the OpenAPI document (`service.api.openapi`)
 read them from here; the client (`clients/python`, which may not import the
 service) keeps copies that tests/test_client_contract.py holds to these.
 Paths are OpenAPI templates (`{tenant_id}`); `flask_rule` spells one for Flask and `fill` for a request.

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document, generated from the pydantic wire models.
 
 Paths are a table of operations (method, path, models in and out) over the
-contract's path templates (`service.contract`, which the routes use too); every
+contract's path templates (`service.api.v1`, which the routes use too); every
 schema comes from `models_json_schema`, so a renamed field changes the
 document with it.
 """
@@ -14,15 +14,8 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from service.approvals.model import ApprovalGrantInput
-from service.auth.session_tokens import JsonWebKeySet
-from service.auth.token_exchange import (
-    FORM,
-    TokenErrorDocument,
-    TokenExchangeRequest,
-    TokenExchangeResponse,
-)
-from service.contract import (
+from service.api.reasons import Reason
+from service.api.v1 import (
     APPROVAL,
     APPROVALS,
     DECISION,
@@ -44,10 +37,7 @@ from service.contract import (
     STATE_PREVIEW,
     parameters,
 )
-from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
-from service.reasons import Reason
-from service.replay import ReplayPreviewRequest
-from service.wire import (
+from service.api.wire import (
     ApprovalListResponse,
     ApprovalResponse,
     DecisionEntryResponse,
@@ -61,6 +51,16 @@ from service.wire import (
     SessionStateReadResponse,
     SessionStateResponse,
 )
+from service.approvals.model import ApprovalGrantInput
+from service.auth.session_tokens import JsonWebKeySet
+from service.auth.token_exchange import (
+    FORM,
+    TokenErrorDocument,
+    TokenExchangeRequest,
+    TokenExchangeResponse,
+)
+from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
+from service.replay import ReplayPreviewRequest
 from store.inputs import SessionStateInput
 
 REF = "#/components/schemas/{model}"
