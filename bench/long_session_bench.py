@@ -42,8 +42,8 @@ from sessionstate_client import ModelServiceSession, SessionStateClient
 
 from service.auth.tokens import mint_token
 from service.config.settings import Settings
-from store.bounds import MAX_TURNS_PER_WRITE
-from store.inputs import SessionStateInput
+from store.record.bounds import MAX_TURNS_PER_WRITE
+from store.record.inputs import SessionStateInput
 from store.scope import TenantScope
 from tests.factories import state_input
 from tests.live import JWT_SECRET

@@ -73,8 +73,8 @@ from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
 from store.chain.entry import seal
+from store.chain.head import GENESIS, ChainHead, format_timestamp
 from store.chain.keys import entry_key, marker_key
-from store.chain_head import GENESIS, ChainHead, format_timestamp
 from store.scope import TenantScope
 from tests.policy_inputs import allowed_input
 

@@ -5,7 +5,7 @@ the endpoints (`service.api.openapi.OPERATIONS`, the document the service serves
 shape of that document (its `components.schemas`, from the pydantic wire models), the
 service's reason codes (`service.api.reasons.Reason`), the codes the default policies can
 return (`contains "..."` in policies/**/*.rego), the redacted labels of a corrupt record
-(`store.blockers.CorruptionLabel`) and the settings (`service.config.settings.Settings`).
+(`store.record.blockers.CorruptionLabel`) and the settings (`service.config.settings.Settings`).
 Everything else in docs/api.md is prose; tests/test_api_doc.py holds it to the code.
 
     .venv/bin/python scripts/api_doc.py          # rewrite the tables in docs/api.md
@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from service.api.openapi import openapi_document  # noqa: E402
 from service.api.reasons import Reason  # noqa: E402
 from service.config.settings import Settings, accepted_values, variable  # noqa: E402
-from store.blockers import CorruptionLabel  # noqa: E402
+from store.record.blockers import CorruptionLabel  # noqa: E402
 
 DOC = ROOT / "docs" / "api.md"
 POLICIES = ROOT / "policies"

@@ -40,9 +40,9 @@ from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter
 from service.replay import SessionReplayPlanner
 from store.backends.contract import Lanes, drops_log_tail, reachable, takes_writes
+from store.chain.signed_head import SignedHeads
 from store.digests import DigestKey
 from store.session_state import SessionStateStore
-from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.store")
 

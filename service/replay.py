@@ -18,11 +18,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from store.bounds import JsonInt
 from store.canonical import canonical_digest
 from store.digests import Digest
-from store.inputs import TaskProfile
-from store.record import (
+from store.record.bounds import JsonInt
+from store.record.inputs import TaskProfile
+from store.record.state_record import (
     SessionRuntimeProfile,
     SessionStateAnchor,
     SessionStateRecord,

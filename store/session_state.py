@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
-from store.blockers import Blocker, CorruptionLabel
 from store.canonical import canonical_json, sha256_digest
 from store.key_codec import LaneKey, TenantResourceLane
-from store.record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
-from store.reports import SessionStateReadReport
+from store.record.blockers import Blocker, CorruptionLabel
+from store.record.reports import SessionStateReadReport
+from store.record.state_record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
+from store.record.validation import record_blockers
 from store.scope import TenantScope
-from store.validation import record_blockers
 
 MAX_WRITE_ROUNDS = 64  # reads of a record that others keep changing before giving up
 

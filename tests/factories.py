@@ -7,12 +7,12 @@ from typing import Any
 from service.decisions.log import DecisionEntryBody
 from service.policy.input import PolicyActor, PolicyTarget
 from service.policy.trace import DecisionEngine, DecisionTrace
-from store.bounds import MAX_TURNS
-from store.builder import build_record
 from store.canonical import canonical_digest, canonical_json
 from store.digests import DigestKey
-from store.inputs import SessionStateInput
-from store.record import SessionStateRecord
+from store.record.bounds import MAX_TURNS
+from store.record.builder import build_record
+from store.record.inputs import SessionStateInput
+from store.record.state_record import SessionStateRecord
 from store.scope import TenantScope
 
 GENE_DIGEST = "sha256:" + "ab" * 32

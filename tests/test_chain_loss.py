@@ -14,15 +14,12 @@ import pytest
 from service.decisions.journal import ChainBehindSignedHead, DecisionJournal
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
+from store.chain.checkpoints import Checkpoint, CheckpointSigner
 from store.chain.entry import parse_entry, seal
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import entry_key
-from store.chain.walk import ChainVerification
-from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import Checkpoint, CheckpointSigner
-from store.digests import DigestKey
-from store.session_state import Precondition, state_key
-from store.signed_head import (
+from store.chain.signed_head import (
     NothingLost,
     SignedHeads,
     record_loss,
@@ -30,6 +27,9 @@ from store.signed_head import (
     verified_checkpoint,
     verified_head_key,
 )
+from store.chain.walk import ChainVerification
+from store.digests import DigestKey
+from store.session_state import Precondition, state_key
 from tests.factories import decision_entry_body, record, scope
 from tests.test_verified_head import T0, TENANT, grown
 

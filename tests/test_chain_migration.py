@@ -26,10 +26,10 @@ from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.evidence import EvidenceChain
+from store.chain.head import GENESIS, ChainHead, format_timestamp
 from store.chain.keys import chain_names
-from store.chain_head import GENESIS, ChainHead, format_timestamp
-from store.checkpoints import CheckpointSigner
 from store.key_codec import LaneKey, TenantResourceLane
 from tests.factories import decision_entry_body
 from tests.live import DIGEST_KEY, JWT_SECRET, live_service, service_settings

@@ -16,18 +16,18 @@ from pydantic import ValidationError
 from service.cli import main
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
-from store.chain.evidence import EvidenceChain
-from store.chain.keys import entry_key
-from store.chain_head import GENESIS_HASH, ChainHead, format_timestamp
-from store.checkpoints import (
+from store.chain.checkpoints import (
     KEY_FILE,
     Checkpoint,
     CheckpointSigner,
     CheckpointVerifier,
     checkpoint_payload,
 )
+from store.chain.evidence import EvidenceChain
+from store.chain.head import GENESIS_HASH, ChainHead, format_timestamp
+from store.chain.keys import entry_key
+from store.chain.signed_head import ChainUnverified, verified_checkpoint
 from store.secrets import SECRETS_DIR
-from store.signed_head import ChainUnverified, verified_checkpoint
 
 ISSUED = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 HEAD = ChainHead(seq=7, hash=canonical_digest({"entry": 7}))

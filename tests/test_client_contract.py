@@ -38,11 +38,11 @@ from service.api.openapi import openapi_document
 from service.decisions.query import DecisionQuery
 from service.policy.input import PolicyAction
 from service.replay import SessionReplayPlanner
-from store.builder import estimate_tokens
 from store.canonical import canonical_digest
 from store.digests import DigestKey
-from store.inputs import TurnRole
-from store.record import CompactedTurns
+from store.record.builder import estimate_tokens
+from store.record.inputs import TurnRole
+from store.record.state_record import CompactedTurns
 from tests.factories import record
 
 ROOT = Path(__file__).resolve().parent.parent

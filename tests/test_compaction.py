@@ -15,14 +15,14 @@ from service.config.settings import Settings
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody
 from store.backends.leveldb import LevelDBLaneStore
-from store.blockers import Blocker, CorruptionLabel
-from store.bounds import MAX_SAFE_INTEGER
-from store.builder import build_record
 from store.canonical import canonical_json, sha256_digest
-from store.compaction import compact, extend
 from store.digests import DigestKey
-from store.inputs import SessionStateInput
-from store.record import (
+from store.record.blockers import Blocker, CorruptionLabel
+from store.record.bounds import MAX_SAFE_INTEGER
+from store.record.builder import build_record
+from store.record.compaction import compact, extend
+from store.record.inputs import SessionStateInput
+from store.record.state_record import (
     GENESIS_DIGEST,
     NO_COMPACTED_TURNS,
     CompactedTurns,
@@ -30,6 +30,7 @@ from store.record import (
     SessionTurnDigest,
     compute_state_digest,
 )
+from store.record.validation import record_blockers
 from store.session_state import (
     NOTHING_STORED,
     ParsedRecords,
@@ -40,7 +41,6 @@ from store.session_state import (
     read_report,
     state_key,
 )
-from store.validation import record_blockers
 from tests.factories import decision_entry_body, record, scope, state_input, v1_record_bytes
 
 DIGEST = "sha256:" + "cd" * 32

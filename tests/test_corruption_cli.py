@@ -15,7 +15,7 @@ import pytest
 
 from service.cli import main
 from store.backends.leveldb import LevelDBLaneStore
-from store.integrity import REPAIR_ADVICE
+from store.embedded.integrity import REPAIR_ADVICE
 from tests.damage import CANARY, build_store, flip, into_table, newest_log, set_record_type
 from tests.live import DIGEST_KEY, JWT_SECRET
 from tests.served import ROOT, free_port

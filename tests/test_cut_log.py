@@ -18,8 +18,8 @@ from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from store.backends.leveldb import LevelDBLaneStore
 from store.chain.evidence import EvidenceChain
+from store.chain.full_walk import full_walk_key
 from store.chain.keys import entry_key
-from store.full_walk import full_walk_key
 from tests.factories import state_input
 from tests.live import LiveService, live_service, service_settings
 from tests.test_evidence_bundle import BUNDLE, run_verifier, sign_in, unpack

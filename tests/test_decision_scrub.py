@@ -15,14 +15,14 @@ import pytest
 from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
+from store.chain.checkpoints import Checkpoint, CheckpointSigner
 from store.chain.entry import parse_entry
 from store.chain.evidence import EvidenceChain
+from store.chain.full_walk import FullWalk, full_walk_key, last_full_walk
+from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import chain_name, entry_key
-from store.chain_head import ChainHead, format_timestamp
-from store.chain_scrub import scrub_position_key, scrub_step
-from store.checkpoints import Checkpoint, CheckpointSigner
-from store.full_walk import FullWalk, full_walk_key, last_full_walk
-from store.signed_head import resumed_checkpoint
+from store.chain.scrub_pass import scrub_position_key, scrub_step
+from store.chain.signed_head import resumed_checkpoint
 from tests.live import LiveService, live_service, service_settings
 from tests.test_evidence_bundle import BUNDLE, sign_in
 

@@ -36,11 +36,11 @@ from service.decisions import bundle_verifier as verifier
 from service.decisions.evidence_bundle import VERIFIER, BundleSelection
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
+from store.chain.checkpoints import KEY_FILE, CheckpointSigner
 from store.chain.entry import seal
 from store.chain.evidence import EvidenceChain
+from store.chain.head import GENESIS, format_timestamp
 from store.chain.keys import chain_name, entry_key
-from store.chain_head import GENESIS, format_timestamp
-from store.checkpoints import KEY_FILE, CheckpointSigner
 from store.secrets import local_secret
 from tests.live import JWT_SECRET, LiveService
 from tests.served import Served, start

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from store.backends.contract import LaneBatch
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import Encoded, canonical_digest, canonical_json
+from store.chain.checkpoints import CheckpointSigner, RetentionAnchor
 from store.chain.entry import ChainCorrupt, seal
 from store.chain.evidence import EvidenceChain
+from store.chain.head import GENESIS_HASH, NO_TENANT_CHAIN, ChainHead, format_timestamp
 from store.chain.keys import ANCHOR_KEY, entry_key
-from store.chain_head import GENESIS_HASH, NO_TENANT_CHAIN, ChainHead, format_timestamp
-from store.checkpoints import CheckpointSigner, RetentionAnchor
 from store.key_codec import LaneKey, TenantResourceLane, lane_prefix
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

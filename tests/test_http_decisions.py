@@ -418,7 +418,7 @@ def test_offline_review_of_a_stopped_service(
         == 1
     )
     assert json.loads(capsys.readouterr().out)["problem"] == "truncated_before_checkpoint"
-    from store.checkpoints import CheckpointSigner
+    from store.chain.checkpoints import CheckpointSigner
 
     other = data_dir.parent / "other.pub.pem"
     other.write_bytes(CheckpointSigner(b"\x01" * 32).public_key_pem)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from store.violations import UNKNOWN_MEMBER, UNKNOWN_PARAMETER
+from store.record.violations import UNKNOWN_MEMBER, UNKNOWN_PARAMETER
 from tests.factories import state_input
 from tests.live import LiveService
 from tests.test_http_decisions import DECISIONS, auditor

@@ -9,10 +9,10 @@ import re
 
 from service.api.v1 import NEXT_CURSOR_HEADER
 from store.canonical import canonical_json
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import parse_entry
 from store.chain.keys import entry_key
-from store.checkpoints import CheckpointSigner
-from store.signed_head import verified_head_key
+from store.chain.signed_head import verified_head_key
 from tests.live import LiveService
 
 DECISIONS = "/v1/decisions"

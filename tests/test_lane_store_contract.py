@@ -23,13 +23,13 @@ from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import upgrade
 from store.backends.registry import BACKENDS, backend
-from store.blockers import CorruptionLabel
 from store.canonical import canonical_json, sha256_digest
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import entry_key
 from store.digests import DigestKey
-from store.integrity import StoreBusy
+from store.embedded.integrity import StoreBusy
 from store.key_codec import LaneKey, TenantResourceLane, scope_prefix
+from store.record.blockers import CorruptionLabel
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
 from tests.factories import record, scope
 from tests.postgres import PostgresServer

@@ -9,8 +9,7 @@ from pathlib import Path
 import requests
 
 from store.backends.leveldb import LevelDBLaneStore
-from store.key_codec import LaneKey, TenantResourceLane
-from store.log_tail import (
+from store.embedded.log_tail import (
     UNREPORTED_FILE,
     checksum_failures,
     crc32c,
@@ -19,6 +18,7 @@ from store.log_tail import (
     torn_log_tail,
     torn_tail_length,
 )
+from store.key_codec import LaneKey, TenantResourceLane
 from tests.damage import BLOCK, CANARY, build_store, newest_log
 from tests.served import start
 

@@ -21,8 +21,8 @@ from sessionstate_client import ModelServiceSession, PreconditionFailed, Session
 
 from service.policy.sidecar import OpaSidecar
 from store.digests import DigestKey
-from store.inputs import SessionStateInput
-from store.record import SessionStateRecord
+from store.record.inputs import SessionStateInput
+from store.record.state_record import SessionStateRecord
 from store.session_state import state_key
 from tests.factories import scope, state_input, v1_record_bytes
 from tests.live import DIGEST_KEY, LiveService, live_service, service_settings

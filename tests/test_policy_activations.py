@@ -33,8 +33,8 @@ from service.policy.bundle import load_bundle
 from service.policy.reload import STATUS_FILE, read_status
 from service.policy.sidecar import OpaSidecar
 from service.policy.signed_bundle import build_signed_bundle
+from store.chain.head import SYSTEM_CHAIN
 from store.chain.keys import is_chain_name
-from store.chain_head import SYSTEM_CHAIN
 from store.scope import is_scope_id
 from tests.conftest import POLICY_DIR
 from tests.live import JWT_SECRET

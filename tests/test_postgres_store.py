@@ -19,10 +19,10 @@ from psycopg.conninfo import conninfo_to_dict
 from store.backends.contract import StoreOffline, StoreOutcomeUnknown, StoreUnwritable
 from store.backends.postgres import PostgresLaneStore, redacted, successor
 from store.backends.postgres_schema import upgrade
-from store.blockers import CorruptionLabel
 from store.canonical import sha256_digest
 from store.digests import DigestKey
 from store.key_codec import LaneKey, TenantResourceLane
+from store.record.blockers import CorruptionLabel
 from store.session_state import SessionStateStore, state_key
 from tests.factories import scope
 from tests.postgres import PostgresServer, free_port

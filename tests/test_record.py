@@ -9,12 +9,12 @@ import pytest
 import rfc8785
 from pydantic import ValidationError
 
-from store.blockers import Blocker
 from store.digests import DigestKey
-from store.inputs import SessionStateInput
+from store.record.blockers import Blocker
+from store.record.inputs import SessionStateInput
+from store.record.validation import record_blockers
+from store.record.violations import UNKNOWN_MEMBER, InputRejected, violations_of
 from store.scope import TenantScope, is_scope_id
-from store.validation import record_blockers
-from store.violations import UNKNOWN_MEMBER, InputRejected, violations_of
 from tests.factories import GENE_DIGEST, record, scope, state_input
 
 

@@ -12,7 +12,7 @@ from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
 from store.digests import DigestKey
 from store.key_codec import LaneKey
-from store.record import SessionStateRecord
+from store.record.state_record import SessionStateRecord
 from store.session_state import SessionStateStore, state_key
 from tests.factories import record, scope
 

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from service.replay import ReplayPreviewRequest, SessionReplayPlanner
-from store.builder import build_record
 from store.canonical import canonical_digest
 from store.digests import DigestKey
-from store.inputs import SessionStateInput
+from store.record.builder import build_record
+from store.record.inputs import SessionStateInput
 from tests.factories import GENE_DIGEST, record, scope, state_input
 
 planner = SessionReplayPlanner()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from store.reports import SessionStateWriteReport
+from store.record.reports import SessionStateWriteReport
 
 KEY = "sha256:" + "ab" * 32
 

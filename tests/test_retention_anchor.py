@@ -17,11 +17,11 @@ from service.policy.sidecar import OpaSidecar
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import ChainCorrupt
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import anchor_key, entry_key
-from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import CheckpointSigner
 from tests.live import LiveService, live_service, service_settings
 from tests.test_http_decisions import DECISIONS, auditor, exercise
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from store.backends.leveldb import LevelDBLaneStore
-from store.blockers import CorruptionLabel
 from store.canonical import canonical_json, sha256_digest
 from store.digests import DigestKey
-from store.integrity import StoreBusy
+from store.embedded.integrity import StoreBusy
 from store.key_codec import LaneKey, TenantResourceLane
-from store.record import compute_state_digest
+from store.record.blockers import CorruptionLabel
+from store.record.state_record import compute_state_digest
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
 from tests.factories import record, scope
 from tests.test_lane_store_contract import run_compare_and_set

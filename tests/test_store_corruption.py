@@ -10,9 +10,9 @@ import plyvel
 import pytest
 
 from store.backends.leveldb import LevelDBLaneStore
-from store.integrity import REPAIR_ADVICE, StoreBusy, StoreCorrupt, StoreUnavailable
+from store.embedded.integrity import REPAIR_ADVICE, StoreBusy, StoreCorrupt, StoreUnavailable
+from store.embedded.repair import repair
 from store.key_codec import TenantResourceLane
-from store.repair import repair
 from tests.damage import (
     CANARY,
     build_store,

@@ -43,7 +43,7 @@ from service.config.configuration_error import ConfigurationError
 from service.config.secret_values import session_token_issuer
 from service.config.values import configured_public_origin
 from service.policy.sidecar import OpaSidecar
-from store.chain_head import NO_TENANT_CHAIN
+from store.chain.head import NO_TENANT_CHAIN
 from store.key_codec import TenantResourceLane
 from store.scope import TenantScope
 from store.secrets import SECRETS_DIR

@@ -12,12 +12,12 @@ import pytest
 
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import parse_entry
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import anchor_key, entry_key
-from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import CheckpointSigner
-from store.signed_head import Verified, resumed_checkpoint, verified_head_key
+from store.chain.signed_head import Verified, resumed_checkpoint, verified_head_key
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 TENANT = "tenant-a"

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from store.inputs import SessionStateInput
-from store.violations import UNKNOWN_MEMBER, UNKNOWN_PARAMETER, violations_of
+from store.record.inputs import SessionStateInput
+from store.record.violations import UNKNOWN_MEMBER, UNKNOWN_PARAMETER, violations_of
 from tests.factories import state_input
 
 CANARY = "hunter2-password-canary"

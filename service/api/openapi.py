@@ -61,7 +61,7 @@ from service.auth.token_exchange import (
 )
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.replay import ReplayPreviewRequest
-from store.inputs import SessionStateInput
+from store.record.inputs import SessionStateInput
 
 REF = "#/components/schemas/{model}"
 

@@ -3,7 +3,7 @@
 One enumeration for the server's problem documents, the reason table of
 docs/model-service.md (a test holds them together) and the client's typed
 errors. The codes a policy returns on a denial are Rego's own (`403`, with the
-detail of `POLICY_DENIED`); the store's record checks are `store.blockers.Blocker`.
+detail of `POLICY_DENIED`); the store's record checks are `store.record.blockers.Blocker`.
 
 Nothing here knows HTTP beyond the numbers: the domain raises its own
 exceptions, and `service.http.problems` turns them into problem documents.

@@ -11,11 +11,11 @@ from service.decisions.log import DecisionLogEntry
 from service.decisions.revisions import RevisionReport
 from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
-from store.chain_loss import RecordedLoss
-from store.checkpoints import Checkpoint, RetentionAnchor
-from store.full_walk import FullWalk
-from store.record import SessionStateRecord
-from store.reports import SessionStateReadReport, SessionStateWriteReport
+from store.chain.checkpoints import Checkpoint, RetentionAnchor
+from store.chain.full_walk import FullWalk
+from store.chain.loss import RecordedLoss
+from store.record.reports import SessionStateReadReport, SessionStateWriteReport
+from store.record.state_record import SessionStateRecord
 
 
 class _Envelope(BaseModel):

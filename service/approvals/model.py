@@ -26,9 +26,9 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from service.api.v1 import APPROVAL_ID, APPROVAL_ID_PATTERN
 from service.policy.input import PolicyApproval
-from store.bounds import JsonInt
 from store.canonical import canonical_json, sha256_digest
 from store.key_codec import LaneKey, TenantResourceLane
+from store.record.bounds import JsonInt
 from store.scope import ScopeId
 
 logger = logging.getLogger("service.approvals")

@@ -23,7 +23,7 @@ from service.decisions import revisions
 from service.decisions.migration import migrate, sign_unsigned_anchors
 from store.backends.contract import Lanes, StoreOffline
 from store.backends.registry import backend
-from store.repair import repair
+from store.embedded.repair import repair
 
 NAME = "db"
 

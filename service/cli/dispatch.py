@@ -21,8 +21,8 @@ from service.policy.sidecar import SidecarError
 from store.backends.contract import StoreOffline, StoreUpgradeRefused
 from store.backends.postgres_schema import SchemaMismatch
 from store.chain.entry import ChainCorrupt
-from store.integrity import StoreUnavailable
-from store.signed_head import ChainUnverified
+from store.chain.signed_head import ChainUnverified
+from store.embedded.integrity import StoreUnavailable
 
 
 class Subcommand(Protocol):

@@ -13,7 +13,7 @@ from service.config.store import configured_store
 from service.decisions import review as decision_review
 from service.policy.reload import LOCK_FILE
 from store.backends.contract import Lanes
-from store.integrity import StoreBusy
+from store.embedded.integrity import StoreBusy
 
 
 @contextmanager

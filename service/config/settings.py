@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.policy.coverage_gate import DEFAULT_COVERAGE_MIN
-from store.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
+from store.record.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The policy set the wheel carries (setup.py maps the checkout's policies/ onto it).

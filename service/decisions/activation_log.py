@@ -35,7 +35,7 @@ from service.policy.sidecar import OpaSidecar
 from service.policy.trace import DecisionTrace, service_engine
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
-from store.chain_head import format_timestamp
+from store.chain.head import format_timestamp
 
 log = logging.getLogger("sessionstate.policy")
 ACTIVATION_POLICY = "sessionstate/policy_activation"

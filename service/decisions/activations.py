@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.policy.activation import ActivationHow, PolicySet
 from store.backends.contract import Lanes
-from store.chain_head import SYSTEM_CHAIN, TIMESTAMP_PATTERN
+from store.chain.head import SYSTEM_CHAIN, TIMESTAMP_PATTERN
 from store.key_codec import LaneKey, TenantResourceLane
 
 _PREFIX = b"activation:"

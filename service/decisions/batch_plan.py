@@ -26,7 +26,7 @@ from service.decisions.revisions import SummaryCache, SummaryUpdate
 from store.backends.contract import LaneBatch, Lanes
 from store.chain.append import ChainExtension
 from store.chain.entry import SealedEntry
-from store.chain_head import ChainHead
+from store.chain.head import ChainHead
 from store.key_codec import LaneKey
 from store.session_state import StoredVersion
 

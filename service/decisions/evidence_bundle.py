@@ -42,11 +42,11 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 from service.decisions.reader import DecisionLogReader
 from service.policy.input import PolicyAction
 from store.canonical import canonical_digest, canonical_json
+from store.chain.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
 from store.chain.entry import parse_entry
-from store.chain_head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
-from store.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
+from store.chain.head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
+from store.chain.signed_head import ChainUnverified, verified_checkpoint
 from store.scope import ScopeId
-from store.signed_head import ChainUnverified, verified_checkpoint
 
 VERIFIER = Path(__file__).with_name("bundle_verifier.py")
 _SPOOL_BYTES = 8 << 20  # entries beyond this go to a temporary file, not memory

@@ -32,7 +32,7 @@ again, and retries after a short random pause (at most `COMMIT_ATTEMPTS` times; 
 no request of it is answered as committed).
 
 A chain whose stored entries no longer reach the head the service signed and
-remembers for it (`store.signed_head.SignedHeads`: its tail was cut, or the
+remembers for it (`store.chain.signed_head.SignedHeads`: its tail was cut, or the
 entry at that seq is another) takes no entry: extending it would re-use seqs
 that signed head covered. Every entry for it fails with `ChainBehindSignedHead`
 (nothing of it is stored), other chains are committed as usual, and the chain
@@ -66,12 +66,12 @@ from service.observability import tracing
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline, StoreOutcomeUnknown
 from store.chain.entry import ChainCorrupt
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import chain_names, legacy_chain_present, marker_key
-from store.chain_head import ChainHead, format_timestamp
+from store.chain.signed_head import SignedHeads
 from store.key_codec import LaneKey
-from store.record import SessionStateRecord
+from store.record.state_record import SessionStateRecord
 from store.session_state import Precondition
-from store.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512

@@ -3,7 +3,7 @@
 The journal seals a batch on the heads it knows, not on a read of each chain:
 another writer that appended meanwhile makes the commit fail, and the journal
 reads those heads again (`read`). Every read checks the chain against the
-signed head the service remembers for it (`store.signed_head.SignedHeads`): a
+signed head the service remembers for it (`store.chain.signed_head.SignedHeads`): a
 chain whose stored entries no longer reach it is never kept as known, so it is
 read again next time; it is logged once as `decision_log_behind_signed_head`,
 and counted until a read finds it caught up.
@@ -16,8 +16,8 @@ import threading
 
 from store.backends.contract import Lanes
 from store.chain.evidence import EvidenceChain
-from store.chain_head import ChainHead
-from store.signed_head import SignedHeads
+from store.chain.head import ChainHead
+from store.chain.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.journal")
 

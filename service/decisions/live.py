@@ -37,8 +37,8 @@ from service.policy.client import UNKNOWN
 from service.policy.trace import DecisionTrace
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
+from store.chain.head import format_timestamp
 from store.chain.keys import LEGACY_CHAIN
-from store.chain_head import format_timestamp
 from store.key_codec import LaneKey, TenantResourceLane
 from store.secrets import local_key_file
 

@@ -41,10 +41,10 @@ from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
 from store.canonical import Encoded
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.evidence import EvidenceChain
+from store.chain.head import SYSTEM_CHAIN
 from store.chain.keys import chain_name, chain_names
-from store.chain_head import SYSTEM_CHAIN
-from store.checkpoints import CheckpointSigner
 from store.derived import DerivedOnce
 from store.key_codec import LaneKey, TenantResourceLane
 

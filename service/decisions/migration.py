@@ -35,8 +35,10 @@ from service.decisions.log import decision_id_key, seq_name
 from store.backends.contract import Lanes
 from store.canonical import canonical_digest, canonical_json
 from store.chain.append import ChainExtension
+from store.chain.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.chain.entry import CHAIN_FIELDS, parse_entry
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import (
     LEGACY_CHAIN,
     anchor_key,
@@ -46,8 +48,6 @@ from store.chain.keys import (
     legacy_chain_present,
 )
 from store.chain.walk import ChainVerification
-from store.chain_head import ChainHead, format_timestamp
-from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.key_codec import LaneKey, TenantResourceLane
 
 MIGRATION_KEY = LaneKey(TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"chain_migration")

@@ -16,7 +16,7 @@ from typing import Any
 from service.decisions.journal import DecisionJournal, WriteResult
 from service.decisions.log import DecisionEntryBody
 from store.key_codec import LaneKey
-from store.record import SessionStateRecord
+from store.record.state_record import SessionStateRecord
 from store.session_state import Precondition
 
 

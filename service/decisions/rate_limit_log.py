@@ -30,7 +30,7 @@ from service.policy.input import PolicyAction, PolicyActor, PolicyTarget
 from service.policy.trace import DecisionTrace, service_engine
 from service.rate_limits import Budget, RateLimits, Refusal, actor_key
 from store.canonical import canonical_digest
-from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
+from store.chain.head import TIMESTAMP_PATTERN, format_timestamp
 
 log = logging.getLogger("sessionstate.rate_limits")
 RATE_LIMIT_POLICY = "sessionstate/rate_limit"

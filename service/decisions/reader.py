@@ -30,9 +30,9 @@ from service.decisions.query import DecisionQuery
 from store.backends.contract import Lanes
 from store.chain.entry import parse_entry
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead
 from store.chain.keys import chain_names
-from store.chain_head import ChainHead
-from store.chain_loss import LOSS_MEMBER
+from store.chain.loss import LOSS_MEMBER
 
 log = logging.getLogger("sessionstate.decisions")
 EVERYTHING = DecisionQuery()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from store.backends.contract import LaneBatch, Lanes
 from store.canonical import canonical_json
 from store.key_codec import LaneKey
-from store.record import SessionStateRecord
+from store.record.state_record import SessionStateRecord
 from store.session_state import (
     NOTHING_STORED,
     PARSED_RECORDS,

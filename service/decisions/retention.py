@@ -16,7 +16,7 @@ from pathlib import Path
 from service.decisions.log import prune_log
 from service.runtime.periodic import PeriodicPrune
 from store.backends.contract import Lanes
-from store.checkpoints import CheckpointSigner
+from store.chain.checkpoints import CheckpointSigner
 
 log = logging.getLogger("sessionstate.journal")
 

@@ -26,16 +26,21 @@ from service.decisions.evidence_bundle import BundleSelection, EvidenceBundle, w
 from service.decisions.log import prune_log
 from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
-from store import signed_head
 from store.backends.contract import ExpectationFailed, Lanes, Mode
+from store.chain import signed_head
+from store.chain.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.chain.evidence import EvidenceChain
+from store.chain.head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
 from store.chain.keys import LEGACY_CHAIN, is_chain_name, legacy_chain_present, tenant_chain_names
+from store.chain.signed_head import (
+    ChainUnverified,
+    verified_checkpoint,
+    verify_every_chain,
+    whole_walk,
+)
 from store.chain.walk import ChainVerification
-from store.chain_head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
-from store.checkpoints import KEY_FILE, Checkpoint, CheckpointSigner, CheckpointVerifier
-from store.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
+from store.embedded.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
 from store.secrets import SECRETS_DIR
-from store.signed_head import ChainUnverified, verified_checkpoint, verify_every_chain, whole_walk
 
 
 class ReviewError(RuntimeError):
@@ -266,7 +271,7 @@ def tail(data_dir: Path, count: int) -> list[dict[str, Any]]:
 
 def record_loss(lanes: Lanes, data_dir: Path, chain: str) -> dict[str, Any]:
     """Record, as an entry of its own, what `chain` lost under the signed head the service
-    remembers for it (`store.signed_head.record_loss`), so the service takes entries on it
+    remembers for it (`store.chain.signed_head.record_loss`), so the service takes entries on it
     again; the entry as written. The data dir holds the checkpoint key the head is checked
     with; `lanes` is its LevelDB (the service stopped) or the configured PostgreSQL."""
     if not is_chain_name(chain):

@@ -4,9 +4,9 @@ systems scrub their disks.
 A verify resumes from the last signed head, so nothing re-reads old entries
 unless someone asks for `full=true`. The scrub does: every
 `SESSIONSTATE_DECISION_SCRUB_SECONDS`, each chain whose last whole walk
-(`store.full_walk`, by the scrub or by a verify) is older than that, or that
+(`store.chain.full_walk`, by the scrub or by a verify) is older than that, or that
 has a pass under way, is walked from its anchor to its head
-(`store.chain_scrub`), a few hundred entries at a time with a pause after each
+(`store.chain.scrub_pass`), a few hundred entries at a time with a pause after each
 part (longer than the part took), so requests keep the store and the CPU. A
 restart goes on where the pass stopped.
 
@@ -29,12 +29,12 @@ from pathlib import Path
 
 from service.observability.metrics import ServiceMetrics
 from store.backends.contract import Lanes
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.evidence import EvidenceChain
+from store.chain.full_walk import FullWalk, last_full_walk
+from store.chain.head import parse_timestamp
 from store.chain.keys import chain_names
-from store.chain_head import parse_timestamp
-from store.chain_scrub import scrub_in_progress, scrub_step
-from store.checkpoints import CheckpointSigner
-from store.full_walk import FullWalk, last_full_walk
+from store.chain.scrub_pass import scrub_in_progress, scrub_step
 
 log = logging.getLogger("sessionstate.decisions")
 SCRUB_BATCH = 256  # stored keys walked per part

@@ -15,8 +15,8 @@ from werkzeug.exceptions import HTTPException
 
 from service.api.reasons import Reason
 from service.http.problems import Problem
+from store.record.violations import violations_of
 from store.strict_json import MalformedJson, strict_loads
-from store.violations import violations_of
 
 M = TypeVar("M", bound=BaseModel)
 MAX_BODY_BYTES = 1024 * 1024

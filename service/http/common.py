@@ -29,8 +29,8 @@ from service.policy.input import PolicyAction, PolicyExchange, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from store.key_codec import LaneKey
-from store.record import SessionStateRecord
-from store.reports import SessionStateWriteReport
+from store.record.reports import SessionStateWriteReport
+from store.record.state_record import SessionStateRecord
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
 

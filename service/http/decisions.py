@@ -41,11 +41,11 @@ from service.http.common import authenticate, authorize, context, json_response
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
 from service.policy.trace import DecisionTrace
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import ChainCorrupt
-from store.checkpoints import CheckpointSigner
-from store.full_walk import FullWalk, last_full_walk, record_full_walk
-from store.signed_head import Verified, resumed_checkpoint
-from store.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
+from store.chain.full_walk import FullWalk, last_full_walk, record_full_walk
+from store.chain.signed_head import Verified, resumed_checkpoint
+from store.record.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
 
 bp = Blueprint("decisions", __name__)
 Q = TypeVar("Q", bound=BaseModel)

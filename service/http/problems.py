@@ -33,8 +33,8 @@ from service.policy.errors import (
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from store.backends.contract import StoreOffline, StoreOutcomeUnknown
-from store.reports import SessionStateWriteReport
-from store.violations import FieldViolation
+from store.record.reports import SessionStateWriteReport
+from store.record.violations import FieldViolation
 
 PROBLEM_TYPE_BASE = "urn:sessionstate:problem:"
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="sessionstate"'}

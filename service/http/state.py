@@ -31,15 +31,15 @@ from service.http.common import (
 from service.http.problems import Problem
 from service.policy.trace import DecisionTrace
 from service.replay import ReplayPreviewRequest
-from store.builder import build_record
 from store.digests import is_digest
-from store.inputs import SessionStateInput
-from store.record import SessionStateRecord
-from store.reports import SessionStateWriteReport
+from store.record.builder import build_record
+from store.record.inputs import SessionStateInput
+from store.record.reports import SessionStateWriteReport
+from store.record.state_record import SessionStateRecord
+from store.record.validation import record_blockers
+from store.record.violations import InputRejected
 from store.scope import TenantScope
 from store.session_state import Precondition, StoredVersion, state_key
-from store.validation import record_blockers
-from store.violations import InputRejected
 
 bp = Blueprint("state", __name__)
 _QUOTED = re.compile(r'^"([^"]*)"$')

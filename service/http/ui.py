@@ -37,7 +37,7 @@ from service.policy.errors import PolicyRefusal
 from service.policy.input import PolicyAction
 from service.rate_limits import RateLimited
 from store.backends.contract import StoreOffline
-from store.violations import violations_of
+from store.record.violations import violations_of
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", template_folder="../templates")
 

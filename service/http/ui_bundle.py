@@ -18,7 +18,7 @@ from service.decisions.query import DecisionQuery
 from service.http.common import context
 from service.http.problems import Problem
 from service.policy.trace import DecisionTrace
-from store.signed_head import ChainUnverified
+from store.chain.signed_head import ChainUnverified
 
 _SPOOL_BYTES = 16 << 20  # a bigger bundle is staged in a temporary file
 

@@ -28,7 +28,7 @@ from service.impact.report import Verdict
 from store.backends.contract import Lanes, Mode
 from store.chain.entry import parse_entry
 from store.chain.keys import chain_name
-from store.integrity import StoreBusy, StoreUnavailable
+from store.embedded.integrity import StoreBusy, StoreUnavailable
 
 
 class ExportUnreadable(ReviewError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from service.api.reasons import primary_reason
 from service.policy.trace import DecisionTrace
-from store.reports import SessionStateWriteReport
+from store.record.reports import SessionStateWriteReport
 
 
 class PolicyRefusal(Exception):

@@ -34,8 +34,8 @@ from service.policy.input import (
 )
 from service.policy.shadow import ShadowDecision, ShadowPolicy
 from service.policy.trace import DecisionTrace
-from store.record import SessionStateRecord
-from store.reports import SessionStateWriteReport
+from store.record.reports import SessionStateWriteReport
+from store.record.state_record import SessionStateRecord
 
 
 class PolicyGate:

@@ -15,11 +15,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from store.blockers import Blocker
-from store.inputs import TaskProfile
-from store.record import SessionStateRecord
+from store.record.blockers import Blocker
+from store.record.inputs import TaskProfile
+from store.record.state_record import SessionStateRecord
+from store.record.validation import record_blockers
 from store.scope import ScopeId
-from store.validation import record_blockers
 
 PolicyAction = Literal[
     "preview",

@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from store.backends.contract import ExpectationFailed, Lanes
 from store.canonical import canonical_json
+from store.chain.head import format_timestamp
 from store.chain.keys import LEGACY_CHAIN
-from store.chain_head import format_timestamp
 from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.policy")

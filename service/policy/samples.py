@@ -22,7 +22,7 @@ from service.policy.input import (
     PolicyInput,
     Role,
 )
-from store.inputs import TaskProfile
+from store.record.inputs import TaskProfile
 
 TENANTS = ("tenant-a", "tenant-b")
 NOW = 1_800_000_000

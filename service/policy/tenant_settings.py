@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from store.inputs import TaskProfile
+from store.record.inputs import TaskProfile
 from store.scope import ScopeId
 
 # Where the document lives in a policy directory, and so in the bundle.

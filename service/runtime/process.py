@@ -46,7 +46,7 @@ from service.runtime.workers import supervise
 from store.backends.contract import Mode
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import chain_names, legacy_chain_present
-from store.signed_head import SignedHeads
+from store.chain.signed_head import SignedHeads
 
 log = logging.getLogger("sessionstate.serve")
 

@@ -18,7 +18,7 @@ every acknowledged one, and only then are writes accepted again.
 A failed append left nothing or a torn record (dropped at reopen): nothing of
 the write happened, `StoreUnwritable`. A synced write whose record reached the
 log whole but whose sync failed may be replayed at reopen: its outcome is
-unknown, `StoreOutcomeUnknown` (`store.log_tail.may_have_landed` tells them
+unknown, `StoreOutcomeUnknown` (`store.embedded.log_tail.may_have_landed` tells them
 apart from the log's end before and after the write).
 
 Modes: `serve` opens the directory; `review` also reads every stored block
@@ -53,7 +53,15 @@ from store.backends.contract import (
     StoreOutcomeUnknown,
     StoreUnwritable,
 )
-from store.integrity import StoreBusy, check_tables, open_leveldb
+from store.embedded.integrity import StoreBusy, check_tables, open_leveldb
+from store.embedded.log_tail import (
+    LogMark,
+    forget_log_drops,
+    log_mark,
+    may_have_landed,
+    remember_log_drop,
+    torn_log_tail,
+)
 from store.key_codec import (
     LaneKey,
     TenantResourceLane,
@@ -61,14 +69,6 @@ from store.key_codec import (
     key_range,
     lane_prefix,
     scope_prefix,
-)
-from store.log_tail import (
-    LogMark,
-    forget_log_drops,
-    log_mark,
-    may_have_landed,
-    remember_log_drop,
-    torn_log_tail,
 )
 
 # Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
@@ -95,11 +95,11 @@ class _PlyvelBatch:
 class LevelDBLaneStore:
     """One LevelDB database under `path`. LevelDB admits a single process.
 
-    Opening raises `StoreBusy`, `StoreCorrupt` or `StoreUnavailable` (store.integrity)
+    Opening raises `StoreBusy`, `StoreCorrupt` or `StoreUnavailable` (store.embedded.integrity)
     with a one-line message. `read_every_block` also reads every stored block once,
     checksums verified, so a flipped byte anywhere fails the open rather than a read.
     `dropped_log_bytes` is what LevelDB dropped from its write-ahead log at this open
-    and at earlier ones that no service has reported yet (store.log_tail).
+    and at earlier ones that no service has reported yet (store.embedded.log_tail).
     """
 
     NAME: ClassVar[str] = "leveldb"

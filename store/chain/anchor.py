@@ -3,7 +3,7 @@
 Retention deletes the oldest entries and, in the same batch, keeps an anchor (the
 last deleted entry's seq and hash) in the `trace_meta` lane, so what remains is
 still provable. The anchor is signed with the checkpoint key
-(`store.checkpoints.RetentionAnchor`, naming its chain), and every verify checks
+(`store.chain.checkpoints.RetentionAnchor`, naming its chain), and every verify checks
 that signature with the verifier it is given: whoever can write the store but
 not read the key cannot delete the oldest entries and pass the rest off as
 retention's. Anchors older releases wrote unsigned fail verify
@@ -16,10 +16,10 @@ from __future__ import annotations
 from contextlib import suppress
 
 from store.backends.contract import Lanes
+from store.chain.checkpoints import CheckpointVerifier, RetentionAnchor
+from store.chain.head import GENESIS, ChainHead
 from store.chain.keys import LEGACY_CHAIN, anchor_key
 from store.chain.walk import ChainProblem
-from store.chain_head import GENESIS, ChainHead
-from store.checkpoints import CheckpointVerifier, RetentionAnchor
 
 # A stored anchor as read: signed, or a bare head (genesis when none is stored, else an
 # unsigned one older releases wrote).

@@ -17,8 +17,8 @@ from typing import Any
 from store.backends.contract import LaneBatch
 from store.canonical import Encoded
 from store.chain.entry import SealedEntry, seal
+from store.chain.head import ChainHead
 from store.chain.keys import entry_key, marker_key
-from store.chain_head import ChainHead
 
 
 class ChainExtension:

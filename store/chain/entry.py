@@ -22,8 +22,8 @@ from store.canonical import (
     encode,
     sha256_digest,
 )
+from store.chain.head import NO_TENANT_CHAIN, ChainHead, parse_timestamp
 from store.chain.keys import entry_key
-from store.chain_head import NO_TENANT_CHAIN, ChainHead, parse_timestamp
 from store.key_codec import LaneKey
 from store.strict_json import MalformedJson, strict_loads
 

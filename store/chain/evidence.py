@@ -23,17 +23,17 @@ from store.backends.contract import Lanes
 from store.canonical import canonical_json
 from store.chain.anchor import Anchor, anchor_problem, read_anchor, start_of
 from store.chain.append import ChainExtension
-from store.chain.entry import ChainCorrupt, holds, parse_entry
-from store.chain.keys import LAST_SEQ, LEGACY_CHAIN, SEQ_BYTES, anchor_key, entry_key
-from store.chain.walk import ChainVerification, Walk, link_problem
-from store.chain_head import GENESIS, HASH_PATTERN, NO_TENANT_CHAIN, ChainHead, parse_timestamp
-from store.chain_loss import RecordedLoss, indexed_seqs, loss_of, losses_index_key
-from store.checkpoints import (
+from store.chain.checkpoints import (
     Checkpoint,
     CheckpointSigner,
     CheckpointVerifier,
     RetentionAnchor,
 )
+from store.chain.entry import ChainCorrupt, holds, parse_entry
+from store.chain.head import GENESIS, HASH_PATTERN, NO_TENANT_CHAIN, ChainHead, parse_timestamp
+from store.chain.keys import LAST_SEQ, LEGACY_CHAIN, SEQ_BYTES, anchor_key, entry_key
+from store.chain.loss import RecordedLoss, indexed_seqs, loss_of, losses_index_key
+from store.chain.walk import ChainVerification, Walk, link_problem
 from store.key_codec import TenantResourceLane
 
 _HASH_RE = re.compile(HASH_PATTERN)
@@ -169,7 +169,7 @@ class EvidenceChain:
         `prev_hash` is the previous entry's `hash` (`prev_hash_mismatch`) and whose `hash`
         is its canonical digest (`hash_mismatch`). A stored anchor that does not read, or
         an entry at or below it, is `anchor_invalid`. The one gap accepted is a recorded
-        loss (`store.chain_loss`): an entry after the gap that follows the last entry
+        loss (`store.chain.loss`): an entry after the gap that follows the last entry
         walked and links to the signed head it names, a head `verifier`'s key signed for
         this chain; it is reported in `recorded_losses`, and a loss entry that does not say
         what it links to, or names a head the key did not sign, is `loss_invalid`.
@@ -233,7 +233,7 @@ class EvidenceChain:
         self, since: Checkpoint, verifier: CheckpointVerifier | None = None
     ) -> ChainVerification:
         """Walk only the entries after `since`, a head an earlier walk verified and signed
-        (the caller checks its signature: `store.signed_head`).
+        (the caller checks its signature: `store.chain.signed_head`).
 
         The entry at `since.seq` must still be stored, read, hash to its content and be
         `since.head_hash`; then every entry after it is checked as `verify` checks them,
@@ -306,7 +306,7 @@ class EvidenceChain:
     def verify_part(
         self, after: ChainHead | None, limit: int, verifier: CheckpointVerifier | None = None
     ) -> tuple[ChainVerification, bool]:
-        """A whole walk a part at a time (`store.chain_scrub`): read at most `limit` stored
+        """A whole walk a part at a time (`store.chain.scrub_pass`): read at most `limit` stored
         keys after `after` and check them as `verify` does, linking on from its hash; and
         whether the walk reached the chain's end (or a problem).
 

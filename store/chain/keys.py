@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from store.backends.contract import Lanes
-from store.chain_head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
+from store.chain.head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
 from store.key_codec import LaneKey, TenantResourceLane
 
 LEGACY_CHAIN = ""  # the single global chain of versions before per-tenant chains

@@ -3,7 +3,7 @@
 A walk starts at the anchor (or genesis) and steps through each stored key in
 key order: every key must be the next seq and hold an entry that links to the
 one before and hashes to its `hash`. The one gap it goes over is a recorded
-loss (`store.chain_loss`) whose signed head the checkpoint key signed for this
+loss (`store.chain.loss`) whose signed head the checkpoint key signed for this
 chain. A checkpoint it is given must agree with the entry at its seq, and be
 reached. It reports the first problem as a label from a fixed vocabulary
 (`ChainProblem`) and a seq, never stored bytes (`ChainVerification`).
@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.chain.checkpoints import Checkpoint, CheckpointVerifier, RetentionAnchor
 from store.chain.entry import ChainCorrupt, entry_hash, parse_entry
+from store.chain.head import ChainHead
 from store.chain.keys import LEGACY_CHAIN
-from store.chain_head import ChainHead
-from store.chain_loss import LOSS_MEMBER, RecordedLoss, loss_of
-from store.checkpoints import Checkpoint, CheckpointVerifier, RetentionAnchor
+from store.chain.loss import LOSS_MEMBER, RecordedLoss, loss_of
 
 ChainProblem = Literal[
     "entry_unreadable",

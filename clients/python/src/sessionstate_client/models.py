@@ -214,7 +214,7 @@ class CompactedTurns(_Response):
     """The turns a record no longer keeps: how many, their token estimate, and a hash chain.
 
     `digest` starts at `GENESIS_DIGEST` and takes each compacted turn in order
-    (see `store.compaction.chain_step`), so anyone holding the turns recomputes it.
+    (see `store.record.compaction.chain_step`), so anyone holding the turns recomputes it.
     """
 
     count: Annotated[int, Field(le=9007199254740991, ge=0)]

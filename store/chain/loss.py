@@ -1,7 +1,7 @@
 """A recorded loss: the chain's own entry saying that entries a signed head covered are gone.
 
 When a chain's stored entries no longer reach the head the service signed and
-remembers (`store.signed_head`), the service takes no entry on that chain (it
+remembers (`store.chain.signed_head`), the service takes no entry on that chain (it
 would re-use seqs the signed head already covered) until an operator records
 the loss (`sessionstate decisions record-loss`). The loss entry carries a
 `loss` member: the signed head it concerns (the whole checkpoint, signature
@@ -30,8 +30,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from store.canonical import canonical_json
-from store.chain_head import ChainHead
-from store.checkpoints import Checkpoint
+from store.chain.checkpoints import Checkpoint
+from store.chain.head import ChainHead
 from store.key_codec import LaneKey, TenantResourceLane
 
 LOSS_MEMBER = "loss"

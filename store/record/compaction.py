@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from store.bounds import MAX_SAFE_INTEGER
-from store.record import CompactedTurns, SessionTurnDigest
+from store.record.bounds import MAX_SAFE_INTEGER
+from store.record.state_record import CompactedTurns, SessionTurnDigest
 
 
 def chain_step(previous: str, turn: SessionTurnDigest) -> str:

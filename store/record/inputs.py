@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from store.bounds import (
+from store.digests import Digest
+from store.record.bounds import (
     MAX_ANCHORS_PER_LIST,
     MAX_CONTEXT_WINDOW,
     MAX_SOURCE_TRACE_IDS,
@@ -24,7 +25,6 @@ from store.bounds import (
     exactly_one_of,
     integral_number,
 )
-from store.digests import Digest
 
 TaskProfile = Literal["general", "coding", "writing", "long_document"]
 TurnRole = Literal["user", "assistant", "tool", "system"]

@@ -4,7 +4,7 @@ Every raw text is digested under the digest key here and goes no further.
 Exact duplicates of an anchor or turn collapse to the first; two entries with
 the same id but different content are an input error, never a silent pick.
 Turns beyond the window (`turns_kept`) are compacted into the summary the
-record is based on (`store.compaction`); the caller never supplies a summary.
+record is based on (`store.record.compaction`); the caller never supplies a summary.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from store.bounds import DEFAULT_TURNS_KEPT
 from store.canonical import canonical_digest
-from store.compaction import compact
 from store.digests import DigestKey
-from store.inputs import SessionStateAnchorInput, SessionStateInput, SessionTurnInput
-from store.record import (
+from store.record.bounds import DEFAULT_TURNS_KEPT
+from store.record.compaction import compact
+from store.record.inputs import SessionStateAnchorInput, SessionStateInput, SessionTurnInput
+from store.record.state_record import (
     ANCHOR_LISTS,
     NO_COMPACTED_TURNS,
     RECORD_SCHEMA,
@@ -30,8 +30,8 @@ from store.record import (
     SessionTurnDigest,
     compute_state_digest,
 )
+from store.record.violations import FieldViolation, InputRejected
 from store.scope import TenantScope
-from store.violations import FieldViolation, InputRejected
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ A verify that resumes from a signed head walks only what was appended since,
 so its `ok` says nothing of the entries before that head. What does is the
 last walk of the whole chain, which the running service records here (in
 `trace_meta`, under the chain's tenant) each time it walks one: a verify with
-`full=true` or with no head to resume from, and the scrub (`store.chain_scrub`).
+`full=true` or with no head to resume from, and the scrub (`store.chain.scrub_pass`).
 
 A walk that held is recorded with the checkpoint signed for the head it
 reached (`issued_at` is the walk's `at`), and is shown only while that
@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from store.backends.contract import StoreOffline
 from store.canonical import canonical_json
+from store.chain.checkpoints import Checkpoint, CheckpointVerifier
 from store.chain.evidence import EvidenceChain
+from store.chain.head import TIMESTAMP_PATTERN, format_timestamp
 from store.chain.walk import ChainProblem, ChainVerification
-from store.chain_head import TIMESTAMP_PATTERN, format_timestamp
-from store.checkpoints import Checkpoint, CheckpointVerifier
 from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from store.blockers import Blocker
-from store.record import (
+from store.record.blockers import Blocker
+from store.record.state_record import (
     GENESIS_DIGEST,
     RECORD_SCHEMA,
     RECORD_SCHEMA_V1,

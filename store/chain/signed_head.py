@@ -19,7 +19,7 @@ it is held against the remembered head too, which is what shows a cut tail.
 
 The same remembered head tells the journal not to extend a chain that no longer
 reaches it (`SignedHeads.behind`), until `record_loss` writes the entry that says
-what is gone (`store.chain_loss`).
+what is gone (`store.chain.loss`).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from typing import Any
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json
+from store.chain.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.chain.entry import ChainCorrupt
 from store.chain.evidence import EvidenceChain
+from store.chain.head import ChainHead
 from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, legacy_chain_present, marker_key
+from store.chain.loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
 from store.chain.walk import ChainVerification
-from store.chain_head import ChainHead
-from store.chain_loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
-from store.checkpoints import Checkpoint, CheckpointSigner, CheckpointVerifier
 from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")
@@ -171,7 +171,7 @@ class NothingLost(Exception):
 
 def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]) -> dict[str, Any]:
     """Append the entry that records what a chain lost under its remembered signed head
-    (`store.chain_loss`), with `members` (`recorded_at`, ...) beside its `loss`; the entry
+    (`store.chain.loss`), with `members` (`recorded_at`, ...) beside its `loss`; the entry
     as written. Raises `NothingLost` when there is nothing to record.
 
     Across a cut tail the entry takes the seq after the signed head, which stays

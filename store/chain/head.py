@@ -1,7 +1,7 @@
 """Where a decision chain ends, and the timestamps its entries and checkpoints carry.
 
 Shared by the chain (`store.chain`) and its signed checkpoints
-(`store.checkpoints`), so neither needs the other's internals.
+(`store.chain.checkpoints`), so neither needs the other's internals.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.serialization import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.canonical import canonical_json
-from store.chain_head import (
+from store.chain.head import (
     CHAIN_NAME_PATTERN,
     HASH_PATTERN,
     NO_TENANT_CHAIN,

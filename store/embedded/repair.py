@@ -28,13 +28,13 @@ import plyvel
 from pydantic import BaseModel, ConfigDict, Field
 
 from store.backends.leveldb import LevelDBLaneStore
+from store.chain.checkpoints import CheckpointVerifier
+from store.chain.head import GENESIS
+from store.chain.signed_head import verify_every_chain
 from store.chain.walk import ChainVerification
-from store.chain_head import GENESIS
-from store.checkpoints import CheckpointVerifier
-from store.integrity import StoreBusy, StoreUnavailable, classify
+from store.embedded.integrity import StoreBusy, StoreUnavailable, classify
+from store.embedded.log_tail import checksum_failures, torn_log_tail
 from store.key_codec import TenantResourceLane
-from store.log_tail import checksum_failures, torn_log_tail
-from store.signed_head import verify_every_chain
 
 LogDropReason = Literal[
     "checksum_mismatch",

@@ -9,7 +9,10 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
-from store.bounds import (
+from store.canonical import canonical_digest
+from store.derived import DerivedOnce
+from store.digests import Digest
+from store.record.bounds import (
     MAX_ANCHORS_PER_LIST,
     MAX_CONTEXT_WINDOW,
     MAX_SAFE_INTEGER,
@@ -18,10 +21,7 @@ from store.bounds import (
     MAX_TURNS,
     Identifier,
 )
-from store.canonical import canonical_digest
-from store.derived import DerivedOnce
-from store.digests import Digest
-from store.inputs import TaskProfile, TurnRole
+from store.record.inputs import TaskProfile, TurnRole
 from store.scope import TenantScope
 
 RECORD_SCHEMA = "sessionstate.record.v2"
@@ -84,7 +84,7 @@ class CompactedTurns(_Record):
     """The turns a record no longer keeps: how many, their token estimate, and a hash chain.
 
     `digest` starts at `GENESIS_DIGEST` and takes each compacted turn in order
-    (see `store.compaction.chain_step`), so anyone holding the turns recomputes it.
+    (see `store.record.compaction.chain_step`), so anyone holding the turns recomputes it.
     """
 
     count: int = Field(ge=0, le=MAX_SAFE_INTEGER)

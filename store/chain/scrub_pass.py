@@ -4,7 +4,7 @@ A pass walks from the anchor to the head, `limit` keys per step
 (`EvidenceChain.verify_part`), and keeps where it stopped in the store (in
 `trace_meta`, under the chain's tenant, per signing key), so a restart goes
 on from there rather than from the anchor. When the pass reaches the head or a
-problem, it is recorded as the chain's last whole walk (`store.full_walk`) and
+problem, it is recorded as the chain's last whole walk (`store.chain.full_walk`) and
 the next pass begins at the anchor again.
 
 Where a pass stopped is kept as a checkpoint of that head (`issued_at` is when
@@ -24,10 +24,10 @@ from datetime import datetime
 
 from store.backends.contract import ExpectationFailed
 from store.canonical import canonical_json
+from store.chain.checkpoints import Checkpoint, CheckpointSigner
 from store.chain.evidence import EvidenceChain
-from store.chain_head import ChainHead, parse_timestamp
-from store.checkpoints import Checkpoint, CheckpointSigner
-from store.full_walk import FullWalk, record_full_walk
+from store.chain.full_walk import FullWalk, record_full_walk
+from store.chain.head import ChainHead, parse_timestamp
 from store.key_codec import LaneKey, TenantResourceLane
 
 log = logging.getLogger("sessionstate.decisions")

@@ -7,9 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from store.blockers import CorruptionLabel
 from store.digests import Digest
-from store.record import SessionStateRecord
+from store.record.blockers import CorruptionLabel
+from store.record.state_record import SessionStateRecord
 
 
 class SessionStateWriteReport(BaseModel):
