@@ -41,7 +41,7 @@ lock: install
 	scripts/lock.sh update
 
 # Pinned OPA, Regal and Docker Compose, built with `go install` into .tools/bin on first
-# use (Compose, for tests/test_deployment.py's `docker-compose config`: about 2 minutes).
+# use (Compose, for tests/runtime/test_deployment.py's `docker-compose config`: about 2 minutes).
 tools:
 	@scripts/tools.sh opa >/dev/null
 	@scripts/tools.sh regal >/dev/null
@@ -58,7 +58,7 @@ WRK := /usr/bin/wrk
 wrk:
 	@scripts/need_debian_package.sh wrk $(WRK)
 
-# Debian's PostgreSQL (15 on Debian 12) for the PostgreSQL store's tests: tests/postgres.py
+# Debian's PostgreSQL (15 on Debian 12) for the PostgreSQL store's tests: tests/support/postgres.py
 # starts servers of its own in temporary directories, as a system user of its own.
 postgres:
 	@scripts/need_debian_package.sh postgresql '/usr/lib/postgresql/*/bin/initdb'
@@ -70,7 +70,7 @@ schema: install
 	$(PY) -m service.policy.tenant_settings > $(SCHEMAS)/tenants/settings.json
 
 # docs/api.md's tables (endpoints, reason codes, shapes, settings) are written from the
-# code; tests/test_api_doc.py fails while one is stale.
+# code; tests/api/test_api_doc.py fails while one is stale.
 api-doc: install
 	$(PY) scripts/api_doc.py
 

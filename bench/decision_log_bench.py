@@ -38,7 +38,7 @@ from store.canonical import canonical_digest, canonical_json
 from store.chain.entry import seal
 from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS, format_timestamp
-from tests.policy_inputs import allowed_input
+from tests.support.policy_inputs import allowed_input
 
 WARM_UP = 16  # entries written before the clock starts: the first sync creates files
 

@@ -50,8 +50,8 @@ from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
 from store.digests import DigestKey
 from store.session_state import state_key
-from tests.factories import record
-from tests.policy_inputs import allowed_input
+from tests.support.factories import record
+from tests.support.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_BYTES = 1200  # about a read's decision entry as the journal stores it

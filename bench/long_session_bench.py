@@ -45,9 +45,9 @@ from service.config.settings import Settings
 from store.record.bounds import MAX_TURNS_PER_WRITE
 from store.record.inputs import SessionStateInput
 from store.scope import TenantScope
-from tests.factories import state_input
-from tests.live import JWT_SECRET
-from tests.served import Served, start
+from tests.support.factories import state_input
+from tests.support.live import JWT_SECRET
+from tests.support.served import Served, start
 
 GOAL = 1.2
 TEMPLATE = SessionStateInput.model_validate(state_input(turns=[]))

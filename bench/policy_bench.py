@@ -27,7 +27,7 @@ from service.config.settings import Settings
 from service.policy.client import PolicyClient
 from service.policy.input import PolicyInput
 from service.policy.sidecar import OpaSidecar
-from tests.policy_inputs import allowed_input
+from tests.support.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTIONS = ("write", "read", "replay", "approval.grant", "decisions.read")

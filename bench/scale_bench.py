@@ -76,7 +76,7 @@ from store.chain.entry import seal
 from store.chain.head import GENESIS, ChainHead, format_timestamp
 from store.chain.keys import entry_key, marker_key
 from store.scope import TenantScope
-from tests.policy_inputs import allowed_input
+from tests.support.policy_inputs import allowed_input
 
 ROOT = Path(__file__).resolve().parent.parent
 JWT_SECRET = "jwt-secret-for-scale-bench-0123456789abcdef"

@@ -73,7 +73,7 @@ from bench.loadgen import Load, LoadFailure, Request, Result, run
 from bench.processes import exit_on_sigterm
 from service.config.settings import Settings
 from service.runtime.serving import THREADS
-from tests.factories import state_input
+from tests.support.factories import state_input
 
 OK = frozenset({200})
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.instances import SESSION, Served, bearer, grant_approval, token
 from bench.loadgen import INSTALL_HINT, Load, Request, Result, available, run
 from service.config.settings import Settings
-from tests.factories import state_input
+from tests.support.factories import state_input
 
 
 class Attackers:

@@ -86,7 +86,7 @@ from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.digests import DigestKey
 from store.session_state import Precondition, SessionStateStore, state_key
-from tests.factories import record, scope, state_input
+from tests.support.factories import record, scope, state_input
 
 ROOT = Path(__file__).resolve().parent.parent
 WRITTEN = frozenset({200, 201})

@@ -5,7 +5,7 @@ In docker-compose.yml, OPA loads policies/ itself as a bundle (`--bundle
 file must carry the same content hash that the local sidecar's bundle gets
 from `service.policy.bundle` (every non-test `.rego` file and every `data.json`,
 the tenant settings). Run this after any policy or tenant settings change;
-tests/test_deployment.py fails while the manifest is stale.
+tests/runtime/test_deployment.py fails while the manifest is stale.
 
 With `--commit` (as `make policy-manifest` runs it) in a git checkout, it also
 records the commit the files came from (`metadata.commit`: `git describe

@@ -6,7 +6,7 @@ shape of that document (its `components.schemas`, from the pydantic wire models)
 service's reason codes (`service.api.reasons.Reason`), the codes the default policies can
 return (`contains "..."` in policies/**/*.rego), the redacted labels of a corrupt record
 (`store.record.blockers.CorruptionLabel`) and the settings (`service.config.settings.Settings`).
-Everything else in docs/api.md is prose; tests/test_api_doc.py holds it to the code.
+Everything else in docs/api.md is prose; tests/api/test_api_doc.py holds it to the code.
 
     .venv/bin/python scripts/api_doc.py          # rewrite the tables in docs/api.md
     .venv/bin/python scripts/api_doc.py --check  # exit 1 if one is stale

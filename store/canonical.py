@@ -13,7 +13,7 @@ serialisation (which RFC 8785 uses) write the shortest digits that round-trip,
 and in that range both write them as a plain decimal. Integral floats (`3.0`,
 which JCS writes `3`), exponents, NaN and infinities, other key sets and other
 types go through `rfc8785`, which also raises for what JCS cannot encode.
-tests/test_canonical.py checks byte equality with `rfc8785` over generated values.
+tests/store/test_canonical.py checks byte equality with `rfc8785` over generated values.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import PostgresLaneStore
 from store.digests import DigestKey
 from store.session_state import SessionStateStore
-from tests import postgres as pg
-from tests.live import LiveService, live_service, service_settings
-from tests.served import Served, start
+from tests.support import postgres as pg
+from tests.support.live import LiveService, live_service, service_settings
+from tests.support.paths import POLICY_DIR, ROOT
+from tests.support.served import Served, start
 
 settings.register_profile(
     "sessionstate",
@@ -57,10 +58,6 @@ def state_store(lanes: LevelDBLaneStore) -> SessionStateStore:
     return SessionStateStore(lanes)
 
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-POLICY_DIR = PROJECT_ROOT / "policies"
-
-
 @pytest.fixture(scope="session")
 def opa_bin() -> str:
     """The real OPA binary: SESSIONSTATE_OPA_BIN (set by make), else the pinned build."""
@@ -70,7 +67,7 @@ def opa_bin() -> str:
     import subprocess
 
     return subprocess.run(
-        [str(PROJECT_ROOT / "scripts" / "tools.sh"), "opa"],
+        [str(ROOT / "scripts" / "tools.sh"), "opa"],
         check=True,
         capture_output=True,
         text=True,
@@ -126,7 +123,7 @@ def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[pg.PostgresServer]:
-    """One real PostgreSQL for the whole run (tests/postgres.py), stopped at the end.
+    """One real PostgreSQL for the whole run (tests/support/postgres.py), stopped at the end.
 
     Skipped, with the reason in the summary, only where PostgreSQL cannot be had:
     not installed and not root (as root, `make` installs it; a missing one fails).

@@ -2,7 +2,7 @@
 
 The routes (`service.http`) and the OpenAPI document (`service.api.openapi`)
 read them from here; the client (`clients/python`, which may not import the
-service) keeps copies that tests/test_client_contract.py holds to these.
+service) keeps copies that tests/client/test_client_contract.py holds to these.
 Paths are OpenAPI templates (`{tenant_id}`); `flask_rule` spells one for Flask and `fill` for a request.
 Tests hold the rest to them: every `/v1` route is an OpenAPI operation and back,
 `policies/system/authz/authz.rego` serves exactly `DECISION_PACKAGES`' packages,

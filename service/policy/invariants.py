@@ -46,7 +46,7 @@ SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a d
 # The shipped invariants, pinned by the sha256 of their text: in a checkout the default
 # policies are a directory anyone editing the policies can change, so a shipped invariant
 # deleted or edited there refuses every set until this release's code says otherwise
-# (tests/test_policy_invariants.py holds these to the files).
+# (tests/policy/test_policy_invariants.py holds these to the files).
 SHIPPED_DIGESTS = {
     "no_cross_session_read": "1d62014fa5c7c43fbaf25125fe2e9384de2636a39c833392b4dd0e8e9b91364d",
     "no_cross_tenant_allow": "fa64fe24c3c38804e3a6b3a254413c83b8cd7fad42de60dee02125e80d87dd8c",

@@ -2,7 +2,7 @@
 
 Each backend is one class in a module of its own beside this one (the embedded
 LevelDB in `leveldb.py`, PostgreSQL in `postgres.py`), registered by name in
-`registry.py`. One parametrised suite (tests/test_lane_store_contract.py)
+`registry.py`. One parametrised suite (tests/store/test_lane_store_contract.py)
 holds each to it. The contract has four parts:
 
 - a read-only view (`LaneView`: get, scan, count, close), what a review or an

@@ -1,6 +1,6 @@
 """The contract's constants the client needs: paths, header names, id patterns, actions.
 
-Written here again (the client may not import the service); `tests/test_client_contract.py`
+Written here again (the client may not import the service); `tests/client/test_client_contract.py`
 holds each of them to the service's own `service.api.v1`.
 """
 

@@ -4,7 +4,7 @@
 stored record; with nothing stored (a new or preview-only session) it asks
 for a preview of the state held and plans the replay inputs from that
 sanitized record here, exactly as the service plans them (the same inputs,
-the same `evidence_digest`; `tests/test_client_contract.py` compares them).
+the same `evidence_digest`; `tests/client/test_client_contract.py` compares them).
 """
 
 from __future__ import annotations

@@ -1,0 +1,207 @@
+"""`DecisionJournal`: the one writer of decision entries and session records.
+
+Group commit, the write precondition checked at commit time, close and failure
+paths, and recovery after a failed write, on a real LevelDB (and, for the
+failure, a real full file system).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
+from service.decisions.log import DecisionEntryBody
+from store.backends.leveldb import LevelDBLaneStore
+from store.chain.evidence import EvidenceChain
+from store.digests import DigestKey
+from store.session_state import Precondition, SessionStateStore
+from tests.support.factories import decision_entry_body, record, scope
+
+KEY = DigestKey(b"k" * 32)
+CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def body(n: int, tenant: str = "tenant-a", **extra: Any) -> DecisionEntryBody:
+    """A decision entry body as the routes build it, with a small input."""
+    return decision_entry_body(f"decision-{n}", tenant, n=n, **extra)
+
+
+@pytest.fixture
+def journal(lanes: LevelDBLaneStore) -> Iterator[DecisionJournal]:
+    running = DecisionJournal(lanes, clock=lambda: CLOCK)
+    yield running
+    running.close()
+
+
+def test_entries_form_one_gapless_chain_and_are_found_by_decision_id(
+    journal: DecisionJournal, lanes: LevelDBLaneStore
+) -> None:
+    sealed = [journal.record(body(n), status=200) for n in range(5)]
+    assert [entry["seq"] for entry in sealed] == [1, 2, 3, 4, 5]
+    assert [entry["prev_hash"] for entry in sealed[1:]] == [e["hash"] for e in sealed[:-1]]
+    assert journal.head("tenant-a").seq == 5
+    assert journal.find("tenant-a", "decision-3") == sealed[3]
+    assert journal.find("tenant-a", "decision-unknown") is None
+    assert EvidenceChain(lanes, "tenant-a").verify().ok
+
+
+def test_concurrent_requests_share_commits(
+    journal: DecisionJournal, lanes: LevelDBLaneStore
+) -> None:
+    barrier = threading.Barrier(32)
+
+    def one(n: int) -> None:
+        barrier.wait()
+        journal.record(body(n), status=200)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert journal.head("tenant-a").seq == 32
+    assert journal.batches < 32  # some requests shared a synced batch
+    assert EvidenceChain(lanes, "tenant-a").verify().ok
+
+
+def test_a_write_is_stored_with_its_entry_and_its_outcome(
+    journal: DecisionJournal, lanes: LevelDBLaneStore
+) -> None:
+    built = record(KEY)
+    result = journal.record_write(body(1), built, Precondition(if_none_match_any=True))
+    assert (result.applied, result.created) == (True, True)
+    assert result.entry["outcome"] == {"status": 201, "applied": True, "approval_id": None}
+    stored = SessionStateStore(lanes).read(scope())
+    assert stored is not None and stored.record == built
+
+
+def test_the_precondition_is_checked_at_commit_time_against_the_batch(
+    journal: DecisionJournal,
+) -> None:
+    """Two writes based on the same version: the first wins, the second is 412, not applied."""
+    first, second = record(KEY), record(KEY, turns=[])
+    both_on_nothing = Precondition(if_none_match_any=True)
+    outcomes: list[Any] = []
+    barrier = threading.Barrier(2)
+
+    def write(built: Any, n: int) -> None:
+        barrier.wait()
+        outcomes.append(journal.record_write(body(n), built, both_on_nothing))
+
+    threads = [threading.Thread(target=write, args=(r, n)) for n, r in enumerate((first, second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    statuses = sorted(result.entry["outcome"]["status"] for result in outcomes)
+    assert statuses == [201, 412]
+    assert [result.applied for result in outcomes].count(True) == 1
+
+
+def test_an_if_match_on_a_stale_version_is_412_and_stores_nothing(
+    journal: DecisionJournal, lanes: LevelDBLaneStore
+) -> None:
+    built = record(KEY)
+    journal.record_write(body(1), built, Precondition(if_none_match_any=True))
+    stale = journal.record_write(
+        body(2), record(KEY, turns=[]), Precondition(if_match="sha256:" + "0" * 64)
+    )
+    assert (stale.applied, stale.entry["outcome"]["status"]) == (False, 412)
+    stored = SessionStateStore(lanes).read(scope())
+    assert stored is not None and stored.record == built
+
+
+def test_a_body_the_chain_cannot_seal_fails_only_its_batch(journal: DecisionJournal) -> None:
+    with pytest.raises(JournalClosed):
+        journal.record(body(7, big=2.0**60), status=200)  # no canonical JSON reads it back
+    assert journal.record(body(1), status=200)["seq"] == 1
+
+
+def test_a_closed_journal_refuses_and_stores_nothing(lanes: LevelDBLaneStore) -> None:
+    journal = DecisionJournal(lanes, clock=lambda: CLOCK)
+    journal.record(body(1), status=200)
+    journal.close()
+    with pytest.raises(JournalClosed):
+        journal.record(body(2), status=200)
+    assert EvidenceChain(lanes, "tenant-a").head().seq == 1
+
+
+def test_a_new_journal_extends_the_chain_it_finds(lanes: LevelDBLaneStore) -> None:
+    first = DecisionJournal(lanes, clock=lambda: CLOCK)
+    first.record(body(1), status=200)
+    first.close()
+    second = DecisionJournal(lanes, clock=lambda: CLOCK)
+    try:
+        assert second.record(body(2), status=200)["seq"] == 2
+    finally:
+        second.close()
+
+
+@pytest.fixture
+def full_disk_lanes(tmp_path: Path) -> Iterator[tuple[LevelDBLaneStore, Path]]:
+    """A LevelDBLaneStore on a small, real ext4 file system (root only: loop mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("LOUD SKIP: the full-disk journal test mounts an ext4 image and needs root")
+    image, mount = tmp_path / "disk.img", tmp_path / "mnt"
+    mount.mkdir()
+    with open(image, "wb") as handle:
+        handle.truncate(24 * 1024 * 1024)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True)
+    if (
+        made.returncode
+        or subprocess.run(
+            ["mount", "-o", "loop", str(image), str(mount)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("LOUD SKIP: cannot mount a loop device here")
+    lanes = LevelDBLaneStore(mount / "leveldb")
+    try:
+        yield lanes, mount
+    finally:
+        lanes.close()
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_after_a_failed_write_the_journal_refuses_then_reopens_by_itself(
+    full_disk_lanes: tuple[LevelDBLaneStore, Path],
+) -> None:
+    lanes, mount = full_disk_lanes
+    journal = DecisionJournal(lanes, clock=lambda: CLOCK)
+    try:
+        balloon = mount / "balloon"
+        with open(balloon, "wb") as handle:
+            os.posix_fallocate(handle.fileno(), 0, shutil.disk_usage(mount).free - 64 * 1024)
+        acknowledged = []
+        with pytest.raises(JournalStoreUnavailable):
+            for n in range(10_000):
+                padded = body(n, pad="x" * 2000)
+                acknowledged.append(journal.record(padded, status=200)["hash"])
+        assert not lanes.writable
+        with pytest.raises(JournalStoreUnavailable):  # refused at once, nothing written
+            journal.record(body(-1), status=200)
+        balloon.unlink()
+        deadline = time.monotonic() + 10
+        while not lanes.writable and time.monotonic() < deadline:
+            time.sleep(0.05)  # no request: the committer reopens it on its own
+        assert lanes.writable and lanes.reopens == 1
+        after = journal.record(body(99_999), status=200)
+        chain = EvidenceChain(lanes, "tenant-a")
+        # Every acknowledged entry is there as acknowledged; the new one extends the chain
+        # (after the failed batch, if its sync failed but its bytes had reached the disk).
+        for seq, hash_ in enumerate(acknowledged, start=1):
+            entry = chain.get(seq)
+            assert entry is not None and entry["hash"] == hash_
+        assert after["seq"] >= len(acknowledged) + 1
+        assert chain.verify().ok
+    finally:
+        journal.close()
