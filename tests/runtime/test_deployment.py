@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from service.policy.bundle import load_bundle, policy_files
 from service.policy.sidecar import TOKEN_ENV, OpaSidecar
 from store.secrets import encode_secret
 from tests.support.paths import ROOT
+from tests.support.ports import free_port
 
 POLICY_DIR = ROOT / "policies"
 SERVICE = "sessionstate"
@@ -188,13 +188,6 @@ def sidecar_command() -> list[str]:
     stub = SimpleNamespace(opa_bin="opa", port=8181, work_dir=Path("/work"))
     command: list[str] = OpaSidecar._command(stub)  # type: ignore[arg-type]
     return command
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 # --- the service image -----------------------------------------------------------------

@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import psycopg
 import psycopg.sql
+
+from tests.support.ports import free_port
 
 
 def _pg_bin() -> Path:
@@ -69,13 +70,6 @@ def unavailable_reason() -> str | None:
     if os.geteuid() == 0:
         return None  # root can have it: `server()` fails loudly with the install hint
     return INSTALL_HINT
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _server_user() -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import requests
 
 from tests.support.live import DIGEST_KEY, JWT_SECRET
 from tests.support.paths import ROOT
+from tests.support.ports import free_port
 
 
 @dataclass
@@ -22,13 +22,6 @@ class Served:
     url: str
     data_dir: Path
     log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def processes_using(marker: Path) -> list[int]:
