@@ -17,13 +17,8 @@ from service.auth.session_tokens import SessionTokenIssuer
 from service.auth.tokens import TokenVerifier
 from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
 from service.config.settings import Settings
-from service.config.store import StoreTarget, configured_store
-from service.config.values import (
-    configured_public_origin,
-    identity_provider,
-    jwt_public_key,
-    rate_limits,
-)
+from service.config.store import StoreTarget
+from service.config.values import Configuration
 from service.decisions import revisions
 from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal
@@ -97,15 +92,11 @@ class ServiceContext:
         """`owns_live`: this process opens and closes the data dir's live intervals (not a
         worker of several); `observes_live`: it learns the live revision from OPA's answers
         (by default when it is told of no local sidecar's snapshot, `policy_source`)."""
-        limits = rate_limits(settings)
+        configuration = Configuration.read(settings)  # what may be refused, before the store
         session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
-        store = configured_store(settings)
-        lanes = store.open()
-        metrics.watch_store(lanes)
-        if policy_source is not None:
-            metrics.watch_policy_source(policy_source)
-        report_dropped_log_bytes(lanes, metrics)
+        store = configuration.store
+        lanes = _opened_lanes(store, metrics, policy_source)
         client = PolicyClient(
             opa_url,
             opa_token,
@@ -114,26 +105,23 @@ class ServiceContext:
         )
         live = LiveRevisions(lanes, instance_id(settings.data_dir), clock, owns=owns_live)
         if owns_live:
-            live.started(
-                policy_source.served.revision
-                if policy_source is not None
-                else deciding_revision(client)
-            )
+            served = None if policy_source is None else policy_source.served.revision
+            live.started(deciding_revision(client) if served is None else served)
         observes = policy_source is None if observes_live is None else observes_live
-        journal = DecisionJournal(
-            lanes,
-            clock=clock,
-            on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
-            live_revision=live.current,
-            signed_heads=SignedHeads(settings.data_dir),
+        shadow = (
+            None
+            if shadow_url is None
+            else ShadowPolicy(shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms)
         )
-        journal.read_every_head()
-        if not mark_index_complete_if_empty(lanes):
-            # Still correct, by reading every approval of a workspace per lookup.
-            log.warning("approvals_not_indexed")
-        if not revisions.mark_complete_if_empty(lanes):
-            # New decisions are summarised; those before them once `db upgrade` ran.
-            log.warning("policy_revisions_not_summarised")
+        gate = PolicyGate(
+            client,
+            durable_writes=settings.durable_writes,
+            metrics=metrics,
+            clock=clock,
+            shadow=shadow,
+            observe=live.observe if observes else None,
+        )
+        journal = _opened_journal(settings, lanes, live, clock, metrics)
         return cls(
             settings=settings,
             lanes=lanes,
@@ -141,21 +129,8 @@ class ServiceContext:
             states=SessionStateStore(lanes),
             approvals=ApprovalStore(lanes),
             planner=SessionReplayPlanner(),
-            gate=PolicyGate(
-                client,
-                durable_writes=settings.durable_writes,
-                metrics=metrics,
-                clock=clock,
-                shadow=(
-                    None
-                    if shadow_url is None
-                    else ShadowPolicy(
-                        shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms
-                    )
-                ),
-                observe=live.observe if observes else None,
-            ),
-            verifier=token_verifier(settings, session_tokens),
+            gate=gate,
+            verifier=token_verifier(configuration, session_tokens),
             digest_key=digest_key(settings),
             metrics=metrics,
             clock=clock,
@@ -165,37 +140,18 @@ class ServiceContext:
             decision_log=DecisionLogReader(
                 lanes, head=None if store.capabilities.shared else journal.head
             ),
-            rate_limiter=ActorRateLimiter(limits),
-            rate_limit_log=RateLimitLog(journal, limits, clock=clock),
+            rate_limiter=ActorRateLimiter(configuration.rate_limits),
+            rate_limit_log=RateLimitLog(journal, configuration.rate_limits, clock=clock),
             session_tokens=session_tokens,
             live=live,
             activations=ActivationLog(
                 journal, lanes, live, clock=clock, durable_writes=settings.durable_writes
             ),
-            retention=(
-                None
-                if settings.decision_retention_days is None
-                else RetentionTask(
-                    lanes,
-                    settings.decision_retention_days,
-                    data_dir=settings.data_dir,
-                    clock=clock,
-                )
-            ),
-            scrub=(
-                None
-                if settings.decision_scrub_seconds == 0
-                else DecisionScrub(
-                    lanes,
-                    settings.data_dir,
-                    interval=settings.decision_scrub_seconds,
-                    clock=clock,
-                    metrics=metrics,
-                )
-            ),
+            retention=_retention(settings, lanes, clock),
+            scrub=_scrub(settings, lanes, clock, metrics),
             policy_source=policy_source,
             approval_pruner=ExpiredApprovalPruner(lanes, clock=clock),
-            public_origin=configured_public_origin(settings),
+            public_origin=configuration.public_origin,
         )
 
     def store_reachable(self) -> bool:
@@ -222,16 +178,75 @@ class ServiceContext:
         self.lanes.close()
 
 
+def _opened_lanes(
+    store: StoreTarget, metrics: ServiceMetrics, policy_source: PolicySnapshots | None
+) -> Lanes:
+    """The configured store, opened and watched by the metrics."""
+    lanes = store.open()
+    metrics.watch_store(lanes)
+    if policy_source is not None:
+        metrics.watch_policy_source(policy_source)
+    report_dropped_log_bytes(lanes, metrics)
+    return lanes
+
+
+def _opened_journal(
+    settings: Settings,
+    lanes: Lanes,
+    live: LiveRevisions,
+    clock: Callable[[], datetime],
+    metrics: ServiceMetrics,
+) -> DecisionJournal:
+    """The decision journal over the store, every chain's head read; says once what an
+    older store still lacks (the approval index, the revision summaries)."""
+    journal = DecisionJournal(
+        lanes,
+        clock=clock,
+        on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
+        live_revision=live.current,
+        signed_heads=SignedHeads(settings.data_dir),
+    )
+    journal.read_every_head()
+    if not mark_index_complete_if_empty(lanes):
+        # Still correct, by reading every approval of a workspace per lookup.
+        log.warning("approvals_not_indexed")
+    if not revisions.mark_complete_if_empty(lanes):
+        # New decisions are summarised; those before them once `db upgrade` ran.
+        log.warning("policy_revisions_not_summarised")
+    return journal
+
+
+def _retention(
+    settings: Settings, lanes: Lanes, clock: Callable[[], datetime]
+) -> RetentionTask | None:
+    """The decision log's pruning, where SESSIONSTATE_DECISION_RETENTION_DAYS asks for it."""
+    days = settings.decision_retention_days
+    if days is None:
+        return None
+    return RetentionTask(lanes, days, data_dir=settings.data_dir, clock=clock)
+
+
+def _scrub(
+    settings: Settings, lanes: Lanes, clock: Callable[[], datetime], metrics: ServiceMetrics
+) -> DecisionScrub | None:
+    """The background walk of every chain; None where SESSIONSTATE_DECISION_SCRUB_SECONDS is 0."""
+    interval = settings.decision_scrub_seconds
+    if interval == 0:
+        return None
+    return DecisionScrub(lanes, settings.data_dir, interval=interval, clock=clock, metrics=metrics)
+
+
 def token_verifier(
-    settings: Settings, session_tokens: SessionTokenIssuer | None = None
+    configuration: Configuration, session_tokens: SessionTokenIssuer | None = None
 ) -> TokenVerifier:
     """What verifies the bearer tokens the settings admit (and the service's own)."""
+    settings = configuration.settings
     tokens = session_token_issuer(settings) if session_tokens is None else session_tokens
     return TokenVerifier(
         jwt_secret(settings),
-        jwt_public_key(settings),
+        configuration.jwt_public_key,
         max_lifetime_seconds=settings.jwt_max_lifetime_seconds,
-        provider=identity_provider(settings),
+        provider=configuration.identity_provider,
         own_keys=tokens.verification_keys(),
         own_issuer=tokens.issuer,
     )

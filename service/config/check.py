@@ -7,27 +7,17 @@ from __future__ import annotations
 from service.config.configuration_error import ConfigurationError
 from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
 from service.config.settings import Settings
-from service.config.store import configured_store
-from service.config.values import (
-    configured_public_origin,
-    identity_provider,
-    jwt_public_key,
-    rate_limits,
-)
+from service.config.values import Configuration
 from service.policy.client import PolicyClient
 
 
-def check_settings(settings: Settings) -> None:
+def check_settings(settings: Settings) -> Configuration:
     """Everything a worker will need from the settings, checked before anything starts."""
     jwt_secret(settings)
     digest_key(settings)
-    jwt_public_key(settings)
-    identity_provider(settings)
-    rate_limits(settings)
-    configured_public_origin(settings)
+    configuration = Configuration.read(settings)
     session_token_issuer(settings)  # generates the data dir's key before workers start
-    store = configured_store(settings)
-    if settings.workers > 1 and not store.capabilities.shared:
+    if settings.workers > 1 and not configuration.store.capabilities.shared:
         raise ConfigurationError(
             "SESSIONSTATE_WORKERS (or --workers) above 1 needs a shared store: LevelDB admits "
             "one process; set SESSIONSTATE_STORE to a PostgreSQL database, or serve 1 worker"
@@ -49,3 +39,4 @@ def check_settings(settings: Settings) -> None:
                 PolicyClient(url).close()
             except ValueError:
                 raise ConfigurationError(f"{name} must be http(s)://host:port") from None
+    return configuration

@@ -1,18 +1,22 @@
-"""Settings parsed into the typed values the service works with: the rate limits, the
-identity provider, the JWT public key and the public origin.
+"""Settings parsed into the typed values the service works with: the store, the rate
+limits, the identity provider, the JWT public key and the public origin.
 
 Each function reads one concern of `Settings`; a value that cannot work is a
-`ConfigurationError` that names the variable, never the value.
+`ConfigurationError` that names the variable, never the value. `Configuration`
+holds them all, parsed once when the settings are read, so a process works
+with values rather than with the text of its environment.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from service.auth.token_exchange import public_origin
 from service.auth.tokens import ProviderSettings
 from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
+from service.config.store import StoreTarget, configured_store
 from service.rate_limits import RateLimits, parse_budget
 
 
@@ -70,3 +74,28 @@ def configured_public_origin(settings: Settings) -> str | None:
         return public_origin(settings.public_url)
     except ValueError as error:
         raise ConfigurationError(f"SESSIONSTATE_PUBLIC_URL {error}") from None
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """What the settings mean, parsed once when they are read (the secrets, which may be
+    generated into the data dir, are `service.config.secret_values`')."""
+
+    settings: Settings
+    store: StoreTarget
+    rate_limits: RateLimits
+    identity_provider: ProviderSettings
+    jwt_public_key: bytes | None
+    public_origin: str | None
+
+    @classmethod
+    def read(cls, settings: Settings) -> Configuration:
+        """Every value parsed; the first that cannot work raises `ConfigurationError`."""
+        return cls(
+            settings=settings,
+            jwt_public_key=jwt_public_key(settings),
+            identity_provider=identity_provider(settings),
+            rate_limits=rate_limits(settings),
+            public_origin=configured_public_origin(settings),
+            store=configured_store(settings),
+        )

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from service.config.check import check_settings
 from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings
-from service.config.store import StoreTarget, configured_store
+from service.config.store import StoreTarget
+from service.config.values import Configuration
 from service.context import ServiceContext, deciding_revision, token_verifier, utc_now
 from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal, LegacyChainPresent
@@ -88,7 +89,7 @@ def serve(settings: Settings, *, on_ready: Callable[[], None] | None = None) -> 
 
 def _checked(settings: Settings) -> SidecarPlan:
     """Everything start-up can check before it starts anything, and the sidecars it will start."""
-    check_settings(settings)
+    configuration = check_settings(settings)
     opa_tracing = tracing.opa_tracing()  # checks the OTEL_* variables the service reads
     local = None
     if settings.opa_url:
@@ -101,7 +102,7 @@ def _checked(settings: Settings) -> SidecarPlan:
         signed=local_signed_bundle(settings),
         tracing=opa_tracing,
     )
-    _check_decision_log(configured_store(settings))
+    _check_decision_log(configuration.store)
     return plan
 
 
@@ -145,7 +146,8 @@ def _live_revisions(settings: Settings, sidecars: Sidecars) -> Iterator[None]:
     live revision from the store, or, without a sidecar, from OPA's answers). It records
     its sidecars' activations too, through a journal of its own (on PostgreSQL, which
     takes several writers)."""
-    lanes = configured_store(settings).open()
+    configuration = Configuration.read(settings)
+    lanes = configuration.store.open()
     live = LiveRevisions(lanes, instance_id(settings.data_dir), utc_now, owns=True)
     journal = DecisionJournal(
         lanes,
@@ -156,7 +158,7 @@ def _live_revisions(settings: Settings, sidecars: Sidecars) -> Iterator[None]:
     recorder = ActivationLog(
         journal, lanes, live, clock=utc_now, durable_writes=settings.durable_writes
     )
-    operator = token_verifier(settings).operator_identity
+    operator = token_verifier(configuration).operator_identity
     sidecar = sidecars.live
     try:
         if sidecar is not None:
