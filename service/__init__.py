@@ -1,1 +1,2 @@
-"""sessionstate service: HTTP app, policy client, OPA sidecar, replay planner, CLI."""
+"""The sessionstate service: the HTTP app (`app`) over the context it wires (`context`), and
+its rooms by concern (see the README's Layout table)."""

@@ -1,0 +1,2 @@
+"""The server's test suite, one folder per package it specifies; shared helpers in
+`tests.support`."""

@@ -1,1 +1,3 @@
-"""The decision log: what an entry holds, the journal that commits it, offline review."""
+"""The decision log: what an entry holds, the journal that orders and commits it, the readers,
+offline review and evidence bundles, retention, the scrub, and which policy revisions
+decided and when."""

@@ -1,1 +1,1 @@
-"""tests/approvals."""
+"""Tests of `service.approvals`: operator approvals, their one write path and their index."""

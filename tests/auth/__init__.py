@@ -1,1 +1,1 @@
-"""tests/auth."""
+"""Tests of `service.auth`: bearer tokens, an identity provider's JWKS and the token exchange."""

@@ -1,1 +1,2 @@
-"""tests/chain."""
+"""Tests of `store.chain`: the evidence chain, its checkpoints, signed heads, losses and
+retention anchors."""

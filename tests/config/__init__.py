@@ -1,1 +1,1 @@
-"""tests/config."""
+"""Tests of `service.config`: settings refused by name, and the secrets."""

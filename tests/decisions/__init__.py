@@ -1,1 +1,2 @@
-"""tests/decisions."""
+"""Tests of `service.decisions`: the journal, group commit, the readers, evidence bundles, the
+scrub and the policy revisions."""

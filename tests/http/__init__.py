@@ -1,1 +1,2 @@
-"""tests/http."""
+"""Tests of `service.http`: every route over real HTTP, the front's bounded reads and the
+reviewer's page."""

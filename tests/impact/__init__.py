@@ -1,1 +1,2 @@
-"""tests/impact."""
+"""Tests of `service.impact`: impact analysis of a candidate policy set and how a decision
+changes."""

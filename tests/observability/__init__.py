@@ -1,1 +1,1 @@
-"""tests/observability."""
+"""Tests of `service.observability`: OpenTelemetry tracing across the service and OPA."""
