@@ -11,11 +11,12 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser wrk postgres schema lint-py types lint-rego test-rego test-py bench clean policy-manifest lock lock-check api-doc
+.PHONY: help run test install tools browser wrk postgres schema lint-py types lint-rego test-rego test-py test-quick bench clean policy-manifest lock lock-check api-doc
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
 	@echo "make test   the whole suite: Rego fmt/check/lint/tests, Python lint/types/tests"
+	@echo "make test-quick  the Python suite without the slowest end-to-end cases (marked slow)"
 	@echo "make bench  benchmarks (bench/), figures against same-run baselines"
 
 # The locked versions (requirements/dev.txt, exported from uv.lock, every file's hash
@@ -107,6 +108,11 @@ test-py: install tools browser wrk postgres
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 
 test: lock-check lint-rego test-rego lint-py types test-py
+
+# The Python suite without the cases marked slow (the longest end-to-end ones), for a quick
+# loop while working; `make test` runs them all.
+test-quick: install tools browser wrk postgres
+	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 bench: install tools wrk
 	@for script in bench/*_bench.py; do \
