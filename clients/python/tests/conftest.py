@@ -379,6 +379,7 @@ class FakeStore(FakeService):
         return refusal(404, "not_found")
 
     def _read(self) -> httpx.Response:
+        report: dict[str, Any]
         if self.corrupt_digest is not None:
             report = {
                 "key_digest": sha256("key"),

@@ -102,7 +102,7 @@ def test_every_exported_error_class_is_covered_here() -> None:
         for value in vars(sessionstate_client).values()
         if isinstance(value, type) and issubclass(value, SessionStateError)
     }
-    covered = {kind for *_, kind in BY_STATUS} | {kind for _, kind in BY_503_REASON}
+    covered: set[type] = {kind for *_, kind in BY_STATUS} | {kind for _, kind in BY_503_REASON}
     covered |= {SessionStateError, PolicyDenied, CorruptState}
     assert exported == covered
 
