@@ -4,13 +4,16 @@ The wheel of `clients/python` is built and installed into a fresh venv in a
 temporary directory (pip fetches httpx and pydantic, from its cache when it
 can). Nothing of the server comes with it: no flask, plyvel, gunicorn or
 hypercorn, no `service` or `store`. From that venv, the example model service
-runs both flavours against the real served process.
+runs both flavours against the real served process, and the client's own unit
+tests (`clients/python/tests`) pass with only pytest added, run from a directory
+outside the repository.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -106,3 +109,17 @@ def test_the_example_runs_both_flavours_from_the_clean_venv(
     assert sync.startswith(f"echo: one {canary} ") and "0 turns before" in sync
     assert asynchronous.splitlines()[0].endswith("2 turns before]")
     assert asynchronous.splitlines()[1].endswith("4 turns before]")
+
+
+def test_the_clients_unit_tests_pass_in_the_clean_venv(client_venv: Path, tmp_path: Path) -> None:
+    install = ("-m", "pip", "install", "-q", "--disable-pip-version-check", "pytest")
+    run(client_venv, *install, cwd=tmp_path)
+    # Nothing of the checkout on the path: not its root, not an inherited PYTHONPATH.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    tests = CLIENT / "tests"
+    output = run(
+        client_venv, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, cwd=tmp_path, env=env
+    )
+    summary = re.search(r"^(\d+) passed in ", output, re.MULTILINE)
+    assert summary is not None and int(summary.group(1)) > 0, output[-2000:]
