@@ -196,7 +196,7 @@ class Scripted(FakeService):
         if isinstance(step, Exception):
             raise step
         if isinstance(step, httpx.Response):  # a fresh copy: a response is sent only once
-            return httpx.Response(step.status_code, headers=step.headers, content=step.content)
+            return httpx.Response(step.status_code, headers=step.headers, stream=step.stream)
         return step(request)
 
 

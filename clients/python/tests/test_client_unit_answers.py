@@ -9,6 +9,8 @@ through the log until it reaches the entry of its own first read.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 from conftest import SCOPE, Endpoints, Scripted, decision, log_entry, refusal, template
@@ -181,3 +183,46 @@ def test_a_refused_page_stops_the_iteration_with_its_error() -> None:
         with pytest.raises(SessionStateError) as raised:
             next(entries)
     assert raised.value.status == 503
+
+
+def undecodable(status: int) -> httpx.Response:
+    """An answer whose body its own Content-Encoding does not decode."""
+    return httpx.Response(
+        status, headers={"Content-Encoding": "gzip"}, stream=httpx.ByteStream(b"not gzip")
+    )
+
+
+@pytest.mark.parametrize("status", [200, 404, 503])
+def test_a_body_its_content_encoding_does_not_describe_is_unexpected(status: int) -> None:
+    service = Scripted(undecodable(status))
+    with service.sync_client() as client, pytest.raises(UnexpectedResponse) as raised:
+        client.get_state(SCOPE)
+    assert (raised.value.status, raised.value.reason) == (status, "response_not_in_contract")
+    assert raised.value.__cause__ is None and len(service.requests) == 1
+
+
+def test_an_export_its_content_encoding_does_not_describe_is_unexpected() -> None:
+    client = Scripted(undecodable(200)).sync_client()
+    with client, pytest.raises(UnexpectedResponse) as raised:
+        list(client.export_decisions())
+    assert raised.value.reason == "response_not_in_contract"
+
+
+class BrokenBody(httpx.SyncByteStream):
+    """A body whose connection drops after its first bytes."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield b'{"read_report": '
+        raise httpx.ReadError("connection reset")
+
+
+def test_a_connection_dropped_while_reading_the_body_is_a_failed_attempt() -> None:
+    answers = iter([httpx.Response(200, stream=BrokenBody()), refusal(404, "not_found")])
+    service = Scripted(lambda request: next(answers))
+    with service.sync_client(backoff=0.0) as client, pytest.raises(NotFound) as raised:
+        client.get_state(SCOPE)  # safe to repeat: sent again
+    assert raised.value.attempts == 2
+    answers = iter([httpx.Response(200, stream=BrokenBody())])
+    with service.sync_client() as client, pytest.raises(SessionStateError) as unsafe:
+        client.put_state(SCOPE, template())  # not safe to repeat: sent once
+    assert (unsafe.value.status, unsafe.value.reason) == (None, "connection_failed")

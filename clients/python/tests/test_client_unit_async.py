@@ -21,6 +21,7 @@ from sessionstate_client import (
     SessionStateClient,
     SessionStateError,
     StoreOutcomeUnknown,
+    UnexpectedResponse,
 )
 
 GRANT = {"ttl_seconds": 60, "reason": "unit"}
@@ -176,3 +177,14 @@ def test_the_async_client_never_shows_its_token_and_with_token_shares_connection
         return [r.headers.get("Authorization") for r in service.requests]
 
     assert asyncio.run(run()) == ["Bearer operator-token", "Bearer model-token", None]
+
+
+@pytest.mark.parametrize("name", ["get_state", "export_decisions"])
+def test_both_refuse_a_body_its_content_encoding_does_not_describe(name: str) -> None:
+    answer = httpx.Response(
+        200, headers={"Content-Encoding": "gzip"}, stream=httpx.ByteStream(b"not gzip")
+    )
+    sync_error = sync_outcome(Scripted(answer), name)
+    async_error = async_outcome(Scripted(answer), name)
+    assert type(sync_error) is type(async_error) is UnexpectedResponse
+    assert (async_error.status, async_error.reason) == (200, "response_not_in_contract")

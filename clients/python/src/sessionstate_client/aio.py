@@ -225,6 +225,8 @@ class AsyncSessionStateClient:
                     yield event
         except httpx.TransportError as error:
             raise calls.failed(error, None, 1) from error
+        except httpx.DecodingError:
+            raise calls.unexpected(response) from None
         finally:
             await response.aclose()
 
@@ -265,16 +267,22 @@ class AsyncSessionStateClient:
                 headers=calls.headers(call, request_id, token),
             )
             try:
-                response = await self._http.send(request, stream=stream)
+                response = await self._http.send(request, stream=True)
+                try:  # the body, decoded, unless it is streamed to the caller
+                    if not (stream and response.status_code in call.ok):
+                        await response.aread()
+                except BaseException:
+                    await response.aclose()
+                    raise
             except httpx.TransportError as error:
                 wait = calls.wait_after_failure(call, attempt, self.retry_policy)
                 if wait is None:
                     raise calls.failed(error, request_id, attempt) from error
+            except httpx.DecodingError:  # a body its Content-Encoding does not describe
+                raise calls.unexpected(response) from None
             else:
                 if response.status_code in call.ok:
                     return response
-                await response.aread()
-                await response.aclose()
                 wait = calls.wait_after_answer(call, response, attempt, self.retry_policy)
                 if wait is None:
                     raise calls.refused(response, attempt)
