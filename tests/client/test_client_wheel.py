@@ -26,6 +26,8 @@ from service.auth.tokens import mint_token
 from tests.support.live import JWT_SECRET
 from tests.support.served import ROOT, Served
 
+pytestmark = pytest.mark.slow  # long end to end: `make test-quick` skips it
+
 CLIENT = ROOT / "clients" / "python"
 SERVER_ONLY = {"flask", "plyvel", "gunicorn", "hypercorn", "sessionstate", "psycopg", "pyjwt"}
 

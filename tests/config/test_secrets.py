@@ -159,6 +159,7 @@ def test_export_help_says_it_prints_the_secrets() -> None:
 # --- the move, against served processes -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_local_data_dir_moves_to_env_secrets_keeping_tokens_and_digests(
     opa_bin: str, tmp_path: Path
 ) -> None:

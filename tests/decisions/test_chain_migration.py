@@ -166,6 +166,7 @@ def test_db_upgrade_moves_the_global_chain_onto_tenant_chains(
             assert listed.status_code == (200 if tenant == "tenant-a" else 404)
 
 
+@pytest.mark.slow
 def test_db_upgrade_moves_a_global_chain_on_postgresql(
     tmp_path: Path, opa_bin: str, postgres_conninfo: str
 ) -> None:

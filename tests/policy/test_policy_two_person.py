@@ -86,6 +86,7 @@ def _system_entries(data_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line)["sessionstate"] for line in exported.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_a_new_revision_waits_for_a_second_operator_while_the_old_one_decides(
     opa_bin: str, tmp_path: Path, policies: Path, serving: list[Served], idp: IdentityProvider
 ) -> None:
@@ -190,6 +191,7 @@ def test_a_new_revision_waits_for_a_second_operator_while_the_old_one_decides(
     assert _readiness(again)["policy_revision"] == second
 
 
+@pytest.mark.slow
 def test_a_reload_by_nobody_needs_two_approvals_and_a_new_edit_replaces_the_waiting_one(
     opa_bin: str, tmp_path: Path, policies: Path, serving: list[Served], idp: IdentityProvider
 ) -> None:

@@ -17,6 +17,8 @@ import pytest
 from tests.support.paths import ROOT
 from tests.support.served import processes_using
 
+pytestmark = pytest.mark.slow  # long end to end: `make test-quick` skips it
+
 SMALL_RUNS = {
     "store_bench.py": ["--seconds", "0.05"],
     "long_session_bench.py": [

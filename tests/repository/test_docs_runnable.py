@@ -153,6 +153,7 @@ def test_the_samples_of_a_doc_run_as_pasted(
 OFFLINE_DOCS = [doc for doc in DOCS if samples(doc, "offline")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", OFFLINE_DOCS, ids=[doc.name for doc in OFFLINE_DOCS])
 def test_the_offline_samples_of_a_doc_run_on_the_stopped_service(
     doc: Path, opa_bin: str, tmp_path: Path

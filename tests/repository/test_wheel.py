@@ -29,6 +29,8 @@ from service.policy.bundle import load_bundle, policy_files
 from tests.cli.test_walkthrough import answer_of, pasted_commands, printed_walkthrough, run_pasted
 from tests.support.served import ROOT, Served, free_port
 
+pytestmark = pytest.mark.slow  # long end to end: `make test-quick` skips it
+
 POLICIES = ROOT / "policies"
 PACKAGED = "service/default_policies"
 
