@@ -38,6 +38,8 @@ CALLERS = {
     "state": "model-service",
     "token": "model-service",
     "approvals": "operator",
+    "sessions": "model-service, operator",
+    "workspaces": "operator",
     "decisions": "auditor",
     "ops": "anyone",
 }

@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from pydantic import ValidationError
 
@@ -25,6 +26,7 @@ from store.record.reports import SessionStateReadReport
 from store.record.state_record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
 from store.record.validation import record_blockers
 from store.scope import TenantScope
+from store.session_data import Erasure, SessionMeta, parsed_meta, read_meta
 
 MAX_WRITE_ROUNDS = 64  # reads of a record that others keep changing before giving up
 
@@ -84,6 +86,15 @@ class Precondition:
         return replace(self, replaces_no_summary=True)
 
 
+@dataclass(frozen=True)
+class ListedSession:
+    """A session of a workspace's list: its record as read, and its meta key."""
+
+    scope: TenantScope
+    report: SessionStateReadReport
+    meta: SessionMeta | None
+
+
 class PreconditionFailed(Exception):
     """The stored version is not the one the write was based on."""
 
@@ -116,6 +127,11 @@ class ParsedRecords:
                 return None
             self._records.move_to_end(scope)
             return found[1]
+
+    def forget(self, scope: TenantScope) -> None:
+        """Keep nothing of scope's record (it was erased)."""
+        with self._lock:
+            self._records.pop(scope, None)
 
     def remember(self, record: SessionStateRecord, stored: bytes) -> None:
         """Keep record as what `stored` parses to; only for bytes written or read good."""
@@ -150,6 +166,41 @@ class SessionStateStore:
         if stored is None:
             return None
         return read_report(scope, key.digest(), stored)
+
+    def erasure(self, scope: TenantScope) -> Erasure | None:
+        """The session's tombstone, when it was erased and nothing was written since."""
+        meta = read_meta(self._lanes, scope)
+        return None if meta is None else meta.erasure
+
+    def listed(
+        self, tenant: str, workspace: str, after: str | None, limit: int
+    ) -> tuple[list[ListedSession], bool]:
+        """Up to `limit` of the workspace's stored sessions after session `after`, in key
+        order, and whether more follow. Two seeks within the workspace's range (records,
+        then their meta keys): its cost follows the page, not the store."""
+        lane, meta_lane = TenantResourceLane.SESSION_STATE, TenantResourceLane.SESSION_META
+        start = None if after is None else LaneKey(lane, tenant, workspace, after, b"\x00")
+        found = list(islice(self._lanes.scan(lane, tenant, workspace, start=start), limit + 1))
+        page = found[:limit]
+        metas: dict[str, SessionMeta | None] = {}
+        if page:
+            first, last = page[0][0].session, page[-1][0].session
+            metas = {
+                key.session: parsed_meta(value)
+                for key, value in self._lanes.scan(
+                    meta_lane,
+                    tenant,
+                    workspace,
+                    start=LaneKey(meta_lane, tenant, workspace, first),
+                    stop=LaneKey(meta_lane, tenant, workspace, last, b"\x00"),
+                )
+            }
+        listed = []
+        for key, stored in page:
+            scope = TenantScope(tenant_id=tenant, workspace_id=workspace, session_id=key.session)
+            report = read_report(scope, key.digest(), stored)
+            listed.append(ListedSession(scope, report, metas.get(key.session)))
+        return listed, len(found) > limit
 
     def base(self, scope: TenantScope) -> StoredVersion:
         """The stored version and its summary: what a write builds on."""

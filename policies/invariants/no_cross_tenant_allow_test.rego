@@ -26,3 +26,13 @@ test_a_read_allowed_across_tenants_violates if {
 	no_cross_tenant_allow.violation with input as across
 		with data.sessionstate.read.decision as {"allow": true, "reasons": []}
 }
+
+test_an_erasure_allowed_across_tenants_violates if {
+	no_cross_tenant_allow.violation with input as object.union(across, {"action": "erase"})
+		with data.sessionstate.erase.decision as {"allow": true, "reasons": []}
+}
+
+test_a_list_allowed_across_tenants_violates if {
+	no_cross_tenant_allow.violation with input as object.union(across, {"action": "list"})
+		with data.sessionstate.list.decision as {"allow": true, "reasons": []}
+}

@@ -33,6 +33,7 @@ from service.api.v1 import (
     READYZ,
     REPLAY_PREVIEW,
     RETRY_AFTER,
+    SESSIONS,
     STATE,
     STATE_PREVIEW,
     parameters,
@@ -48,8 +49,10 @@ from service.api.wire import (
     ProblemDocument,
     Readiness,
     ReplayPreviewResponse,
+    SessionListResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    WorkspaceErasureResponse,
 )
 from service.approvals.model import ApprovalGrantInput
 from service.auth.session_tokens import JsonWebKeySet
@@ -61,6 +64,7 @@ from service.auth.token_exchange import (
 )
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.replay import ReplayPreviewRequest
+from service.session_list import SessionListQuery
 from store.record.inputs import SessionStateInput
 
 REF = "#/components/schemas/{model}"
@@ -101,6 +105,9 @@ OPERATIONS = [
     Operation("put", STATE, "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (*AUTHED, 412, *WITH_BODY)),
     Operation("get", STATE, "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
     Operation("post", REPLAY_PREVIEW, "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
+    Operation("delete", STATE, "sessions", "Erase the session's state and every record kept of it; the decision's entry is the erasure's receipt (204 also when nothing is stored)", None, 204, None, (*AUTHED, 412)),
+    Operation("get", SESSIONS, "sessions", "List the workspace's stored sessions, in session-id order: versions and digests, no content", None, 200, SessionListResponse, (*AUTHED, 422), SessionListQuery),
+    Operation("delete", SESSIONS, "workspaces", "Erase every session of the workspace, each with its own receipt; a repeat finishes an interrupted one", None, 200, WorkspaceErasureResponse, AUTHED),
     Operation("post", APPROVALS, "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
     Operation("get", APPROVALS, "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),
     Operation("delete", APPROVAL, "approvals", "Revoke an approval at once", None, 204, None, (*AUTHED, 404)),

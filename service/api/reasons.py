@@ -153,6 +153,12 @@ class Reason(StrEnum):
         404,
         "No session state is stored for this scope.",
     )
+    SESSION_STATE_ERASED = (
+        "session_state_erased",
+        404,
+        "The session's state was erased; `erased_at` and `erasure_decision_id` name when, "
+        "and the decision whose entry is the erasure's receipt. A new write starts it again.",
+    )
     APPROVAL_NOT_FOUND = ("approval_not_found", 404, "No such approval in this workspace.")
     DECISION_NOT_FOUND = (
         "decision_not_found",
@@ -224,6 +230,15 @@ class Reason(StrEnum):
         "store_unavailable",
         503,
         "The store cannot be reached or cannot write now; nothing was stored. Retry later.",
+        5,
+    )
+    # The erasure committed, but a read older than it kept its bytes in the store's files.
+    ERASURE_INCOMPLETE = (
+        "erasure_incomplete",
+        503,
+        "The session was erased (its receipt is the decision in `Sessionstate-Decision-Id`), "
+        "but a read that began before it kept the erased bytes in the store's files; repeat "
+        "the erase to remove them.",
         5,
     )
     # Not "nothing was done": repeating a call that is not safe to repeat may do it twice.

@@ -25,6 +25,7 @@ STATE = SESSION + "/state"
 STATE_PREVIEW = SESSION + "/state/preview"
 REPLAY_PREVIEW = SESSION + "/replay-preview"
 APPROVALS = WORKSPACE + "/approvals"
+SESSIONS = WORKSPACE + "/sessions"  # the workspace's sessions: listed, or all erased
 APPROVAL = APPROVALS + "/{approval_id}"
 DECISIONS = "/v1/decisions"
 DECISIONS_VERIFY = DECISIONS + "/verify"
@@ -87,6 +88,8 @@ DECISION_PACKAGES: Mapping[PolicyAction, str] = {
     "decisions.read": "audit",
     "token.exchange": "token",
     "policy.approve": "approval",
+    "list": "list",
+    "erase": "erase",
 }
 
 _PARAMETER = re.compile(r"\{([a-z_]+)\}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,57 @@ class ReplayPreviewResponse(_Envelope):
     """`POST .../replay-preview`."""
 
     preview: SessionReplayPreview
+    decision: DecisionTrace
+
+
+class SessionSummary(_Envelope):
+    """One session of a workspace's list: its stored record's version and digest, no content."""
+
+    session_id: str
+    version: int | None = Field(
+        description="the stored record's version number; null while versions are not kept"
+    )
+    state_digest: str | None = Field(
+        description="the stored record's state digest (its ETag); null when the record does "
+        "not read (`GET .../state` reports it as corrupt)"
+    )
+    updated_at: str | None = Field(
+        description="RFC 3339: when the record was last written; null for a record last "
+        "written before the service kept it"
+    )
+    expires_at: str | None = Field(
+        description="RFC 3339: when the idle record expires; null: it does not"
+    )
+    lineage: dict[str, Any] | None = Field(
+        description="where the record was forked from; null for a record never forked"
+    )
+
+
+class SessionListResponse(_Envelope):
+    """`GET .../workspaces/{workspace_id}/sessions`: a page of the workspace's sessions, in
+    session-id order."""
+
+    sessions: list[SessionSummary]
+    next_cursor: str | None = Field(description="the `cursor` of the next page; null on the last")
+    decision: DecisionTrace
+
+
+class WorkspaceErasureResponse(_Envelope):
+    """`DELETE .../workspaces/{workspace_id}/sessions`: what the workspace's erasure did, each
+    session erased with its own receipt on the tenant's chain."""
+
+    sessions_erased: int = Field(ge=0, description="sessions erased by this request")
+    sessions_refused: int = Field(
+        ge=0, description="sessions the policy refused to erase (each refusal is an entry)"
+    )
+    sessions_changed: int = Field(
+        ge=0,
+        description="sessions written while they were being erased, so not erased: repeat "
+        "the request to erase them",
+    )
+    complete: bool = Field(
+        description="true when no session of the workspace was left stored by this request"
+    )
     decision: DecisionTrace
 
 
@@ -165,6 +216,16 @@ class ProblemDocument(_Envelope):
     errors: list[FieldError] | None = None
     decision: DecisionTrace | None = None
     write_report: SessionStateWriteReport | None = None
+    erased_at: str | None = Field(
+        default=None, description="`session_state_erased`: RFC 3339, when it was erased"
+    )
+    erasure_decision_id: str | None = Field(
+        default=None,
+        description="`session_state_erased`: the decision whose entry is the erasure's receipt",
+    )
+    erasure_reason: str | None = Field(
+        default=None, description="`session_state_erased`: why (`requested`)"
+    )
 
 
 class Health(_Envelope):

@@ -21,13 +21,14 @@ from typing import Any
 from opentelemetry.trace import SpanContext
 
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, index_puts
-from service.decisions.record_writes import RecordWrites, StateWrite
+from service.decisions.record_writes import RecordWrites, StateErase, StateWrite
 from service.decisions.revisions import SummaryCache, SummaryUpdate
 from store.backends.contract import LaneBatch, Lanes
 from store.chain.append import ChainExtension
 from store.chain.entry import SealedEntry
 from store.chain.head import ChainHead
 from store.key_codec import LaneKey
+from store.session_data import Erasure
 from store.session_state import StoredVersion
 
 
@@ -39,6 +40,7 @@ class QueuedEntry:
     status: int = 0  # the answer's; a write's is decided at commit, by its precondition
     approval_id: str | None = None
     write: StateWrite | None = None
+    erase: StateErase | None = None
     puts: list[tuple[LaneKey, bytes | None]] = field(default_factory=list)  # None: delete
     # Set when the entry is committed (or failed), or when the lead is handed to this request.
     wake: threading.Event = field(default_factory=threading.Event)
@@ -51,16 +53,25 @@ class QueuedEntry:
         """Committed (`entry`) or failed (`error`)."""
         return self.entry is not None or self.error is not None
 
+    @property
+    def change(self) -> StateWrite | StateErase | None:
+        """The session record this entry writes or erases, if any."""
+        return self.write or self.erase
+
     def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
-        """The entry's outcome, built here only. Any entry but a write is applied exactly
-        when it has keys to store; a write, when its precondition holds against the stored
-        version at commit (201 created, 200 replaced), else it is 412 and not applied."""
-        if self.write is None or stored is None:
+        """The entry's outcome, built here only. Any entry but a write or erasure is applied
+        exactly when it has keys to store; a write, when its precondition holds against the
+        stored version at commit (201 created, 200 replaced); an erasure, 204 when it holds,
+        applied when something was stored; else either is 412 and not applied."""
+        change = self.change
+        if change is None or stored is None:
             status, applied = self.status, bool(self.puts)
-        elif self.write.precondition.holds(stored):
+        elif not change.precondition.holds(stored):
+            status, applied = 412, False
+        elif self.write is not None:
             status, applied = (201 if stored.version is None else 200), True
         else:
-            status, applied = 412, False
+            status, applied = 204, stored.version is not None
         return DecisionOutcome(status=status, applied=applied, approval_id=self.approval_id)
 
 
@@ -121,12 +132,19 @@ def plan_batch(
     chains: dict[str, ChainExtension] = {}
     entries: list[SealedEntry] = []
     for item in queued:
-        write = item.write
-        outcome = item.outcome(None if write is None else records.version(write))
-        if write is not None and outcome.applied:
-            records.write(write)
-        changes.extend(item.puts)
+        change = item.change
+        outcome = item.outcome(None if change is None else records.version(change.scope))
         body = item.body
+        if item.write is not None and outcome.applied:
+            records.write(item.write, recorded_at)
+        if item.erase is not None and outcome.applied:
+            erasure = Erasure(
+                erased_at=recorded_at,
+                erasure_decision_id=body.decision.decision_id,
+                erasure_reason=item.erase.reason,
+            )
+            records.erase(item.erase.scope, erasure)
+        changes.extend(item.puts)
         if body.chain not in chains:
             chains[body.chain] = ChainExtension(body.chain, head(body.chain))
         (sealed,) = chains[body.chain].seal(

@@ -59,7 +59,7 @@ from service.decisions.batch_plan import BatchPlan, QueuedEntry, plan_batch
 from service.decisions.group_commit import GroupCommits, GroupCommitsClosed
 from service.decisions.known_heads import KnownHeads
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, decision_id_key
-from service.decisions.record_writes import StateWrite
+from service.decisions.record_writes import StateErase, StateWrite
 from service.decisions.recovery import StoreRecovery
 from service.decisions.revisions import SummaryCache
 from service.observability import tracing
@@ -224,6 +224,19 @@ class DecisionJournal:
         return WriteResult(
             applied=outcome.applied, created=outcome.status == 201, entry=pending.entry
         )
+
+    def record_erase(self, body: DecisionEntryBody, erase: StateErase) -> WriteResult:
+        """Erase the session if erase's precondition holds at commit, with its entry (the
+        erasure's receipt), in one batch.
+
+        The entry's outcome is set here: 204, applied when something was stored (the
+        session's data deleted, its tombstone left), or 412 and not applied when the
+        stored version is not the one the erasure was decided on.
+        """
+        pending = self._submit(QueuedEntry(body, erase=erase))
+        assert pending.entry is not None
+        outcome = DecisionOutcome.model_validate(pending.entry["outcome"])
+        return WriteResult(applied=outcome.applied, created=False, entry=pending.entry)
 
     def find(self, chain: str, decision_id: str) -> dict[str, Any] | None:
         """The entry of a decision id on a chain, through the index written with it."""

@@ -2,8 +2,8 @@
 
 `authorize` makes one for every decision a request gets; the request then
 settles it in one of three ways, and only the first counts: with the effect its
-decision allowed (an approval granted or revoked), with a durable write (whose
-outcome the journal decides at commit), or, when the answer leaves without
+decision allowed (an approval granted or revoked), with a durable write or an
+erasure (whose outcome the journal decides at commit), or, when the answer leaves without
 either, with the answer's status alone. A decision that cannot be kept is
 dropped with the request (nothing was done, and the log cannot take it now).
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 from service.decisions.journal import DecisionJournal, WriteResult
 from service.decisions.log import DecisionEntryBody
+from service.decisions.record_writes import StateErase
 from store.key_codec import LaneKey
 from store.record.state_record import SessionStateRecord
 from store.session_state import Precondition
@@ -59,6 +60,11 @@ class PendingDecision:
         """Keep the decision with the durable write it allowed, if the precondition holds."""
         self._settle()
         return journal.record_write(self.body, record, precondition)
+
+    def record_erase(self, journal: DecisionJournal, erase: StateErase) -> WriteResult:
+        """Keep the decision with the erasure it allowed, if the precondition holds."""
+        self._settle()
+        return journal.record_erase(self.body, erase)
 
     def drop(self) -> None:
         """Forget the decision: the request did nothing, and the log cannot take it now."""

@@ -1,11 +1,17 @@
-"""`RecordWrites`: the session records a batch of the journal writes, each by its precondition.
+"""`RecordWrites`: the session records a batch of the journal writes or erases, each by its
+precondition.
 
-A write's precondition is decided against the stored state as the batch leaves
-it so far: two writes of one session in one batch see each other, the second
-against the record the first wrote. What the store held when the batch first
-read a session is what its commit expects, so a record another process wrote
-meanwhile is never lost: the commit fails (`ExpectationFailed`), nothing is
-written, and the journal decides the batch again.
+A write's or erasure's precondition is decided against the stored state as the
+batch leaves it so far: two changes of one session in one batch see each other,
+the second against what the first left. What the store held when the batch
+first read a session is what its commit expects, so a record another process
+wrote meanwhile is never lost: the commit fails (`ExpectationFailed`), nothing
+is written, and the journal decides the batch again.
+
+A write stores the record and the session's meta key (`updated_at`, the batch's
+time; it replaces a tombstone). An erasure deletes every key of the session in
+`store.session_data.SESSION_DATA_LANES` (those stored, and those this batch
+put) and leaves the tombstone in the meta key.
 """
 
 from __future__ import annotations
@@ -14,8 +20,18 @@ from dataclasses import dataclass
 
 from store.backends.contract import LaneBatch, Lanes
 from store.canonical import canonical_json
-from store.key_codec import LaneKey
+from store.key_codec import LaneKey, scope_prefix
 from store.record.state_record import SessionStateRecord
+from store.scope import TenantScope
+from store.session_data import (
+    SESSION_DATA_LANES,
+    Erasure,
+    ErasureReason,
+    erased_meta,
+    meta_key,
+    session_data_keys,
+    written_meta,
+)
 from store.session_state import (
     NOTHING_STORED,
     PARSED_RECORDS,
@@ -33,20 +49,33 @@ class StateWrite:
     record: SessionStateRecord
     precondition: Precondition
 
+    @property
+    def scope(self) -> TenantScope:
+        return self.record.scope
+
+
+@dataclass
+class StateErase:
+    """A session to erase if its precondition holds against the version stored."""
+
+    scope: TenantScope
+    precondition: Precondition
+    reason: ErasureReason = "requested"
+
 
 class RecordWrites:
-    """The records one batch writes, with what its commit expects each replaced one to be."""
+    """The records one batch writes or erases, with what its commit expects each to be."""
 
     def __init__(self, lanes: Lanes) -> None:
         self._lanes = lanes
         self._versions: dict[bytes, StoredVersion] = {}  # each session as the batch leaves it
         self._expected: dict[bytes, tuple[LaneKey, bytes | None]] = {}  # as first read
-        self._puts: list[tuple[LaneKey, bytes]] = []
+        self._changes: list[tuple[LaneKey, bytes | None]] = []  # in order; None deletes
         self._written: list[tuple[SessionStateRecord, bytes]] = []
+        self._erased: list[TenantScope] = []
 
-    def version(self, write: StateWrite) -> StoredVersion:
-        """What the write's record replaces as the batch leaves it so far."""
-        scope = write.record.scope
+    def version(self, scope: TenantScope) -> StoredVersion:
+        """What the session holds as the batch leaves it so far."""
         key = state_key(scope)
         encoded = key.encode()
         if encoded not in self._versions:
@@ -57,23 +86,44 @@ class RecordWrites:
             )
         return self._versions[encoded]
 
-    def write(self, write: StateWrite) -> None:
+    def write(self, write: StateWrite, recorded_at: str) -> None:
         """Store the write's record: its precondition held against `version`."""
-        key = state_key(write.record.scope)
+        key = state_key(write.scope)
         value = canonical_json(write.record.to_json())
-        self._puts.append((key, value))
+        self._changes += [(key, value), (meta_key(write.scope), written_meta(recorded_at))]
         self._written.append((write.record, value))
         self._versions[key.encode()] = StoredVersion(
             write.record.state_digest, write.record.summary
         )
 
+    def erase(self, scope: TenantScope, erasure: Erasure) -> None:
+        """Delete the session's data and leave its tombstone: its precondition held."""
+        deleted = {key.encode(): key for key in session_data_keys(self._lanes, scope)}
+        prefixes = tuple(
+            scope_prefix(lane, scope.tenant_id, scope.workspace_id, scope.session_id)
+            for lane in SESSION_DATA_LANES
+        )
+        for key, _ in self._changes:  # what this batch put there so far goes too
+            if key.encode().startswith(prefixes):
+                deleted[key.encode()] = key
+        self._changes += [(key, None) for key in deleted.values()]
+        self._changes.append((meta_key(scope), erased_meta(erasure)))
+        self._versions[state_key(scope).encode()] = NOTHING_STORED
+        self._erased.append(scope)
+
     def add_to(self, batch: LaneBatch) -> None:
         for key, stored in self._expected.values():
             batch.expect(key, stored)
-        for key, value in self._puts:
-            batch.put(key, value)
+        for key, value in self._changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
 
     def committed(self) -> None:
-        """The batch committed: remember each record as written, for the next read of it."""
+        """The batch committed: remember each record as written, for the next read of it,
+        and forget each erased one."""
+        for scope in self._erased:
+            PARSED_RECORDS.forget(scope)
         for record, encoded in self._written:
             PARSED_RECORDS.remember(record, encoded)

@@ -11,10 +11,10 @@ or, by the app when the answer leaves, the status of the request.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 from flask import Response, current_app, g, request
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from service.api.reasons import Reason
 from service.approvals.model import Approval
@@ -23,18 +23,21 @@ from service.context import ServiceContext
 from service.decisions.journal import WriteResult
 from service.decisions.log import entry_body
 from service.decisions.pending import PendingDecision
+from service.decisions.record_writes import StateErase
 from service.http.problems import Problem
 from service.policy.gate import PolicyGate
-from service.policy.input import PolicyAction, PolicyExchange, PolicyTarget
+from service.policy.input import PolicyAction, PolicyErasure, PolicyExchange, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from store.key_codec import LaneKey
 from store.record.reports import SessionStateWriteReport
 from store.record.state_record import SessionStateRecord
+from store.record.violations import UNKNOWN_PARAMETER, violations_of
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
 
 CONTEXT_KEY = "sessionstate"
+Q = TypeVar("Q", bound=BaseModel)
 WriteReportOf = Callable[[DecisionTrace], SessionStateWriteReport]
 """What a refused write or preview reports, from the decision that refused it."""
 
@@ -61,6 +64,16 @@ def session_scope(tenant_id: str, workspace_id: str, session_id: str) -> TenantS
     return TenantScope(tenant_id=tenant_id, workspace_id=workspace_id, session_id=session_id)
 
 
+def query_of(model: type[Q]) -> Q:
+    """The query string as `model`, or 422 naming what breaks its rules (never a value)."""
+    try:
+        return model.model_validate(request.args.to_dict())
+    except ValidationError as error:
+        # An unknown parameter is reported as one, never by its name.
+        violations = violations_of(error, model, prefix=("query",), unknown=UNKNOWN_PARAMETER)
+        raise Problem(Reason.VALIDATION_FAILED, errors=violations) from None
+
+
 def target_of(scope: TenantScope) -> PolicyTarget:
     return PolicyTarget(
         tenant_id=scope.tenant_id, workspace_id=scope.workspace_id, session_id=scope.session_id
@@ -80,6 +93,7 @@ def authorize(
     approval: Approval | None = None,
     write_report: WriteReportOf | None = None,
     exchange: PolicyExchange | None = None,
+    erasure: PolicyErasure | None = None,
     authenticated: bool = True,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
@@ -99,7 +113,13 @@ def authorize(
         ctx.rate_limit_log.note(actor, refusal, action, target)
         raise RateLimited(refusal)
     trace, policy_input, shadow = ctx.gate.decide(
-        action, actor, target, record=record, approval=approval, exchange=exchange
+        action,
+        actor,
+        target,
+        record=record,
+        approval=approval,
+        exchange=exchange,
+        erasure=erasure,
     )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target, peer=peer)
@@ -108,6 +128,26 @@ def authorize(
     g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor, shadow))
     PolicyGate.enforce(trace, write_report=None if write_report is None else write_report(trace))
     return trace
+
+
+def authorize_within(
+    action: PolicyAction, actor: Actor, target: PolicyTarget, *, erasure: PolicyErasure
+) -> PendingDecision | None:
+    """A decision of its own within a request `authorize` admitted (one session of a
+    workspace's erasure): the actor's rate limits are not charged again. It allows: its
+    pending decision, to be kept with its effect; it denies: kept (403), and None; the
+    engine did not decide: kept (503), and its refusal raised."""
+    ctx = context()
+    trace, policy_input, shadow = ctx.gate.decide(action, actor, target, erasure=erasure)
+    pending = PendingDecision(entry_body(trace, policy_input, actor, shadow))
+    if trace.allow:
+        return pending
+    denied = not (trace.engine_unavailable or trace.engine_refused or trace.decision_undefined)
+    pending.record(ctx.journal, 403 if denied else 503)
+    if denied:
+        return None
+    PolicyGate.enforce(trace)
+    raise AssertionError("a decision that neither allows nor denies was enforced")
 
 
 def pending_decision() -> PendingDecision | None:
@@ -143,6 +183,11 @@ def journal_effect(
 def journal_write(record: SessionStateRecord, precondition: Precondition) -> WriteResult:
     """Commit a durable write and its decision entry together."""
     return _allowed().record_write(context().journal, record, precondition)
+
+
+def journal_erase(erase: StateErase) -> WriteResult:
+    """Commit an erasure and its decision entry, the erasure's receipt, together."""
+    return _allowed().record_erase(context().journal, erase)
 
 
 def _allowed() -> PendingDecision:

@@ -35,6 +35,7 @@ from service.rate_limits import RateLimited
 from store.backends.contract import StoreOffline, StoreOutcomeUnknown
 from store.record.reports import SessionStateWriteReport
 from store.record.violations import FieldViolation
+from store.session_data import Erasure
 
 PROBLEM_TYPE_BASE = "urn:sessionstate:problem:"
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="sessionstate"'}
@@ -77,6 +78,7 @@ class Problem(Exception):
         decision: DecisionTrace | None = None,
         write_report: SessionStateWriteReport | None = None,
         headers: Mapping[str, str] | None = None,
+        erasure: Erasure | None = None,
     ) -> None:
         super().__init__(code or reason.value)
         self.kind = reason
@@ -86,6 +88,7 @@ class Problem(Exception):
         self.decision = decision
         self.write_report = write_report
         self.headers = dict(headers or {})
+        self.erasure = erasure
         if reason.retry_after is not None:
             self.headers.setdefault("Retry-After", str(reason.retry_after))
 
@@ -103,6 +106,8 @@ class Problem(Exception):
             body["decision"] = self.decision.model_dump(mode="json")
         if self.write_report is not None:
             body["write_report"] = self.write_report.model_dump(mode="json")
+        if self.erasure is not None:  # the tombstone's members: no content, no input
+            body |= self.erasure.model_dump(mode="json")
         return body
 
     def detail(self) -> str:

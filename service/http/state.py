@@ -75,7 +75,7 @@ def put_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     """Write the sanitized record durably, if the policy and the preconditions allow."""
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
-    precondition = _precondition()
+    precondition = request_precondition()
     record, base = _record_from_body(scope)
     approval = context().approvals.covering(scope, context().clock())
     trace = authorize(
@@ -115,7 +115,7 @@ def get_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     trace = authorize("read", actor, target_of(scope))
     report = context().states.read(scope)
     if report is None:
-        raise Problem(Reason.SESSION_STATE_NOT_FOUND, decision=trace)
+        raise nothing_stored(scope, trace)
     if report.redacted_error is not None:
         context().metrics.corrupt_reads.labels(report.redacted_error.value).inc()
     response = json_response(SessionStateReadResponse(read_report=report, decision=trace))
@@ -133,7 +133,7 @@ def replay_preview(tenant_id: str, workspace_id: str, session_id: str) -> Respon
     trace = authorize("replay", actor, target_of(scope))
     report = context().states.read(scope)
     if report is None:
-        raise Problem(Reason.SESSION_STATE_NOT_FOUND, decision=trace)
+        raise nothing_stored(scope, trace)
     planner = context().planner
     if report.record is None:
         label = report.redacted_error.value if report.redacted_error else "session_state_corrupt"
@@ -142,6 +142,15 @@ def replay_preview(tenant_id: str, workspace_id: str, session_id: str) -> Respon
     else:
         preview = planner.preview(report.record, ask.max_inputs)
     return json_response(ReplayPreviewResponse(preview=preview, decision=trace))
+
+
+def nothing_stored(scope: TenantScope, trace: DecisionTrace) -> Problem:
+    """The 404 of a session without a record: `session_state_erased` with its tombstone's
+    members when it was erased (and not written since), else `session_state_not_found`."""
+    erasure = context().states.erasure(scope)
+    if erasure is None:
+        return Problem(Reason.SESSION_STATE_NOT_FOUND, decision=trace)
+    return Problem(Reason.SESSION_STATE_ERASED, decision=trace, erasure=erasure)
 
 
 def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, StoredVersion]:
@@ -161,7 +170,8 @@ def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, StoredVer
     return record, base
 
 
-def _precondition() -> Precondition:
+def request_precondition() -> Precondition:
+    """The request's `If-Match` or `If-None-Match`; 400 invalid_precondition if malformed."""
     if_match = request.headers.get(IF_MATCH)
     if_none_match = request.headers.get(IF_NONE_MATCH)
     if if_match is not None and if_none_match is not None:

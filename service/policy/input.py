@@ -32,6 +32,9 @@ PolicyAction = Literal[
     "decisions.read",
     "token.exchange",
     "policy.approve",
+    # the session lifecycle: a workspace's sessions listed, a session (or workspace) erased
+    "list",
+    "erase",
 ]
 Role = Literal["model-service", "operator", "auditor"]
 
@@ -163,6 +166,26 @@ class PolicyActivationAsk(_Strict):
     )
 
 
+class PolicyErasure(_Strict):
+    """`erase` of a session: what the erasure would delete, and why; no content. The
+    entry that keeps it is the erasure's receipt."""
+
+    reason: Literal["requested"] = Field(description="requested: a caller asked for it")
+    versions: int = Field(
+        ge=0, description="the session's stored records it deletes (0: nothing is stored)"
+    )
+    state_digest: str | None = Field(
+        max_length=160,
+        description="the stored record's state digest (a corrupt one's `error_digest`); "
+        "null when nothing is stored",
+    )
+    workspace_decision_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="with a workspace's erasure: the decision that allowed it; else null",
+    )
+
+
 class PolicyInput(_Strict):
     """The whole `input` document of every sessionstate decision."""
 
@@ -182,6 +205,12 @@ class PolicyInput(_Strict):
         default=None,
         exclude_if=lambda value: value is None,
         description="`policy.approve` only: the revision approved; absent otherwise",
+    )
+    erasure: PolicyErasure | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="`erase` of a session only: what it erases; absent otherwise (and for "
+        "a workspace's erasure, whose sessions are each decided with their own)",
     )
 
 

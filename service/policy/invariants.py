@@ -49,7 +49,7 @@ SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a d
 # (tests/policy/test_policy_invariants.py holds these to the files).
 SHIPPED_DIGESTS = {
     "no_cross_session_read": "1d62014fa5c7c43fbaf25125fe2e9384de2636a39c833392b4dd0e8e9b91364d",
-    "no_cross_tenant_allow": "fa64fe24c3c38804e3a6b3a254413c83b8cd7fad42de60dee02125e80d87dd8c",
+    "no_cross_tenant_allow": "811cf70b294ea1ec93569320606d20b460459b67e7b47fa89c35e10040517186",
     "no_write_without_approval": "d33e2f5313b02833ccd76ebbd17651eb2369dd8d0203f94b3841cfd9d5394cc1",
 }
 MAX_EXAMPLES = 200

@@ -36,6 +36,7 @@ _ROLE_OF: dict[str, Role] = {
     "policy.approve": "operator",
 }
 _WITH_RECORD = ("write", "preview")
+_WORKSPACE_WIDE = ("list",)  # of a whole workspace: asked with a workspace's token
 
 
 def representative_inputs(tenants: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -122,13 +123,25 @@ def _activation(**changes: Any) -> dict[str, Any]:
     }
 
 
+def _erasure(**changes: Any) -> dict[str, Any]:
+    return {
+        "reason": "requested",
+        "versions": 1,
+        "state_digest": "sha256:" + "ab" * 32,
+        "workspace_decision_id": None,
+        **changes,
+    }
+
+
 def allowed_input(action: PolicyAction, tenant: str) -> dict[str, Any]:
     """The input of `action` at `tenant`'s session that every gate would allow."""
     return _base(action, tenant)
 
 
 def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
-    scope = _scope(tenant)
+    scope: dict[str, str | None] = {**_scope(tenant)}
+    if action in _WORKSPACE_WIDE:
+        scope["session_id"] = None
     actor: dict[str, Any] = {"sub": "svc-1", "roles": [_ROLE_OF.get(action, "model-service")]}
     actor |= scope if action != "token.exchange" else {**scope, "session_id": None}
     return {
@@ -141,6 +154,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
         "record": _record() if action in _WITH_RECORD else None,
         **({"exchange": _exchange()} if action == "token.exchange" else {}),
         **({"activation": _activation()} if action == "policy.approve" else {}),
+        **({"erasure": _erasure()} if action == "erase" else {}),
     }
 
 
@@ -173,6 +187,9 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
             _activation(approver_vouched_by="this_host"),
         ):
             yield {**base, "activation": activation}
+    if action == "erase":
+        for erasure in (None, _erasure(versions=0, state_digest=None)):
+            yield {**base, "erasure": erasure}
     if action == "token.exchange":
         for field, info in PolicyExchange.model_fields.items():
             for word in get_args(info.annotation):

@@ -39,6 +39,9 @@ What the operations promise:
   failed). A latched store refuses writes (`StoreUnwritable`, nothing done)
   until `reopen()` has succeeded, so a writer that caches what it wrote (the
   journal's chain heads) reads it again first.
+- `expunge` after a batch that deleted keys makes their values gone from the store's
+  files where the engine keeps copies of them (LevelDB's tables and log), so an
+  erasure leaves no bytes of what it erased behind.
 - Lanes with no tenant component are keys too. A batch may mix tenants: on a
   store of one process (LevelDB) the journal's batches do (every tenant's chain
   shares one batch), while a store that declares `one_tenant_per_transaction`
@@ -168,6 +171,19 @@ class Lanes(LaneView, Protocol):
     @property
     def writable(self) -> bool:
         """False from a latching write failure until a successful `reopen()`."""
+        ...
+
+    def expunge(self, lane: TenantResourceLane, *scope: str) -> bool:
+        """Make what was deleted under lane and the leading scope components gone from the
+        store's own files, as far as the engine can: an erasure's bytes, after its batch.
+
+        LevelDB rewrites the files that held the range (and its write-ahead log), so no
+        copy of a deleted value stays on disk; False when a read that began before the
+        deletion kept a snapshot of it all the while (nothing is lost: call it again).
+        PostgreSQL has nothing more to do once the rows are deleted: True (their dead
+        tuples and WAL are the server's; docs/compliance.md says what that means).
+        Raises `StoreOffline` (or `StoreUnwritable`) when it cannot be done now.
+        """
         ...
 
 

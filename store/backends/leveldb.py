@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import takewhile
@@ -74,6 +75,8 @@ from store.key_codec import (
 # Reopening replays the write-ahead log into a new table: room for the logs, and a margin.
 REOPEN_MARGIN_BYTES = 4 * 1024 * 1024
 READER_WAIT_SECONDS = 10.0
+# Past every key under a prefix: a key's tail after its scope is at most 256 bytes.
+_PAST_EVERY_KEY = b"\xff" * 257
 DIRECTORY = "leveldb"  # its directory under a data dir
 
 
@@ -128,6 +131,9 @@ class LevelDBLaneStore:
         # Readers in flight, so a reopen never closes the database under one of them.
         self._gate = threading.Condition()
         self._readers = 0
+        # Readers by the epoch they began in: an expunge waits for those before its own.
+        self._epoch = 0
+        self._readers_in: Counter[int] = Counter()
         self._reopening = False
         # Writes of this handle, one at a time: a batch's `expect` is checked and its
         # writes land with no other write of this process in between.
@@ -197,12 +203,16 @@ class LevelDBLaneStore:
             if self._reopening or self._db.closed:
                 raise StoreOffline("the store is being reopened or is closed")
             self._readers += 1
+            epoch = self._epoch
+            self._readers_in[epoch] += 1
         try:
             yield self._db
         finally:
             with self._gate:
                 self._readers -= 1
-                if not self._readers:
+                self._readers_in[epoch] -= 1
+                if not self._readers_in[epoch]:
+                    del self._readers_in[epoch]
                     self._gate.notify_all()
 
     def get(self, key: LaneKey) -> bytes | None:
@@ -276,6 +286,35 @@ class LevelDBLaneStore:
                     batch.write()
                 except Exception as error:
                     self._latch(error, sync, before)
+
+    def expunge(self, lane: TenantResourceLane, *scope: str) -> bool:
+        """Rewrite the tables that hold the range under lane and scope, so that no value
+        deleted in it stays in a file: a range compaction drops a deleted value only where
+        it meets its deletion, which a flushed memtable's table may hold beside it at the
+        bottom (never compacted again), so the range is compacted twice, each time after
+        deletions of two keys that bracket it (no key is ever stored at either) so that
+        its tables are pushed down through every level that holds the range. The write-
+        ahead log goes with the flushed memtable. A snapshot keeps what it sees: the
+        readers that began before this call are waited for (at most READER_WAIT_SECONDS;
+        False when one still reads then: what it kept stays until the next expunge)."""
+        low = scope_prefix(lane, *scope)
+        high = low + _PAST_EVERY_KEY
+        with self._gate:
+            self._epoch += 1
+            epoch = self._epoch
+            settled = self._gate.wait_for(
+                lambda: all(began >= epoch for began in self._readers_in),
+                timeout=READER_WAIT_SECONDS,
+            )
+        for _ in range(2):
+            with self._writing(True) as db:
+                brackets = db.write_batch(sync=True)
+                brackets.delete(low)
+                brackets.delete(high)
+                brackets.write()
+            with self._reading() as db:
+                db.compact_range(start=low, stop=high)
+        return settled
 
     @contextmanager
     def exclusive(self, key: LaneKey) -> Iterator[None]:

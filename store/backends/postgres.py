@@ -446,6 +446,13 @@ class PostgresLaneStore:
                 self.connection_retries += 1
                 self._pool.check()
 
+    def expunge(self, lane: TenantResourceLane, *scope: str) -> bool:
+        """Nothing more to do: the batch deleted the rows. Their dead tuples stay in the
+        table's pages until VACUUM reclaims them and new rows overwrite them, and the
+        deleted rows' images in the WAL until its segments are recycled (docs/compliance.md)."""
+        self._check_writable()
+        return True
+
     # -- recovery ------------------------------------------------------------
 
     def room_to_reopen(self) -> bool:

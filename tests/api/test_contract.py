@@ -47,7 +47,7 @@ def test_every_v1_route_is_an_openapi_operation_and_back() -> None:
     served = {(method, path) for method, path in app_routes() if path.startswith("/v1")}
     described = {(method, path) for method, path in document_operations() if path.startswith("/v1")}
     assert served == described
-    assert len(served) == 13
+    assert len(served) == 16
 
 
 def test_the_methods_the_front_lets_through_are_exactly_those_some_route_serves() -> None:
@@ -90,6 +90,9 @@ CALLS: dict[str, Callable[[SessionStateClient], Any]] = {
     "put_state": lambda c: c.put_state(SCOPE, {}, if_none_match=True),
     "get_state": lambda c: c.get_state(SCOPE),
     "replay_preview": lambda c: c.replay_preview(SCOPE, 4),
+    "erase": lambda c: c.erase(SCOPE),
+    "list_sessions": lambda c: c.list_sessions("tenant-a", "ws-1", limit=2),
+    "erase_workspace": lambda c: c.erase_workspace("tenant-a", "ws-1"),
     "grant_approval": lambda c: c.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 60}),
     "list_approvals": lambda c: c.list_approvals("tenant-a", "ws-1"),
     "revoke_approval": lambda c: c.revoke_approval("tenant-a", "ws-1", "appr_" + "0" * 24),

@@ -256,6 +256,12 @@ CALLS: dict[str, tuple[Callable[[Any], Any], ...]] = {
     "get_state": (lambda c: c.get_state(SCOPE),),
     "exchange_token": (lambda c: c.exchange_token("subject.token.jwt", SCOPE),),
     "replay_preview": (lambda c: c.replay_preview(SCOPE, 4),),
+    "erase": (lambda c: c.erase(SCOPE), lambda c: c.erase(SCOPE, if_match="sha256:" + "0" * 64)),
+    "list_sessions": (
+        lambda c: c.list_sessions("tenant-a", "ws-1"),
+        lambda c: c.list_sessions("tenant-a", "ws-1", limit=2, cursor="abc"),
+    ),
+    "erase_workspace": (lambda c: c.erase_workspace("tenant-a", "ws-1"),),
     "grant_approval": (lambda c: c.grant_approval("tenant-a", "ws-1", {"ttl_seconds": 60}),),
     "list_approvals": (lambda c: c.list_approvals("tenant-a", "ws-1"),),
     "revoke_approval": (lambda c: c.revoke_approval("tenant-a", "ws-1", "appr_" + "0" * 24),),

@@ -270,6 +270,56 @@ def test_a_long_scan_from_a_start_pages_on_from_it(lanes: Lanes) -> None:
     )
 
 
+def test_an_expunge_keeps_every_key_and_leaves_the_deleted_ones_deleted(lanes: Lanes) -> None:
+    lane = TenantResourceLane.SESSION_STATE
+    erased, kept = (LaneKey(lane, "tenant-a", "ws-1", session) for session in ("s-1", "s-2"))
+    for written in (erased, kept):
+        lanes.put(written, CANARY.encode())
+    with lanes.batch() as batch:
+        batch.delete(erased)
+    assert lanes.expunge(lane, "tenant-a", "ws-1", "s-1") is True
+    assert lanes.get(erased) is None
+    assert lanes.get(kept) == CANARY.encode()
+    assert [found for found, _ in lanes.scan(lane, "tenant-a")] == [kept]
+
+
+def test_leveldb_s_expunge_leaves_no_erased_byte_in_its_files(tmp_path: Path) -> None:
+    """Whatever level its tables are at: written once, rewritten under other keys' writes."""
+    store = LevelDBLaneStore(tmp_path / "db")
+    lane = TenantResourceLane.SESSION_STATE
+    erased = LaneKey(lane, "tenant-a", "ws-1", "s-1")
+    for round_ in range(3):
+        store.put(erased, f"{CANARY}-{round_}".encode())
+        for n in range(2000):
+            store.put(LaneKey(lane, "tenant-a", "ws-1", f"o-{n}"), b"x" * 40, sync=False)
+        assert store.expunge(lane, "tenant-a", "ws-2")  # pushes tables down, erases nothing
+    with store.batch() as batch:
+        batch.delete(erased)
+    assert store.expunge(lane, "tenant-a", "ws-1", "s-1")
+    files = [path for path in (tmp_path / "db").iterdir() if path.is_file()]
+    assert not [path for path in files if CANARY.encode() in path.read_bytes()]
+    assert store.get(LaneKey(lane, "tenant-a", "ws-1", "o-7")) == b"x" * 40
+    store.close()
+
+
+def test_leveldb_s_expunge_says_so_when_an_older_read_keeps_a_snapshot(tmp_path: Path) -> None:
+    store = LevelDBLaneStore(tmp_path / "db")
+    lane = TenantResourceLane.SESSION_STATE
+    erased = LaneKey(lane, "tenant-a", "ws-1", "s-1")
+    store.put(erased, CANARY.encode())
+    reading = store.scan(lane)
+    next(reading)  # a read under way, begun before the erasure: its snapshot holds the value
+    store.delete(erased)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("store.backends.leveldb.READER_WAIT_SECONDS", 0)
+        assert store.expunge(lane, "tenant-a", "ws-1", "s-1") is False
+    reading.close()
+    assert store.expunge(lane, "tenant-a", "ws-1", "s-1") is True
+    files = [path for path in (tmp_path / "db").iterdir() if path.is_file()]
+    assert not [path for path in files if CANARY.encode() in path.read_bytes()]
+    store.close()
+
+
 def test_count_counts_a_lane_across_tenants(lanes: Lanes) -> None:
     keys = _sample_keys()
     with lanes.batch() as batch:

@@ -35,11 +35,13 @@ from sessionstate_client.models import (
     PolicyRevisionsResponse,
     Readiness,
     ReplayPreviewResponse,
+    SessionListResponse,
     SessionStateInput,
     SessionStateReadResponse,
     SessionStateResponse,
     TenantScope,
     TokenExchangeResponse,
+    WorkspaceErasureResponse,
 )
 from sessionstate_client.retries import RetryPolicy, parse_retry_after, retried
 
@@ -101,7 +103,7 @@ def put_state(
         raise ValueError("send If-Match or If-None-Match, not both")
     headers = {}
     if if_match is not None:
-        headers[contract.IF_MATCH] = if_match if if_match.startswith('"') else f'"{if_match}"'
+        headers[contract.IF_MATCH] = _quoted(if_match)
     if if_none_match:
         headers[contract.IF_NONE_MATCH] = "*"
     return Call(
@@ -122,6 +124,32 @@ def replay_preview(scope: TenantScope, max_inputs: int | None) -> Call[ReplayPre
     body = {} if max_inputs is None else {"max_inputs": max_inputs}
     path = _session(contract.REPLAY_PREVIEW, scope)
     return Call("POST", path, _reads(ReplayPreviewResponse), content=_encode(body))
+
+
+def erase(scope: TenantScope, if_match: str | None) -> Call[str]:
+    """`DELETE S/state`: safe to repeat (erasing nothing stored answers 204 too)."""
+    headers = {} if if_match is None else {contract.IF_MATCH: _quoted(if_match)}
+    path = _session(contract.STATE, scope)
+    return Call("DELETE", path, _decision_id, headers=headers, ok=(204,))
+
+
+# --- a workspace's sessions, for model services with a workspace's token and operators ----
+
+
+def list_sessions(
+    tenant_id: str, workspace_id: str, limit: int | None, cursor: str | None
+) -> Call[SessionListResponse]:
+    params = {} if limit is None else {"limit": str(limit)}
+    if cursor is not None:
+        params["cursor"] = cursor
+    path = _workspace(contract.SESSIONS, tenant_id, workspace_id)
+    return Call("GET", path, _reads(SessionListResponse), params=params)
+
+
+def erase_workspace(tenant_id: str, workspace_id: str) -> Call[WorkspaceErasureResponse]:
+    """`DELETE .../sessions`: safe to repeat, and a repeat finishes an interrupted one."""
+    path = _workspace(contract.SESSIONS, tenant_id, workspace_id)
+    return Call("DELETE", path, _reads(WorkspaceErasureResponse))
 
 
 # --- session tokens, for model services serving many sessions -----------------------------
@@ -303,6 +331,11 @@ def _session(path: str, scope: TenantScope) -> str:
         workspace_id=scope.workspace_id,
         session_id=scope.session_id,
     )
+
+
+def _quoted(etag: str) -> str:
+    """A state digest as `If-Match` sends it, quoted (once)."""
+    return etag if etag.startswith('"') else f'"{etag}"'
 
 
 def _workspace(path: str, tenant_id: str, workspace_id: str, **more: str) -> str:

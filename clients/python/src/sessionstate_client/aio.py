@@ -30,10 +30,12 @@ from sessionstate_client.models import (
     PolicyRevisionsResponse,
     Readiness,
     ReplayPreviewResponse,
+    SessionListResponse,
     SessionStateReadResponse,
     SessionStateResponse,
     TenantScope,
     TokenExchangeResponse,
+    WorkspaceErasureResponse,
 )
 from sessionstate_client.retries import RetryPolicy
 
@@ -143,6 +145,31 @@ class AsyncSessionStateClient:
         and this client's own token is not sent. `SessionTokens` calls it for a session.
         """
         return await self._run(calls.exchange_token(subject_token, scope))
+
+    # --- a workspace's sessions, and erasure --------------------------------------------
+
+    async def list_sessions(
+        self,
+        tenant_id: str,
+        workspace_id: str,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> SessionListResponse:
+        """`GET .../sessions`: a page of the workspace's stored sessions (a workspace's token,
+        or an operator's); `cursor` is the previous page's `next_cursor`."""
+        return await self._run(calls.list_sessions(tenant_id, workspace_id, limit, cursor))
+
+    async def erase(self, scope: TenantScope, *, if_match: str | None = None) -> str:
+        """`DELETE S/state` (204): the session erased, with every record kept of it (also
+        when nothing is stored). `if_match`: only that state digest. Returns the decision
+        id, whose entry is the erasure's receipt."""
+        return await self._run(calls.erase(scope, if_match))
+
+    async def erase_workspace(self, tenant_id: str, workspace_id: str) -> WorkspaceErasureResponse:
+        """`DELETE .../sessions` (an operator's): every session of the workspace erased, each
+        with its own receipt; repeat it to finish one that was cut off."""
+        return await self._run(calls.erase_workspace(tenant_id, workspace_id))
 
     # --- approvals, for operators --------------------------------------------------------
 

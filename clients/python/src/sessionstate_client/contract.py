@@ -17,6 +17,7 @@ STATE = SESSION + "/state"
 STATE_PREVIEW = SESSION + "/state/preview"
 REPLAY_PREVIEW = SESSION + "/replay-preview"
 APPROVALS = WORKSPACE + "/approvals"
+SESSIONS = WORKSPACE + "/sessions"
 APPROVAL = APPROVALS + "/{approval_id}"
 DECISIONS = "/v1/decisions"
 DECISIONS_VERIFY = DECISIONS + "/verify"
@@ -52,6 +53,8 @@ PolicyAction = Literal[
     "decisions.read",
     "token.exchange",
     "policy.approve",
+    "list",
+    "erase",
 ]
 """What a decision is about (the decision log's `action` filter)."""
 

@@ -214,6 +214,13 @@ class StoreOutcomeUnknown(SessionStateError):
         return text
 
 
+class ErasureIncomplete(StoreOutcomeUnknown):
+    """503 `erasure_incomplete`: the session is erased (`decision_id` names its receipt),
+    but a read older than the erasure kept its bytes in the store's files. An erasure is
+    safe to repeat, and a repeat removes them: it is retried, and raised after the retries.
+    A `StoreOutcomeUnknown` for its `decision_id` only: here the outcome is known."""
+
+
 class TokenKeysUnavailable(SessionStateError):
     """503 `token_keys_unavailable`: the identity provider's keys could not be fetched to
     verify the token; nothing was done."""
@@ -256,6 +263,7 @@ BY_503_REASON: dict[str, type[SessionStateError]] = {
     "decision_log_behind_signed_head": DecisionLogBehindSignedHead,
     "store_unavailable": StoreUnavailable,
     "store_outcome_unknown": StoreOutcomeUnknown,
+    "erasure_incomplete": ErasureIncomplete,
     "token_keys_unavailable": TokenKeysUnavailable,
 }
 """The reasons of a 503, each with its own exception (the service's `Reason`s of status 503)."""
@@ -283,9 +291,9 @@ def error_from_response(response: httpx.Response, *, attempts: int = 1) -> Sessi
             attempts=attempts,
             retry_after=retry_after,
         )
-    if kind is StoreOutcomeUnknown:
+    if kind is StoreOutcomeUnknown or kind is ErasureIncomplete:
         decision_id = response.headers.get(DECISION_ID_HEADER) or None
-        return StoreOutcomeUnknown(
+        return kind(
             status,
             reason,
             problem,

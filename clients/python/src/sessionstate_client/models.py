@@ -158,6 +158,8 @@ class DecisionTrace(_Response):
         "decisions.read",
         "token.exchange",
         "policy.approve",
+        "list",
+        "erase",
         "policy.activate",
     ] = Field(
         description="the policy action decided; `policy.activate` for a policy activation (the `~system` chain)"
@@ -565,6 +567,16 @@ class ProblemDocument(_Response):
     errors: list[FieldError] | None = None
     decision: DecisionTrace | None = None
     write_report: SessionStateWriteReport | None = None
+    erased_at: str | None = Field(
+        default=None, description="`session_state_erased`: RFC 3339, when it was erased"
+    )
+    erasure_decision_id: str | None = Field(
+        default=None,
+        description="`session_state_erased`: the decision whose entry is the erasure's receipt",
+    )
+    erasure_reason: str | None = Field(
+        default=None, description="`session_state_erased`: why (`requested`)"
+    )
 
 
 class StoreReadiness(_Response):
@@ -677,6 +689,37 @@ class ReplayPreviewResponse(_Response):
     """`POST .../replay-preview`."""
 
     preview: SessionReplayPreview
+    decision: DecisionTrace
+
+
+class SessionSummary(_Response):
+    """One session of a workspace's list: its stored record's version and digest, no content."""
+
+    session_id: str
+    version: int | None = Field(
+        description="the stored record's version number; null while versions are not kept"
+    )
+    state_digest: str | None = Field(
+        description="the stored record's state digest (its ETag); null when the record does not read (`GET .../state` reports it as corrupt)"
+    )
+    updated_at: str | None = Field(
+        description="RFC 3339: when the record was last written; null for a record last written before the service kept it"
+    )
+    expires_at: str | None = Field(
+        description="RFC 3339: when the idle record expires; null: it does not"
+    )
+    lineage: dict[str, Any] | None = Field(
+        description="where the record was forked from; null for a record never forked"
+    )
+
+
+class SessionListResponse(_Response):
+    """`GET .../workspaces/{workspace_id}/sessions`: a page of the workspace's sessions, in
+    session-id order.
+    """
+
+    sessions: list[SessionSummary]
+    next_cursor: str | None = Field(description="the `cursor` of the next page; null on the last")
     decision: DecisionTrace
 
 
@@ -910,6 +953,16 @@ class TokenErrorDocument(_Response):
     errors: list[FieldError] | None = None
     decision: DecisionTrace | None = None
     write_report: SessionStateWriteReport | None = None
+    erased_at: str | None = Field(
+        default=None, description="`session_state_erased`: RFC 3339, when it was erased"
+    )
+    erasure_decision_id: str | None = Field(
+        default=None,
+        description="`session_state_erased`: the decision whose entry is the erasure's receipt",
+    )
+    erasure_reason: str | None = Field(
+        default=None, description="`session_state_erased`: why (`requested`)"
+    )
     error: Literal[
         "invalid_request",
         "invalid_target",
@@ -952,5 +1005,25 @@ class TokenExchangeResponse(_Response):
     token_type: Literal["Bearer"] = Field(default="Bearer")
     expires_in: Annotated[int, Field(ge=1)] = Field(
         description="seconds the token lives: never beyond the subject token's `exp`"
+    )
+    decision: DecisionTrace
+
+
+class WorkspaceErasureResponse(_Response):
+    """`DELETE .../workspaces/{workspace_id}/sessions`: what the workspace's erasure did, each
+    session erased with its own receipt on the tenant's chain.
+    """
+
+    sessions_erased: Annotated[int, Field(ge=0)] = Field(
+        description="sessions erased by this request"
+    )
+    sessions_refused: Annotated[int, Field(ge=0)] = Field(
+        description="sessions the policy refused to erase (each refusal is an entry)"
+    )
+    sessions_changed: Annotated[int, Field(ge=0)] = Field(
+        description="sessions written while they were being erased, so not erased: repeat the request to erase them"
+    )
+    complete: bool = Field(
+        description="true when no session of the workspace was left stored by this request"
     )
     decision: DecisionTrace
