@@ -19,6 +19,7 @@ class TenantResourceLane(StrEnum):
     """Kinds of tenant resources, each a key range of its own."""
 
     SESSION_STATE = "session_state"
+    SESSION_VERSION = "session_version"  # every applied write's record, numbered per session
     APPROVAL_PACKET = "approval_packet"
     APPROVAL_INDEX = "approval_index"  # approvals in force, by session and expiry
     TRACE_EVIDENCE = "trace_evidence"

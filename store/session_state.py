@@ -14,17 +14,20 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json, sha256_digest
+from store.chain.head import format_timestamp
 from store.key_codec import LaneKey, TenantResourceLane
 from store.record.blockers import Blocker, CorruptionLabel
 from store.record.reports import SessionStateReadReport
 from store.record.state_record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
 from store.record.validation import record_blockers
 from store.scope import TenantScope
+from store.version_lane import VERSIONS_KEPT_DEFAULT, VersionLine, VersionSummary, change
 
 MAX_WRITE_ROUNDS = 64  # reads of a record that others keep changing before giving up
 
@@ -162,8 +165,11 @@ class SessionStateStore:
         record: SessionStateRecord,
         precondition: Precondition = Precondition(),
         also: Sequence[tuple[LaneKey, bytes]] = (),
+        *,
+        kept: int = VERSIONS_KEPT_DEFAULT,
     ) -> StoredWrite:
-        """Store record if precondition holds on the stored version, with `also` in one batch."""
+        """Store record if precondition holds on the stored version, with `also` in one batch,
+        and keep it as the session's next version (at most `kept` of them)."""
         blockers = record_blockers(record)
         if blockers:
             raise ValueError("refusing to store a record with blockers: " + ", ".join(blockers))
@@ -177,12 +183,25 @@ class SessionStateStore:
                 if not precondition.holds(current):
                     raise PreconditionFailed
                 encoded = canonical_json(record.to_json())
+                replaced = None if stored is None else (stored, current.version or "")
+                line = VersionLine.read(self._lanes, record.scope, replaced)
+                summary = VersionSummary(
+                    version=line.next_version,
+                    state_digest=record.state_digest,
+                    written_at=format_timestamp(datetime.now(UTC)),
+                    decision_id=None,
+                )
                 try:
                     with self._lanes.batch(sync=True) as batch:
                         batch.expect(key, stored)
+                        batch.expect(line.next_key, None)
                         batch.put(key, encoded)
                         for extra_key, value in also:
                             batch.put(extra_key, value)
+                        for version, kept_value in line.changes(
+                            self._lanes, summary, encoded, kept=kept
+                        ):
+                            change(batch, version, kept_value)
                 except ExpectationFailed:
                     continue  # written meanwhile by another process: decide again on that
                 PARSED_RECORDS.remember(record, encoded)
@@ -194,14 +213,21 @@ def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionSt
     """Parse stored bytes for scope, failing closed to a redacted corrupt report."""
     record, label = _parse(scope, stored)
     if label is not None:
-        return SessionStateReadReport(
-            key_digest=key_digest,
-            record=None,
-            corrupt=True,
-            redacted_error=label,
-            error_digest=sha256_digest(stored),
-        )
+        return corrupt_report(key_digest, stored, label)
     return SessionStateReadReport(key_digest=key_digest, record=record, corrupt=False)
+
+
+def corrupt_report(
+    key_digest: str, stored: bytes, label: CorruptionLabel
+) -> SessionStateReadReport:
+    """Stored bytes that are no good record: a label and their digest, never the bytes."""
+    return SessionStateReadReport(
+        key_digest=key_digest,
+        record=None,
+        corrupt=True,
+        redacted_error=label,
+        error_digest=sha256_digest(stored),
+    )
 
 
 def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> StoredVersion:

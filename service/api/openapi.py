@@ -35,8 +35,12 @@ from service.api.v1 import (
     RETRY_AFTER,
     STATE,
     STATE_PREVIEW,
+    STATE_REWIND,
+    STATE_VERSION,
+    STATE_VERSIONS,
     parameters,
 )
+from service.api.versions import RewindRequest, VersionsQuery
 from service.api.wire import (
     ApprovalListResponse,
     ApprovalResponse,
@@ -50,6 +54,7 @@ from service.api.wire import (
     ReplayPreviewResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
 )
 from service.approvals.model import ApprovalGrantInput
 from service.auth.session_tokens import JsonWebKeySet
@@ -100,6 +105,9 @@ OPERATIONS = [
     Operation("post", STATE_PREVIEW, "state", "Preview the sanitized record and what a write would do; never writes", SessionStateInput, 200, SessionStateResponse, AUTHED + WITH_BODY),
     Operation("put", STATE, "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (*AUTHED, 412, *WITH_BODY)),
     Operation("get", STATE, "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
+    Operation("get", STATE_VERSIONS, "state", "List the session's versions, newest first", None, 200, SessionVersionsResponse, (*AUTHED, 404, 422), VersionsQuery),
+    Operation("get", STATE_VERSION, "state", "Read one kept version of the record, as the current one is read", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
+    Operation("post", STATE_REWIND, "state", "Write a kept version's record as the session's next version (If-Match required)", RewindRequest, 200, SessionStateResponse, (*AUTHED, 404, 409, 412, 428, *WITH_BODY)),
     Operation("post", REPLAY_PREVIEW, "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
     Operation("post", APPROVALS, "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
     Operation("get", APPROVALS, "approvals", "List active approvals", None, 200, ApprovalListResponse, AUTHED),

@@ -45,6 +45,7 @@ class QueuedEntry:
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
     link: SpanContext | None = None  # the request's commit span, which the batch's links to
+    version: int | None = None  # an applied write's: the version its record is, once planned
 
     @property
     def settled(self) -> bool:
@@ -123,8 +124,11 @@ def plan_batch(
     for item in queued:
         write = item.write
         outcome = item.outcome(None if write is None else records.version(write))
+        item.version = None
         if write is not None and outcome.applied:
-            records.write(write)
+            item.version = records.write(
+                write, decision_id=item.body.decision.decision_id, written_at=recorded_at
+            )
         changes.extend(item.puts)
         body = item.body
         if body.chain not in chains:

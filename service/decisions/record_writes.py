@@ -6,6 +6,11 @@ against the record the first wrote. What the store held when the batch first
 read a session is what its commit expects, so a record another process wrote
 meanwhile is never lost: the commit fails (`ExpectationFailed`), nothing is
 written, and the journal decides the batch again.
+
+Each record written is kept as its session's next version too (`store.version_lane`),
+named by the decision that allowed it and the batch's time, and the versions beyond the
+newest the write keeps are dropped, in the same batch; the commit expects the next
+version's number, as first read, to be free.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from store.session_state import (
     state_key,
     stored_version,
 )
+from store.version_lane import VERSIONS_KEPT_DEFAULT, VersionLine, VersionSummary, change
 
 
 @dataclass
@@ -32,6 +38,7 @@ class StateWrite:
 
     record: SessionStateRecord
     precondition: Precondition
+    kept: int = VERSIONS_KEPT_DEFAULT  # the session's versions kept, this one among them
 
 
 class RecordWrites:
@@ -41,7 +48,8 @@ class RecordWrites:
         self._lanes = lanes
         self._versions: dict[bytes, StoredVersion] = {}  # each session as the batch leaves it
         self._expected: dict[bytes, tuple[LaneKey, bytes | None]] = {}  # as first read
-        self._puts: list[tuple[LaneKey, bytes]] = []
+        self._lines: dict[bytes, VersionLine] = {}  # each session's versions as left so far
+        self._puts: list[tuple[LaneKey, bytes | None]] = []  # None: delete
         self._written: list[tuple[SessionStateRecord, bytes]] = []
 
     def version(self, write: StateWrite) -> StoredVersion:
@@ -52,26 +60,39 @@ class RecordWrites:
         if encoded not in self._versions:
             stored = self._lanes.get(key)
             self._expected[encoded] = (key, stored)
-            self._versions[encoded] = (
-                NOTHING_STORED if stored is None else stored_version(scope, key, stored)
-            )
+            version = NOTHING_STORED if stored is None else stored_version(scope, key, stored)
+            self._versions[encoded] = version
+            replaced = None if stored is None else (stored, version.version or "")
+            line = VersionLine.read(self._lanes, scope, replaced)
+            self._lines[encoded] = line
+            self._expected[line.next_key.encode()] = (line.next_key, None)
         return self._versions[encoded]
 
-    def write(self, write: StateWrite) -> None:
-        """Store the write's record: its precondition held against `version`."""
+    def write(self, write: StateWrite, *, decision_id: str, written_at: str) -> int:
+        """Store the write's record (its precondition held against `version`) as its
+        session's next version, allowed by `decision_id` at `written_at`; that number."""
         key = state_key(write.record.scope)
         value = canonical_json(write.record.to_json())
+        line = self._lines[key.encode()]
+        summary = VersionSummary(
+            version=line.next_version,
+            state_digest=write.record.state_digest,
+            written_at=written_at,
+            decision_id=decision_id,
+        )
         self._puts.append((key, value))
+        self._puts += line.changes(self._lanes, summary, value, kept=write.kept)
         self._written.append((write.record, value))
         self._versions[key.encode()] = StoredVersion(
             write.record.state_digest, write.record.summary
         )
+        return summary.version
 
     def add_to(self, batch: LaneBatch) -> None:
         for key, stored in self._expected.values():
             batch.expect(key, stored)
         for key, value in self._puts:
-            batch.put(key, value)
+            change(batch, key, value)
 
     def committed(self) -> None:
         """The batch committed: remember each record as written, for the next read of it."""

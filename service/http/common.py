@@ -11,10 +11,10 @@ or, by the app when the answer leaves, the status of the request.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
 from flask import Response, current_app, g, request
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from service.api.reasons import Reason
 from service.approvals.model import Approval
@@ -25,16 +25,18 @@ from service.decisions.log import entry_body
 from service.decisions.pending import PendingDecision
 from service.http.problems import Problem
 from service.policy.gate import PolicyGate
-from service.policy.input import PolicyAction, PolicyExchange, PolicyTarget
+from service.policy.input import PolicyAction, PolicyExchange, PolicyRewind, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from store.key_codec import LaneKey
 from store.record.reports import SessionStateWriteReport
 from store.record.state_record import SessionStateRecord
+from store.record.violations import UNKNOWN_PARAMETER, violations_of
 from store.scope import TenantScope, is_scope_id
 from store.session_state import Precondition
 
 CONTEXT_KEY = "sessionstate"
+Q = TypeVar("Q", bound=BaseModel)
 WriteReportOf = Callable[[DecisionTrace], SessionStateWriteReport]
 """What a refused write or preview reports, from the decision that refused it."""
 
@@ -67,6 +69,16 @@ def target_of(scope: TenantScope) -> PolicyTarget:
     )
 
 
+def query_args(model: type[Q]) -> Q:
+    """The query string as model, or 422 listing the broken rules (an unknown parameter is
+    reported as one, never by its name)."""
+    try:
+        return model.model_validate(request.args.to_dict())
+    except ValidationError as error:
+        violations = violations_of(error, model, prefix=("query",), unknown=UNKNOWN_PARAMETER)
+        raise Problem(Reason.VALIDATION_FAILED, errors=violations) from None
+
+
 def json_response(body: BaseModel, status: int = 200) -> Response:
     return Response(body.model_dump_json(), status=status, mimetype="application/json")
 
@@ -80,6 +92,7 @@ def authorize(
     approval: Approval | None = None,
     write_report: WriteReportOf | None = None,
     exchange: PolicyExchange | None = None,
+    rewind: PolicyRewind | None = None,
     authenticated: bool = True,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
@@ -99,7 +112,13 @@ def authorize(
         ctx.rate_limit_log.note(actor, refusal, action, target)
         raise RateLimited(refusal)
     trace, policy_input, shadow = ctx.gate.decide(
-        action, actor, target, record=record, approval=approval, exchange=exchange
+        action,
+        actor,
+        target,
+        record=record,
+        approval=approval,
+        exchange=exchange,
+        rewind=rewind,
     )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target, peer=peer)
@@ -141,8 +160,10 @@ def journal_effect(
 
 
 def journal_write(record: SessionStateRecord, precondition: Precondition) -> WriteResult:
-    """Commit a durable write and its decision entry together."""
-    return _allowed().record_write(context().journal, record, precondition)
+    """Commit a durable write and its decision entry together, the record as the session's
+    next version."""
+    kept = context().settings.state_versions_kept
+    return _allowed().record_write(context().journal, record, precondition, kept=kept)
 
 
 def _allowed() -> PendingDecision:

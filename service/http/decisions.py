@@ -11,10 +11,8 @@ What the log holds is read through the context's `DecisionLogReader`.
 from __future__ import annotations
 
 from contextlib import suppress
-from typing import TypeVar
 
-from flask import Blueprint, Response, request
-from pydantic import BaseModel, ValidationError
+from flask import Blueprint, Response
 
 from service.api.reasons import Reason
 from service.api.v1 import (
@@ -37,7 +35,7 @@ from service.auth.tokens import Actor
 from service.decisions import revisions
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.decisions.reader import FoundEntry
-from service.http.common import authenticate, authorize, context, json_response
+from service.http.common import authenticate, authorize, context, json_response, query_args
 from service.http.problems import Problem
 from service.policy.input import PolicyTarget
 from service.policy.trace import DecisionTrace
@@ -45,19 +43,9 @@ from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import ChainCorrupt
 from store.chain.full_walk import FullWalk, last_full_walk, record_full_walk
 from store.chain.signed_head import Verified, resumed_checkpoint
-from store.record.violations import UNKNOWN_PARAMETER, FieldViolation, violations_of
+from store.record.violations import FieldViolation
 
 bp = Blueprint("decisions", __name__)
-Q = TypeVar("Q", bound=BaseModel)
-
-
-def _query(model: type[Q]) -> Q:
-    try:
-        return model.model_validate(request.args.to_dict())
-    except ValidationError as error:
-        # An unknown parameter is reported as one, never by its name.
-        violations = violations_of(error, model, prefix=("query",), unknown=UNKNOWN_PARAMETER)
-        raise Problem(Reason.VALIDATION_FAILED, errors=violations) from None
 
 
 def chain_status(tenant: str, *, full: bool = False) -> tuple[Verified, FullWalk | None]:
@@ -108,7 +96,7 @@ def decision_entry(actor: Actor, decision_id: str) -> tuple[DecisionTrace, Found
 @bp.get(DECISIONS)
 def list_decisions() -> Response:
     actor = authenticate()
-    query = _query(DecisionQuery)
+    query = query_args(DecisionQuery)
     trace, tenant = audit_decision(actor, query.tenant_id)
     page = context().decision_log.page(tenant, query)
     body = DecisionListResponse(
@@ -122,7 +110,7 @@ def verify_decisions() -> Response:
     """Verify the tenant's chain (from the last verified head, or `?full=true` all of it);
     when it holds, hand out a signed checkpoint of that head, naming the tenant."""
     actor = authenticate()
-    full = _query(VerifyQuery).full == "true"
+    full = query_args(VerifyQuery).full == "true"
     trace, tenant = audit_decision(actor)
     # A checkpoint vouches for a head that verified; a broken chain gets none.
     verified, last_walk = chain_status(tenant, full=full)
@@ -152,7 +140,7 @@ def verify_decisions() -> Response:
 def export_decisions() -> Response:
     """NDJSON, one OPA-style decision log event a line, with our entry beside it."""
     actor = authenticate()
-    query = _query(DecisionQuery)
+    query = query_args(DecisionQuery)
     trace, tenant = audit_decision(actor, query.tenant_id)
     headers = {DECISION_ID_HEADER: trace.decision_id}
     if "limit" in query.model_fields_set:  # one page; without a limit, everything after the cursor
@@ -169,7 +157,7 @@ def policy_revisions() -> Response:
     """Which policy revisions decided for the tenant, first and last decision, counts by
     action: a few summary keys, kept by the journal, never a walk of the log."""
     actor = authenticate()
-    trace, tenant = audit_decision(actor, _query(RevisionsQuery).tenant_id)
+    trace, tenant = audit_decision(actor, query_args(RevisionsQuery).tenant_id)
     lanes = context().lanes
     body = PolicyRevisionsResponse(
         tenant_id=tenant,

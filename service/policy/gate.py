@@ -29,6 +29,7 @@ from service.policy.input import (
     PolicyDeployment,
     PolicyExchange,
     PolicyInput,
+    PolicyRewind,
     PolicyTarget,
     record_summary,
 )
@@ -67,6 +68,7 @@ class PolicyGate:
         record: SessionStateRecord | None = None,
         approval: Approval | None = None,
         exchange: PolicyExchange | None = None,
+        rewind: PolicyRewind | None = None,
     ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
         """The decision, the input it was made on, and with a shadow policy set what that
         would have decided (the decision log keeps all three)."""
@@ -79,6 +81,7 @@ class PolicyGate:
             approval=None if approval is None else approval.to_policy(),
             record=None if record is None else record_summary(record),
             exchange=exchange,
+            rewind=rewind,
         )
         encoded = EncodedInput.of(policy_input)  # the same bytes to the live and the shadow OPA
         question = None if self.shadow is None else self.shadow.ask(encoded)

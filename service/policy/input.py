@@ -20,6 +20,7 @@ from store.record.inputs import TaskProfile
 from store.record.state_record import SessionStateRecord
 from store.record.validation import record_blockers
 from store.scope import ScopeId
+from store.version_lane import MAX_VERSION
 
 PolicyAction = Literal[
     "preview",
@@ -32,6 +33,9 @@ PolicyAction = Literal[
     "decisions.read",
     "token.exchange",
     "policy.approve",
+    # Versions and rewind (`sessionstate.history`, `sessionstate.rewind`).
+    "history",
+    "rewind",
 ]
 Role = Literal["model-service", "operator", "auditor"]
 
@@ -163,6 +167,13 @@ class PolicyActivationAsk(_Strict):
     )
 
 
+class PolicyRewind(_Strict):
+    """`rewind`: the version restored, and the version it replaces (the current one)."""
+
+    restored_version: int = Field(ge=1, le=MAX_VERSION, description="`to_version` of the request")
+    replaced_version: int = Field(ge=1, le=MAX_VERSION, description="the current version")
+
+
 class PolicyInput(_Strict):
     """The whole `input` document of every sessionstate decision."""
 
@@ -182,6 +193,11 @@ class PolicyInput(_Strict):
         default=None,
         exclude_if=lambda value: value is None,
         description="`policy.approve` only: the revision approved; absent otherwise",
+    )
+    rewind: PolicyRewind | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="`rewind` only: the version restored; absent otherwise",
     )
 
 

@@ -48,9 +48,9 @@ SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a d
 # deleted or edited there refuses every set until this release's code says otherwise
 # (tests/policy/test_policy_invariants.py holds these to the files).
 SHIPPED_DIGESTS = {
-    "no_cross_session_read": "1d62014fa5c7c43fbaf25125fe2e9384de2636a39c833392b4dd0e8e9b91364d",
-    "no_cross_tenant_allow": "fa64fe24c3c38804e3a6b3a254413c83b8cd7fad42de60dee02125e80d87dd8c",
-    "no_write_without_approval": "d33e2f5313b02833ccd76ebbd17651eb2369dd8d0203f94b3841cfd9d5394cc1",
+    "no_cross_session_read": "812d79de0d1628111ae433a3497392400255568a78cde5ea319eded498285d81",
+    "no_cross_tenant_allow": "ee7ca90c37153fd3bdf9ce5f38a657b8717571bd725f4e76207284dc2aec081c",
+    "no_write_without_approval": "b9a2816b734a8da20a972744b6e3e335f49fc91966b4413948846d6fcba61c54",
 }
 MAX_EXAMPLES = 200
 MAX_SHRINK_EVALUATIONS = 150

@@ -7,7 +7,7 @@ tenant (`TENANTS`, and the tenants a candidate's tenant settings name), one inpu
 would allow, then that input changed one part at a time: the actor's roles and scope (the
 target's session, its workspace, its tenant only, another tenant's, none), the approval (none,
 expired, revoked, another workspace's), the record (none, one with blockers), the deployment's
-durable writes, each word of a token exchange, and who stands behind a policy activation. Not every input: only what a gate is
+durable writes, each word of a token exchange, who stands behind a policy activation, and a rewind that names no version. Not every input: only what a gate is
 likely to turn on. `service.policy.invariants` samples many more.
 """
 
@@ -35,7 +35,7 @@ _ROLE_OF: dict[str, Role] = {
     "decisions.read": "auditor",
     "policy.approve": "operator",
 }
-_WITH_RECORD = ("write", "preview")
+_WITH_RECORD = ("write", "preview", "rewind")
 
 
 def representative_inputs(tenants: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -98,6 +98,9 @@ def _record(profile: TaskProfile = "coding", **changes: Any) -> dict[str, Any]:
     }
 
 
+_REWIND = {"restored_version": 2, "replaced_version": 5}
+
+
 def _exchange(**changes: str) -> dict[str, str]:
     return {
         "form": "valid",
@@ -141,6 +144,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
         "record": _record() if action in _WITH_RECORD else None,
         **({"exchange": _exchange()} if action == "token.exchange" else {}),
         **({"activation": _activation()} if action == "policy.approve" else {}),
+        **({"rewind": _REWIND} if action == "rewind" else {}),
     }
 
 
@@ -173,6 +177,8 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
             _activation(approver_vouched_by="this_host"),
         ):
             yield {**base, "activation": activation}
+    if action == "rewind":
+        yield {**base, "rewind": None}
     if action == "token.exchange":
         for field, info in PolicyExchange.model_fields.items():
             for word in get_args(info.annotation):
