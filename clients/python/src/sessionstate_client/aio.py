@@ -32,6 +32,7 @@ from sessionstate_client.models import (
     ReplayPreviewResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
     TenantScope,
     TokenExchangeResponse,
 )
@@ -127,6 +128,23 @@ class AsyncSessionStateClient:
         Raises `NotFound` when nothing is stored.
         """
         return await self._run(calls.get_state(scope))
+
+    async def versions(
+        self, scope: TenantScope, *, limit: int | None = None, cursor: str | None = None
+    ) -> SessionVersionsResponse:
+        """`GET S/state/versions`: one page of the session's versions, newest first."""
+        return await self._run(calls.versions(scope, limit, cursor))
+
+    async def read_version(self, scope: TenantScope, version: int) -> SessionStateReadResponse:
+        """`GET S/state/versions/{version}`: a kept version, read as the current one is."""
+        return await self._run(calls.read_version(scope, version))
+
+    async def rewind(
+        self, scope: TenantScope, to_version: int, *, if_match: str
+    ) -> SessionStateResponse:
+        """`POST S/state/rewind`: version `to_version`'s record as the next version, if the
+        current one is still `if_match` (its state digest)."""
+        return await self._run(calls.rewind(scope, to_version, if_match))
 
     async def replay_preview(
         self, scope: TenantScope, max_inputs: int | None = None
