@@ -40,7 +40,7 @@ from service.api.v1 import (
     STATE_VERSIONS,
     parameters,
 )
-from service.api.versions import RewindRequest, VersionsQuery
+from service.api.version_requests import RewindRequest, VersionsQuery
 from service.api.wire import (
     ApprovalListResponse,
     ApprovalResponse,

@@ -15,7 +15,7 @@ from flask import Blueprint, Response
 
 from service.api.reasons import Reason
 from service.api.v1 import STATE_REWIND, STATE_VERSION, STATE_VERSIONS, VERSION, flask_rule
-from service.api.versions import RewindRequest, VersionsQuery, next_cursor
+from service.api.version_requests import RewindRequest, VersionsQuery, next_cursor
 from service.api.wire import SessionVersionsResponse
 from service.auth.tokens import Actor
 from service.http.body import json_body
