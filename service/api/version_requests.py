@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from service.decisions.query import decode_cursor, encode_cursor
+from store.record.bounds import JsonInt
 from store.version_lane import MAX_VERSION
 
 MAX_VERSIONS_PAGE = 100
@@ -57,8 +58,8 @@ def _below(cursor: str) -> int | None:
 class RewindRequest(BaseModel):
     """The body of `POST .../state/rewind`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
 
-    to_version: int = Field(
-        ge=1, le=MAX_VERSION, strict=True, description="the kept version whose record to restore"
+    to_version: JsonInt = Field(
+        ge=1, le=MAX_VERSION, description="the kept version whose record to restore"
     )

@@ -32,7 +32,6 @@ from service.http.problems import Problem
 from service.http.state import read_answer, refused_write, required_if_match, write_answer
 from service.policy.input import PolicyRewind
 from store.scope import TenantScope
-from store.version_lane import MAX_VERSION
 
 bp = Blueprint("versions", __name__)
 
@@ -103,7 +102,8 @@ def _refuse_missing(
 
 
 def _version_number(text: str) -> int:
-    """A version number from the path, or 400."""
-    if VERSION.fullmatch(text) is None or int(text) > MAX_VERSION:
+    """A version number from the path, or 400 (one above any a session reaches is not kept:
+    404 once decided)."""
+    if VERSION.fullmatch(text) is None:
         raise Problem(Reason.INVALID_VERSION)
     return int(text)
