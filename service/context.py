@@ -38,6 +38,7 @@ from store.backends.contract import Lanes, drops_log_tail, reachable, takes_writ
 from store.chain.signed_head import SignedHeads
 from store.digests import DigestKey
 from store.session_state import SessionStateStore
+from store.session_versions import SessionVersions
 
 log = logging.getLogger("sessionstate.store")
 
@@ -52,6 +53,7 @@ class ServiceContext:
     lanes: Lanes
     store: StoreTarget
     states: SessionStateStore
+    versions: SessionVersions  # each session's records, numbered (store.session_versions)
     approvals: ApprovalStore
     planner: SessionReplayPlanner
     gate: PolicyGate
@@ -127,6 +129,7 @@ class ServiceContext:
             lanes=lanes,
             store=store,
             states=SessionStateStore(lanes),
+            versions=SessionVersions(lanes),
             approvals=ApprovalStore(lanes),
             planner=SessionReplayPlanner(),
             gate=gate,

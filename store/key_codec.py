@@ -20,6 +20,7 @@ class TenantResourceLane(StrEnum):
 
     SESSION_STATE = "session_state"
     SESSION_META = "session_meta"  # per session: when last written, or its erasure's tombstone
+    SESSION_VERSION = "session_version"  # every applied write's record, numbered per session
     APPROVAL_PACKET = "approval_packet"
     APPROVAL_INDEX = "approval_index"  # approvals in force, by session and expiry
     TRACE_EVIDENCE = "trace_evidence"

@@ -22,7 +22,10 @@ from store.canonical import canonical_json
 from store.key_codec import LaneKey, TenantResourceLane
 from store.scope import TenantScope
 
-SESSION_DATA_LANES: tuple[TenantResourceLane, ...] = (TenantResourceLane.SESSION_STATE,)
+SESSION_DATA_LANES: tuple[TenantResourceLane, ...] = (
+    TenantResourceLane.SESSION_STATE,
+    TenantResourceLane.SESSION_VERSION,
+)
 """Every lane holding a session's data, keyed by tenant, workspace and session."""
 
 ErasureReason = Literal["requested"]

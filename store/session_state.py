@@ -14,12 +14,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from itertools import islice
 
 from pydantic import ValidationError
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
 from store.canonical import canonical_json, sha256_digest
+from store.chain.head import format_timestamp
 from store.key_codec import LaneKey, TenantResourceLane
 from store.record.blockers import Blocker, CorruptionLabel
 from store.record.reports import SessionStateReadReport
@@ -27,6 +29,13 @@ from store.record.state_record import NO_COMPACTED_TURNS, CompactedTurns, Sessio
 from store.record.validation import record_blockers
 from store.scope import TenantScope
 from store.session_data import Erasure, SessionMeta, parsed_meta, read_meta
+from store.version_lane import (
+    VERSIONS_KEPT_DEFAULT,
+    VersionLine,
+    VersionSummary,
+    change,
+    newest_number,
+)
 
 MAX_WRITE_ROUNDS = 64  # reads of a record that others keep changing before giving up
 
@@ -93,6 +102,7 @@ class ListedSession:
     scope: TenantScope
     report: SessionStateReadReport
     meta: SessionMeta | None
+    version: int  # the record's: its newest version's number (1: written before versions)
 
 
 class PreconditionFailed(Exception):
@@ -177,7 +187,8 @@ class SessionStateStore:
     ) -> tuple[list[ListedSession], bool]:
         """Up to `limit` of the workspace's stored sessions after session `after`, in key
         order, and whether more follow. Two seeks within the workspace's range (records,
-        then their meta keys): its cost follows the page, not the store."""
+        then their meta keys) and one per session listed (its newest version, in the
+        session's own range): its cost follows the page, not the store."""
         lane, meta_lane = TenantResourceLane.SESSION_STATE, TenantResourceLane.SESSION_META
         start = None if after is None else LaneKey(lane, tenant, workspace, after, b"\x00")
         found = list(islice(self._lanes.scan(lane, tenant, workspace, start=start), limit + 1))
@@ -199,7 +210,8 @@ class SessionStateStore:
         for key, stored in page:
             scope = TenantScope(tenant_id=tenant, workspace_id=workspace, session_id=key.session)
             report = read_report(scope, key.digest(), stored)
-            listed.append(ListedSession(scope, report, metas.get(key.session)))
+            version = newest_number(self._lanes, scope)
+            listed.append(ListedSession(scope, report, metas.get(key.session), version))
         return listed, len(found) > limit
 
     def base(self, scope: TenantScope) -> StoredVersion:
@@ -213,8 +225,11 @@ class SessionStateStore:
         record: SessionStateRecord,
         precondition: Precondition = Precondition(),
         also: Sequence[tuple[LaneKey, bytes]] = (),
+        *,
+        kept: int = VERSIONS_KEPT_DEFAULT,
     ) -> StoredWrite:
-        """Store record if precondition holds on the stored version, with `also` in one batch."""
+        """Store record if precondition holds on the stored version, with `also` in one batch,
+        and keep it as the session's next version (at most `kept` of them)."""
         blockers = record_blockers(record)
         if blockers:
             raise ValueError("refusing to store a record with blockers: " + ", ".join(blockers))
@@ -228,12 +243,25 @@ class SessionStateStore:
                 if not precondition.holds(current):
                     raise PreconditionFailed
                 encoded = canonical_json(record.to_json())
+                replaced = None if stored is None else (stored, current.version or "")
+                line = VersionLine.read(self._lanes, record.scope, replaced)
+                summary = VersionSummary(
+                    version=line.next_version,
+                    state_digest=record.state_digest,
+                    written_at=format_timestamp(datetime.now(UTC)),
+                    decision_id=None,
+                )
                 try:
                     with self._lanes.batch(sync=True) as batch:
                         batch.expect(key, stored)
+                        batch.expect(line.next_key, None)
                         batch.put(key, encoded)
                         for extra_key, value in also:
                             batch.put(extra_key, value)
+                        for version, kept_value in line.changes(
+                            self._lanes, summary, encoded, kept=kept
+                        ):
+                            change(batch, version, kept_value)
                 except ExpectationFailed:
                     continue  # written meanwhile by another process: decide again on that
                 PARSED_RECORDS.remember(record, encoded)
@@ -245,14 +273,21 @@ def read_report(scope: TenantScope, key_digest: str, stored: bytes) -> SessionSt
     """Parse stored bytes for scope, failing closed to a redacted corrupt report."""
     record, label = _parse(scope, stored)
     if label is not None:
-        return SessionStateReadReport(
-            key_digest=key_digest,
-            record=None,
-            corrupt=True,
-            redacted_error=label,
-            error_digest=sha256_digest(stored),
-        )
+        return corrupt_report(key_digest, stored, label)
     return SessionStateReadReport(key_digest=key_digest, record=record, corrupt=False)
+
+
+def corrupt_report(
+    key_digest: str, stored: bytes, label: CorruptionLabel
+) -> SessionStateReadReport:
+    """Stored bytes that are no good record: a label and their digest, never the bytes."""
+    return SessionStateReadReport(
+        key_digest=key_digest,
+        record=None,
+        corrupt=True,
+        redacted_error=label,
+        error_digest=sha256_digest(stored),
+    )
 
 
 def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> StoredVersion:

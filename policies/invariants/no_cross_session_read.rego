@@ -2,19 +2,19 @@
 # title: No read of another session by a session-scoped token
 # description: >-
 #   A deployment invariant (service/policy/invariants.py), never served: an
-#   actor scoped to a session reads that session only.
+#   actor scoped to a session reads that session only (its record or its versions).
 # schemas:
 #   - input: schema.policy_input
 package sessionstate.invariants.no_cross_session_read
 
 # METADATA
 # title: Violation
-# description: True for a read of another session that the read decision allows to a session's token.
+# description: True for a read of another session (or its versions) its decision allows to a session's token.
 violation if {
-	input.action == "read"
+	input.action in {"read", "history"}
 	object.get(input.actor, "session_id", null) != null
 	_other_session
-	data.sessionstate.read.decision.allow == true
+	data.sessionstate[input.action].decision.allow == true
 }
 
 _other_session if object.get(input.actor, "session_id", null) != input.target.session_id

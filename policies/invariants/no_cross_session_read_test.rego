@@ -34,3 +34,12 @@ test_a_read_of_another_workspace_allowed_violates if {
 	no_cross_session_read.violation with input as object.union(read, other_workspace)
 		with data.sessionstate.read.decision as allowed
 }
+
+test_the_history_of_another_session_allowed_violates if {
+	no_cross_session_read.violation with input as object.union(read, {"action": "history"})
+		with data.sessionstate.history.decision as allowed
+}
+
+test_default_policies_hold_for_history if {
+	not no_cross_session_read.violation with input as object.union(read, {"action": "history"})
+}

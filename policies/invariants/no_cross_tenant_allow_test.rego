@@ -36,3 +36,13 @@ test_a_list_allowed_across_tenants_violates if {
 	no_cross_tenant_allow.violation with input as object.union(across, {"action": "list"})
 		with data.sessionstate.list.decision as {"allow": true, "reasons": []}
 }
+
+test_a_history_read_allowed_across_tenants_violates if {
+	no_cross_tenant_allow.violation with input as object.union(across, {"action": "history"})
+		with data.sessionstate.history.decision as {"allow": true, "reasons": []}
+}
+
+test_a_rewind_allowed_across_tenants_violates if {
+	no_cross_tenant_allow.violation with input as object.union(across, {"action": "rewind"})
+		with data.sessionstate.rewind.decision as {"allow": true, "reasons": []}
+}

@@ -2,18 +2,19 @@
 # title: No write without an approval in force
 # description: >-
 #   A deployment invariant (service/policy/invariants.py), never served: a
-#   write is allowed only under a live operator approval (issued, not expired,
-#   not revoked) of the target's tenant, workspace and, if it names one, session.
+#   write (or a rewind, which writes) is allowed only under a live operator
+#   approval (issued, not expired, not revoked) of the target's tenant,
+#   workspace and, if it names one, session.
 # schemas:
 #   - input: schema.policy_input
 package sessionstate.invariants.no_write_without_approval
 
 # METADATA
 # title: Violation
-# description: True for a write the write decision allows with no approval in force.
+# description: True for a write or rewind its decision allows with no approval in force.
 violation if {
-	input.action == "write"
-	data.sessionstate.write.decision.allow == true
+	input.action in {"write", "rewind"}
+	data.sessionstate[input.action].decision.allow == true
 	not _approval_in_force
 }
 

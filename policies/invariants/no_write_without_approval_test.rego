@@ -44,3 +44,14 @@ test_a_write_allowed_under_a_live_approval_holds if {
 	not no_write_without_approval.violation with input as object.union(write, {"approval": approval})
 		with data.sessionstate.write.decision as allowed
 }
+
+test_a_rewind_allowed_without_an_approval_violates if {
+	no_write_without_approval.violation with input as object.union(write, {"action": "rewind"})
+		with data.sessionstate.rewind.decision as allowed
+}
+
+test_a_rewind_allowed_under_a_live_approval_holds if {
+	rewind := object.union(write, {"action": "rewind", "approval": approval})
+	not no_write_without_approval.violation with input as rewind
+		with data.sessionstate.rewind.decision as allowed
+}

@@ -26,6 +26,7 @@ from service.api.v1 import (
     DECISIONS_VERIFY,
     EXCHANGE,
     HEALTHZ,
+    IF_MATCH,
     JWKS,
     METRICS,
     NEXT_CURSOR_HEADER,
@@ -36,8 +37,12 @@ from service.api.v1 import (
     SESSIONS,
     STATE,
     STATE_PREVIEW,
+    STATE_REWIND,
+    STATE_VERSION,
+    STATE_VERSIONS,
     parameters,
 )
+from service.api.version_requests import RewindRequest, VersionsQuery
 from service.api.wire import (
     ApprovalListResponse,
     ApprovalResponse,
@@ -52,6 +57,7 @@ from service.api.wire import (
     SessionListResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
     WorkspaceErasureResponse,
 )
 from service.approvals.model import ApprovalGrantInput
@@ -65,6 +71,7 @@ from service.auth.token_exchange import (
 from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
 from service.replay import ReplayPreviewRequest
 from service.session_list import SessionListQuery
+from store.digests import DIGEST_PATTERN
 from store.record.inputs import SessionStateInput
 
 REF = "#/components/schemas/{model}"
@@ -82,6 +89,7 @@ class Operation(NamedTuple):
     query: type[BaseModel] | None = None
     media: str = "application/json"
     body_media: str = "application/json"
+    headers: tuple[str, ...] = ()  # request headers the operation requires (`HEADERS`)
 
 
 RATE_LIMIT_RETRY_AFTER = {
@@ -97,6 +105,13 @@ UNAVAILABLE = (
     f"have been stored (wholly, with its decision); `{DECISION_ID_HEADER}` names the decision "
     "to look up"
 )
+# A required request header's schema, by name.
+HEADERS: dict[str, dict[str, Any]] = {
+    IF_MATCH: {
+        "description": "the current record's ETag: its state digest, quoted",
+        "schema": {"type": "string", "pattern": '^"' + DIGEST_PATTERN.strip("^$") + '"$'},
+    },
+}
 AUTHED = (400, 401, 403, 429, 503)  # 429: rate_limited, before any policy call
 WITH_BODY = (413, 415, 422)
 
@@ -104,8 +119,11 @@ OPERATIONS = [
     Operation("post", STATE_PREVIEW, "state", "Preview the sanitized record and what a write would do; never writes", SessionStateInput, 200, SessionStateResponse, AUTHED + WITH_BODY),
     Operation("put", STATE, "state", "Write the sanitized record (201 created, 200 replaced)", SessionStateInput, 201, SessionStateResponse, (*AUTHED, 412, *WITH_BODY)),
     Operation("get", STATE, "state", "Read the stored record; a corrupt one fails closed", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
+    Operation("get", STATE_VERSIONS, "state", "List the session's versions, newest first", None, 200, SessionVersionsResponse, (*AUTHED, 404, 422), VersionsQuery),
+    Operation("get", STATE_VERSION, "state", "Read one kept version of the record, as the current one is read", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
+    Operation("post", STATE_REWIND, "state", "Write a kept version's record as the session's next version (If-Match required)", RewindRequest, 200, SessionStateResponse, (*AUTHED, 404, 409, 412, 428, *WITH_BODY), headers=(IF_MATCH,)),
     Operation("post", REPLAY_PREVIEW, "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
-    Operation("delete", STATE, "sessions", "Erase the session's state and every record kept of it; the decision's entry is the erasure's receipt (204 also when nothing is stored)", None, 204, None, (*AUTHED, 412)),
+    Operation("delete", STATE, "sessions", "Erase the session's state and all its versions; the decision's entry is the erasure's receipt (204 also when nothing is stored)", None, 204, None, (*AUTHED, 412)),
     Operation("get", SESSIONS, "sessions", "List the workspace's stored sessions, in session-id order: versions and digests, no content", None, 200, SessionListResponse, (*AUTHED, 422), SessionListQuery),
     Operation("delete", SESSIONS, "workspaces", "Erase every session of the workspace, each with its own receipt; a repeat finishes an interrupted one", None, 200, WorkspaceErasureResponse, AUTHED),
     Operation("post", APPROVALS, "approvals", "Grant a durable-write approval", ApprovalGrantInput, 201, ApprovalResponse, AUTHED + WITH_BODY),
@@ -158,6 +176,9 @@ def openapi_document() -> dict[str, Any]:
 
 def _operation(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     listed = [_path_parameter(name) for name in parameters(op.path)]
+    listed += [
+        {"name": name, "in": "header", "required": True, **HEADERS[name]} for name in op.headers
+    ]
     if op.query is not None:
         listed += _query_parameters(op.query)
     operation: dict[str, Any] = {

@@ -68,6 +68,11 @@ class Reason(StrEnum):
         400,
         "`If-Match` must be a quoted state digest, and `If-None-Match` only `*`.",
     )
+    INVALID_VERSION = (
+        "invalid_version",
+        400,
+        "The version in the path is not a version number (a whole number from 1).",
+    )
     REQUEST_TIMEOUT = (
         "request_timeout",
         408,
@@ -181,6 +186,25 @@ class Reason(StrEnum):
         "precondition_failed",
         412,
         "The stored state is not the version the request was based on.",
+    )
+
+    # --- versions and rewind (404, 409, 428) ----------------------------------------------
+    SESSION_STATE_VERSION_NOT_FOUND = (
+        "session_state_version_not_found",
+        404,
+        "The session keeps no version of this number (never written, or older than the "
+        "versions kept).",
+    )
+    SESSION_STATE_VERSION_CORRUPT = (
+        "session_state_version_corrupt",
+        409,
+        "The version does not read as a good record (its read answers a corrupt read "
+        "report), so it cannot be restored; nothing was written.",
+    )
+    PRECONDITION_REQUIRED = (
+        "precondition_required",
+        428,
+        "A rewind needs `If-Match` with the current record's ETag (its state digest, quoted).",
     )
 
     # --- the service cannot do it now (500, 503) ------------------------------------------

@@ -24,6 +24,9 @@ WORKSPACE = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}"
 STATE = SESSION + "/state"
 STATE_PREVIEW = SESSION + "/state/preview"
 REPLAY_PREVIEW = SESSION + "/replay-preview"
+STATE_VERSIONS = SESSION + "/state/versions"  # a session's versions, newest first
+STATE_VERSION = STATE_VERSIONS + "/{version}"
+STATE_REWIND = SESSION + "/state/rewind"
 APPROVALS = WORKSPACE + "/approvals"
 SESSIONS = WORKSPACE + "/sessions"  # the workspace's sessions: listed, or all erased
 APPROVAL = APPROVALS + "/{approval_id}"
@@ -55,7 +58,9 @@ def method_label(method: str) -> str:
 # --- ids in paths ------------------------------------------------------------------------
 APPROVAL_ID_PATTERN = r"^appr_[0-9a-f]{24}$"
 DECISION_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+VERSION_PATTERN = r"^[1-9][0-9]{0,15}$"  # a version number, 1 to 2^53 - 1
 APPROVAL_ID = re.compile(APPROVAL_ID_PATTERN)
+VERSION = re.compile(VERSION_PATTERN)
 DECISION_ID = re.compile(DECISION_ID_PATTERN)
 PATH_PATTERNS = {
     "tenant_id": SCOPE_ID_PATTERN,
@@ -63,6 +68,7 @@ PATH_PATTERNS = {
     "session_id": SCOPE_ID_PATTERN,
     "approval_id": APPROVAL_ID_PATTERN,
     "decision_id": DECISION_ID_PATTERN,
+    "version": VERSION_PATTERN,
 }
 
 # --- headers -----------------------------------------------------------------------------
@@ -90,6 +96,8 @@ DECISION_PACKAGES: Mapping[PolicyAction, str] = {
     "policy.approve": "approval",
     "list": "list",
     "erase": "erase",
+    "history": "history",
+    "rewind": "rewind",
 }
 
 _PARAMETER = re.compile(r"\{([a-z_]+)\}")

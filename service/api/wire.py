@@ -16,6 +16,7 @@ from store.chain.full_walk import FullWalk
 from store.chain.loss import RecordedLoss
 from store.record.reports import SessionStateReadReport, SessionStateWriteReport
 from store.record.state_record import SessionStateRecord
+from store.version_lane import VersionSummary
 
 
 class _Envelope(BaseModel):
@@ -23,17 +24,35 @@ class _Envelope(BaseModel):
 
 
 class SessionStateResponse(_Envelope):
-    """`POST .../state/preview` and `PUT .../state`."""
+    """`POST .../state/preview`, `PUT .../state` and `POST .../state/rewind`."""
 
     record: SessionStateRecord
     write_report: SessionStateWriteReport
     decision: DecisionTrace
+    version: int | None = Field(
+        default=None,
+        description="the version the written record is (1 for a session's first record); "
+        "null for a preview",
+    )
 
 
 class SessionStateReadResponse(_Envelope):
-    """`GET .../state`."""
+    """`GET .../state` and `GET .../state/versions/{version}`."""
 
     read_report: SessionStateReadReport
+    decision: DecisionTrace
+    version: int = Field(
+        ge=1,
+        description="the version read: the current one for `GET .../state` (a record "
+        "written before versions were kept is version 1)",
+    )
+
+
+class SessionVersionsResponse(_Envelope):
+    """`GET .../state/versions`: a page of the session's versions, newest first."""
+
+    versions: list[VersionSummary]
+    next_cursor: str | None = Field(description="the next page's `cursor`; null on the last page")
     decision: DecisionTrace
 
 
@@ -48,8 +67,10 @@ class SessionSummary(_Envelope):
     """One session of a workspace's list: its stored record's version and digest, no content."""
 
     session_id: str
-    version: int | None = Field(
-        description="the stored record's version number; null while versions are not kept"
+    version: int = Field(
+        ge=1,
+        description="the stored record's version: its newest (a record written before "
+        "versions were kept is version 1)",
     )
     state_digest: str | None = Field(
         description="the stored record's state digest (its ETag); null when the record does "

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.policy.coverage_gate import DEFAULT_COVERAGE_MIN
 from store.record.bounds import DEFAULT_TURNS_KEPT, MAX_TURNS, MIN_TURNS_KEPT
+from store.version_lane import VERSIONS_KEPT_DEFAULT, VERSIONS_KEPT_MAX
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The policy set the wheel carries (setup.py maps the checkout's policies/ onto it).
@@ -136,6 +137,9 @@ class Settings(BaseSettings):
     denial_rate_limit: str = "20/minute"
     # The window: a record keeps the newest turns; older ones go into its compacted summary.
     max_turns_kept: int = Field(default=DEFAULT_TURNS_KEPT, ge=MIN_TURNS_KEPT, le=MAX_TURNS)
+    # Versions: each session keeps its newest records, the current one among them; a write
+    # drops the older ones in its own batch (store.version_lane).
+    state_versions_kept: int = Field(default=VERSIONS_KEPT_DEFAULT, ge=1, le=VERSIONS_KEPT_MAX)
 
     def resolved_opa_bin(self) -> str:
         """The OPA binary for the local sidecar: configured, project-built, or on PATH."""

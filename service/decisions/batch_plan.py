@@ -47,6 +47,7 @@ class QueuedEntry:
     entry: dict[str, Any] | None = None
     error: BaseException | None = None
     link: SpanContext | None = None  # the request's commit span, which the batch's links to
+    version: int | None = None  # an applied write's: the version its record is, once planned
 
     @property
     def settled(self) -> bool:
@@ -135,8 +136,11 @@ def plan_batch(
         change = item.change
         outcome = item.outcome(None if change is None else records.version(change.scope))
         body = item.body
+        item.version = None
         if item.write is not None and outcome.applied:
-            records.write(item.write, recorded_at)
+            item.version = records.write(
+                item.write, decision_id=body.decision.decision_id, written_at=recorded_at
+            )
         if item.erase is not None and outcome.applied:
             erasure = Erasure(
                 erased_at=recorded_at,

@@ -72,6 +72,7 @@ from store.chain.signed_head import SignedHeads
 from store.key_codec import LaneKey
 from store.record.state_record import SessionStateRecord
 from store.session_state import Precondition
+from store.version_lane import VERSIONS_KEPT_DEFAULT
 
 log = logging.getLogger("sessionstate.journal")
 MAX_BATCH = 512
@@ -122,6 +123,7 @@ class WriteResult:
     applied: bool
     created: bool
     entry: dict[str, Any]
+    version: int | None = None  # the version the record is, when applied
 
 
 class DecisionJournal:
@@ -211,18 +213,27 @@ class DecisionJournal:
         return pending.entry
 
     def record_write(
-        self, body: DecisionEntryBody, record: SessionStateRecord, precondition: Precondition
+        self,
+        body: DecisionEntryBody,
+        record: SessionStateRecord,
+        precondition: Precondition,
+        *,
+        kept: int = VERSIONS_KEPT_DEFAULT,
     ) -> WriteResult:
-        """Store record if precondition holds at commit, with its entry, in one batch.
+        """Store record if precondition holds at commit, with its entry, in one batch, as its
+        session's next version (the newest `kept` versions are kept).
 
         The entry's outcome is set here: 201 created, 200 replaced, or 412 and
         not applied when the stored version moved on.
         """
-        pending = self._submit(QueuedEntry(body, write=StateWrite(record, precondition)))
+        pending = self._submit(QueuedEntry(body, write=StateWrite(record, precondition, kept)))
         assert pending.entry is not None
         outcome = DecisionOutcome.model_validate(pending.entry["outcome"])
         return WriteResult(
-            applied=outcome.applied, created=outcome.status == 201, entry=pending.entry
+            applied=outcome.applied,
+            created=outcome.status == 201,
+            entry=pending.entry,
+            version=pending.version,
         )
 
     def record_erase(self, body: DecisionEntryBody, erase: StateErase) -> WriteResult:

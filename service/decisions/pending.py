@@ -55,11 +55,17 @@ class PendingDecision:
         return journal.record_effect(self.body, status=status, puts=puts, approval_id=approval_id)
 
     def record_write(
-        self, journal: DecisionJournal, record: SessionStateRecord, precondition: Precondition
+        self,
+        journal: DecisionJournal,
+        record: SessionStateRecord,
+        precondition: Precondition,
+        *,
+        kept: int,
     ) -> WriteResult:
-        """Keep the decision with the durable write it allowed, if the precondition holds."""
+        """Keep the decision with the durable write it allowed, if the precondition holds
+        (the session's newest `kept` versions are kept)."""
         self._settle()
-        return journal.record_write(self.body, record, precondition)
+        return journal.record_write(self.body, record, precondition, kept=kept)
 
     def record_erase(self, journal: DecisionJournal, erase: StateErase) -> WriteResult:
         """Keep the decision with the erasure it allowed, if the precondition holds."""

@@ -9,9 +9,14 @@ wrote meanwhile is never lost: the commit fails (`ExpectationFailed`), nothing
 is written, and the journal decides the batch again.
 
 A write stores the record and the session's meta key (`updated_at`, the batch's
-time; it replaces a tombstone). An erasure deletes every key of the session in
-`store.session_data.SESSION_DATA_LANES` (those stored, and those this batch
-put) and leaves the tombstone in the meta key.
+time; it replaces a tombstone), and keeps the record as its session's next
+version (`store.version_lane`), named by the decision that allowed it and the
+batch's time; the versions beyond the newest the write keeps are dropped, in the
+same batch, and the commit expects the next version's number, as first read, to
+be free. An erasure deletes every key of the session in
+`store.session_data.SESSION_DATA_LANES` (its record and its versions, those
+stored and those this batch put) and leaves the tombstone in the meta key: the
+session's next write is version 1 again.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from store.session_state import (
     state_key,
     stored_version,
 )
+from store.version_lane import VERSIONS_KEPT_DEFAULT, VersionLine, VersionSummary, change
 
 
 @dataclass
@@ -48,6 +54,7 @@ class StateWrite:
 
     record: SessionStateRecord
     precondition: Precondition
+    kept: int = VERSIONS_KEPT_DEFAULT  # the session's versions kept, this one among them
 
     @property
     def scope(self) -> TenantScope:
@@ -70,6 +77,7 @@ class RecordWrites:
         self._lanes = lanes
         self._versions: dict[bytes, StoredVersion] = {}  # each session as the batch leaves it
         self._expected: dict[bytes, tuple[LaneKey, bytes | None]] = {}  # as first read
+        self._lines: dict[bytes, VersionLine] = {}  # each session's versions as left so far
         self._changes: list[tuple[LaneKey, bytes | None]] = []  # in order; None deletes
         self._written: list[tuple[SessionStateRecord, bytes]] = []
         self._erased: list[TenantScope] = []
@@ -81,20 +89,33 @@ class RecordWrites:
         if encoded not in self._versions:
             stored = self._lanes.get(key)
             self._expected[encoded] = (key, stored)
-            self._versions[encoded] = (
-                NOTHING_STORED if stored is None else stored_version(scope, key, stored)
-            )
+            version = NOTHING_STORED if stored is None else stored_version(scope, key, stored)
+            self._versions[encoded] = version
+            replaced = None if stored is None else (stored, version.version or "")
+            line = VersionLine.read(self._lanes, scope, replaced)
+            self._lines[encoded] = line
+            self._expected[line.next_key.encode()] = (line.next_key, None)
         return self._versions[encoded]
 
-    def write(self, write: StateWrite, recorded_at: str) -> None:
-        """Store the write's record: its precondition held against `version`."""
+    def write(self, write: StateWrite, *, decision_id: str, written_at: str) -> int:
+        """Store the write's record (its precondition held against `version`) as its
+        session's next version, allowed by `decision_id` at `written_at`; that number."""
         key = state_key(write.scope)
         value = canonical_json(write.record.to_json())
-        self._changes += [(key, value), (meta_key(write.scope), written_meta(recorded_at))]
+        line = self._lines[key.encode()]
+        summary = VersionSummary(
+            version=line.next_version,
+            state_digest=write.record.state_digest,
+            written_at=written_at,
+            decision_id=decision_id,
+        )
+        self._changes += [(key, value), (meta_key(write.scope), written_meta(written_at))]
+        self._changes += line.changes(self._lanes, summary, value, kept=write.kept)
         self._written.append((write.record, value))
         self._versions[key.encode()] = StoredVersion(
             write.record.state_digest, write.record.summary
         )
+        return summary.version
 
     def erase(self, scope: TenantScope, erasure: Erasure) -> None:
         """Delete the session's data and leave its tombstone: its precondition held."""
@@ -108,17 +129,19 @@ class RecordWrites:
                 deleted[key.encode()] = key
         self._changes += [(key, None) for key in deleted.values()]
         self._changes.append((meta_key(scope), erased_meta(erasure)))
-        self._versions[state_key(scope).encode()] = NOTHING_STORED
+        encoded = state_key(scope).encode()
+        self._versions[encoded] = NOTHING_STORED
+        self._lines[encoded] = VersionLine(scope, 0)  # no version left: the next is 1
+        self._written = [
+            (record, value) for record, value in self._written if record.scope != scope
+        ]
         self._erased.append(scope)
 
     def add_to(self, batch: LaneBatch) -> None:
         for key, stored in self._expected.values():
             batch.expect(key, stored)
         for key, value in self._changes:
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+            change(batch, key, value)
 
     def committed(self) -> None:
         """The batch committed: remember each record as written, for the next read of it,

@@ -26,7 +26,13 @@ from service.decisions.pending import PendingDecision
 from service.decisions.record_writes import StateErase
 from service.http.problems import Problem
 from service.policy.gate import PolicyGate
-from service.policy.input import PolicyAction, PolicyErasure, PolicyExchange, PolicyTarget
+from service.policy.input import (
+    PolicyAction,
+    PolicyErasure,
+    PolicyExchange,
+    PolicyRewind,
+    PolicyTarget,
+)
 from service.policy.trace import DecisionTrace
 from service.rate_limits import RateLimited
 from store.key_codec import LaneKey
@@ -94,6 +100,7 @@ def authorize(
     write_report: WriteReportOf | None = None,
     exchange: PolicyExchange | None = None,
     erasure: PolicyErasure | None = None,
+    rewind: PolicyRewind | None = None,
     authenticated: bool = True,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
@@ -120,6 +127,7 @@ def authorize(
         approval=approval,
         exchange=exchange,
         erasure=erasure,
+        rewind=rewind,
     )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target, peer=peer)
@@ -181,8 +189,10 @@ def journal_effect(
 
 
 def journal_write(record: SessionStateRecord, precondition: Precondition) -> WriteResult:
-    """Commit a durable write and its decision entry together."""
-    return _allowed().record_write(context().journal, record, precondition)
+    """Commit a durable write and its decision entry together, the record as the session's
+    next version."""
+    kept = context().settings.state_versions_kept
+    return _allowed().record_write(context().journal, record, precondition, kept=kept)
 
 
 def journal_erase(erase: StateErase) -> WriteResult:

@@ -43,8 +43,9 @@ from service.policy.input import PolicyErasure, PolicyTarget
 from service.policy.trace import DecisionTrace
 from service.session_list import SessionListQuery, encode_cursor
 from store.scope import TenantScope
-from store.session_data import SESSION_DATA_LANES, session_data_keys
+from store.session_data import SESSION_DATA_LANES
 from store.session_state import BuiltOn, ListedSession, Precondition
+from store.version_lane import versions_count
 
 bp = Blueprint("sessions", __name__)
 ERASE_BATCH = 64  # sessions a workspace's erasure reads and erases at a time
@@ -69,7 +70,7 @@ def list_sessions(tenant_id: str, workspace_id: str) -> Response:
 
 @bp.delete(flask_rule(STATE))
 def erase_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
-    """Erase the session's record (and every record kept of it): 204, the decision named."""
+    """Erase the session's record and all its versions: 204, the decision named."""
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
     asked = request_precondition()
@@ -124,7 +125,7 @@ def _erasure_of(
     base = context().states.base(scope)
     erasure = PolicyErasure(
         reason="requested",
-        versions=len(session_data_keys(context().lanes, scope)),
+        versions=versions_count(context().lanes, scope, record_stored=base.version is not None),
         state_digest=base.version,
         workspace_decision_id=workspace_decision_id,
     )
@@ -160,7 +161,7 @@ def _summary(item: ListedSession) -> SessionSummary:
     record = item.report.record
     return SessionSummary(
         session_id=item.scope.session_id,
-        version=None,  # numbered versions are not kept yet
+        version=item.version,
         state_digest=None if record is None else record.state_digest,
         updated_at=None if item.meta is None else item.meta.updated_at,
         expires_at=None,  # idle records do not expire yet

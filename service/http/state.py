@@ -20,6 +20,7 @@ from service.api.v1 import (
 from service.api.wire import ReplayPreviewResponse, SessionStateReadResponse, SessionStateResponse
 from service.http.body import json_body
 from service.http.common import (
+    WriteReportOf,
     authenticate,
     authorize,
     context,
@@ -34,7 +35,7 @@ from service.replay import ReplayPreviewRequest
 from store.digests import is_digest
 from store.record.builder import build_record
 from store.record.inputs import SessionStateInput
-from store.record.reports import SessionStateWriteReport
+from store.record.reports import SessionStateReadReport, SessionStateWriteReport
 from store.record.state_record import SessionStateRecord
 from store.record.validation import record_blockers
 from store.record.violations import InputRejected
@@ -84,25 +85,39 @@ def put_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
         target_of(scope),
         record=record,
         approval=approval,
-        write_report=lambda refusal: _write_report(
-            scope, applied=False, requested=True, blocked=refusal.reasons
-        ),
+        write_report=refused_write(scope),
     )
+    return write_answer(record, precondition.extending(record, base), trace)
+
+
+def refused_write(scope: TenantScope) -> WriteReportOf:
+    """What a refused write of scope reports: nothing applied, the decision's reasons."""
+    return lambda refusal: _write_report(
+        scope, applied=False, requested=True, blocked=refusal.reasons
+    )
+
+
+def write_answer(
+    record: SessionStateRecord, precondition: Precondition, trace: DecisionTrace
+) -> Response:
+    """Commit an allowed write of record (its session's next version) with its decision, if
+    precondition holds then; the answer: 201 created or 200 replaced, with its `ETag`."""
+    scope = record.scope
     blockers = [str(blocker) for blocker in record_blockers(record)]
     if blockers:  # the store's own gate, whatever a policy edit allows
         report = _write_report(scope, applied=False, requested=True, blocked=blockers)
         raise Problem(Reason.POLICY_DENIED, code=blockers[0], decision=trace, write_report=report)
-    written = journal_write(record, precondition.extending(record, base))
+    written = journal_write(record, precondition)
     if not written.applied:
         report = _write_report(
             scope, applied=False, requested=True, blocked=[Reason.PRECONDITION_FAILED.value]
         )
         raise Problem(Reason.PRECONDITION_FAILED, decision=trace, write_report=report)
     report = _write_report(scope, applied=True, requested=True, blocked=[])
-    response = json_response(
-        SessionStateResponse(record=record, write_report=report, decision=trace),
-        201 if written.created else 200,
+    body = SessionStateResponse(
+        record=record, write_report=report, decision=trace, version=written.version
     )
+    response = json_response(body, 201 if written.created else 200)
     response.headers[ETAG] = quoted_etag(record.state_digest)
     return response
 
@@ -113,12 +128,18 @@ def get_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
     trace = authorize("read", actor, target_of(scope))
-    report = context().states.read(scope)
-    if report is None:
+    found = context().versions.current(scope)
+    if found is None:
         raise nothing_stored(scope, trace)
+    return read_answer(*found, trace)
+
+
+def read_answer(report: SessionStateReadReport, version: int, trace: DecisionTrace) -> Response:
+    """A version of the record as read (the current one, or one kept), with its `ETag`."""
     if report.redacted_error is not None:
         context().metrics.corrupt_reads.labels(report.redacted_error.value).inc()
-    response = json_response(SessionStateReadResponse(read_report=report, decision=trace))
+    body = SessionStateReadResponse(read_report=report, decision=trace, version=version)
+    response = json_response(body)
     if report.record is not None:
         response.headers[ETAG] = quoted_etag(report.record.state_digest)
     return response
@@ -181,11 +202,26 @@ def request_precondition() -> Precondition:
             raise Problem(Reason.INVALID_PRECONDITION)
         return Precondition(if_none_match_any=True)
     if if_match is not None:
-        quoted = _QUOTED.fullmatch(if_match.strip())
-        if quoted is None or not is_digest(quoted.group(1)):
-            raise Problem(Reason.INVALID_PRECONDITION)
-        return Precondition(if_match=quoted.group(1))
+        return Precondition(if_match=_matched(if_match))
     return Precondition()
+
+
+def required_if_match() -> Precondition:
+    """A change that must name the version it replaces: `If-Match` alone, or 428."""
+    if request.headers.get(IF_NONE_MATCH) is not None:
+        raise Problem(Reason.INVALID_PRECONDITION)
+    if_match = request.headers.get(IF_MATCH)
+    if if_match is None:
+        raise Problem(Reason.PRECONDITION_REQUIRED)
+    return Precondition(if_match=_matched(if_match))
+
+
+def _matched(if_match: str) -> str:
+    """The state digest an `If-Match` names, or 400."""
+    quoted = _QUOTED.fullmatch(if_match.strip())
+    if quoted is None or not is_digest(quoted.group(1)):
+        raise Problem(Reason.INVALID_PRECONDITION)
+    return quoted.group(1)
 
 
 def _write_report(

@@ -30,6 +30,7 @@ from service.policy.input import (
     PolicyErasure,
     PolicyExchange,
     PolicyInput,
+    PolicyRewind,
     PolicyTarget,
     record_summary,
 )
@@ -69,6 +70,7 @@ class PolicyGate:
         approval: Approval | None = None,
         exchange: PolicyExchange | None = None,
         erasure: PolicyErasure | None = None,
+        rewind: PolicyRewind | None = None,
     ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
         """The decision, the input it was made on, and with a shadow policy set what that
         would have decided (the decision log keeps all three)."""
@@ -82,6 +84,7 @@ class PolicyGate:
             record=None if record is None else record_summary(record),
             exchange=exchange,
             erasure=erasure,
+            rewind=rewind,
         )
         encoded = EncodedInput.of(policy_input)  # the same bytes to the live and the shadow OPA
         question = None if self.shadow is None else self.shadow.ask(encoded)

@@ -20,6 +20,7 @@ from store.record.inputs import TaskProfile
 from store.record.state_record import SessionStateRecord
 from store.record.validation import record_blockers
 from store.scope import ScopeId
+from store.version_lane import MAX_VERSION
 
 PolicyAction = Literal[
     "preview",
@@ -35,6 +36,9 @@ PolicyAction = Literal[
     # the session lifecycle: a workspace's sessions listed, a session (or workspace) erased
     "list",
     "erase",
+    # Versions and rewind (`sessionstate.history`, `sessionstate.rewind`).
+    "history",
+    "rewind",
 ]
 Role = Literal["model-service", "operator", "auditor"]
 
@@ -172,7 +176,9 @@ class PolicyErasure(_Strict):
 
     reason: Literal["requested"] = Field(description="requested: a caller asked for it")
     versions: int = Field(
-        ge=0, description="the session's stored records it deletes (0: nothing is stored)"
+        ge=0,
+        description="the session's versions it deletes, the current record among them (a "
+        "record written before versions were kept is 1; 0: nothing is stored)",
     )
     state_digest: str | None = Field(
         max_length=160,
@@ -184,6 +190,13 @@ class PolicyErasure(_Strict):
         max_length=64,
         description="with a workspace's erasure: the decision that allowed it; else null",
     )
+
+
+class PolicyRewind(_Strict):
+    """`rewind`: the version restored, and the version it replaces (the current one)."""
+
+    restored_version: int = Field(ge=1, le=MAX_VERSION, description="`to_version` of the request")
+    replaced_version: int = Field(ge=1, le=MAX_VERSION, description="the current version")
 
 
 class PolicyInput(_Strict):
@@ -211,6 +224,11 @@ class PolicyInput(_Strict):
         exclude_if=lambda value: value is None,
         description="`erase` of a session only: what it erases; absent otherwise (and for "
         "a workspace's erasure, whose sessions are each decided with their own)",
+    )
+    rewind: PolicyRewind | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="`rewind` only: the version restored; absent otherwise",
     )
 
 

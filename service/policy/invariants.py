@@ -48,9 +48,9 @@ SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a d
 # deleted or edited there refuses every set until this release's code says otherwise
 # (tests/policy/test_policy_invariants.py holds these to the files).
 SHIPPED_DIGESTS = {
-    "no_cross_session_read": "1d62014fa5c7c43fbaf25125fe2e9384de2636a39c833392b4dd0e8e9b91364d",
-    "no_cross_tenant_allow": "811cf70b294ea1ec93569320606d20b460459b67e7b47fa89c35e10040517186",
-    "no_write_without_approval": "d33e2f5313b02833ccd76ebbd17651eb2369dd8d0203f94b3841cfd9d5394cc1",
+    "no_cross_session_read": "812d79de0d1628111ae433a3497392400255568a78cde5ea319eded498285d81",
+    "no_cross_tenant_allow": "d04abc9dc0e0dd7411986575e4f601c5885c919b0a4fd08d6d43ad74b702e934",
+    "no_write_without_approval": "b9a2816b734a8da20a972744b6e3e335f49fc91966b4413948846d6fcba61c54",
 }
 MAX_EXAMPLES = 200
 MAX_SHRINK_EVALUATIONS = 150

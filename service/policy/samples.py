@@ -7,7 +7,7 @@ tenant (`TENANTS`, and the tenants a candidate's tenant settings name), one inpu
 would allow, then that input changed one part at a time: the actor's roles and scope (the
 target's session, its workspace, its tenant only, another tenant's, none), the approval (none,
 expired, revoked, another workspace's), the record (none, one with blockers), the deployment's
-durable writes, each word of a token exchange, and who stands behind a policy activation. Not every input: only what a gate is
+durable writes, each word of a token exchange, who stands behind a policy activation, and a rewind that names no version. Not every input: only what a gate is
 likely to turn on. `service.policy.invariants` samples many more.
 """
 
@@ -35,7 +35,7 @@ _ROLE_OF: dict[str, Role] = {
     "decisions.read": "auditor",
     "policy.approve": "operator",
 }
-_WITH_RECORD = ("write", "preview")
+_WITH_RECORD = ("write", "preview", "rewind")
 _WORKSPACE_WIDE = ("list",)  # of a whole workspace: asked with a workspace's token
 
 
@@ -99,6 +99,9 @@ def _record(profile: TaskProfile = "coding", **changes: Any) -> dict[str, Any]:
     }
 
 
+_REWIND = {"restored_version": 2, "replaced_version": 5}
+
+
 def _exchange(**changes: str) -> dict[str, str]:
     return {
         "form": "valid",
@@ -155,6 +158,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
         **({"exchange": _exchange()} if action == "token.exchange" else {}),
         **({"activation": _activation()} if action == "policy.approve" else {}),
         **({"erasure": _erasure()} if action == "erase" else {}),
+        **({"rewind": _REWIND} if action == "rewind" else {}),
     }
 
 
@@ -190,6 +194,8 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
     if action == "erase":
         for erasure in (None, _erasure(versions=0, state_digest=None)):
             yield {**base, "erasure": erasure}
+    if action == "rewind":
+        yield {**base, "rewind": None}
     if action == "token.exchange":
         for field, info in PolicyExchange.model_fields.items():
             for word in get_args(info.annotation):

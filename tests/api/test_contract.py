@@ -47,7 +47,7 @@ def test_every_v1_route_is_an_openapi_operation_and_back() -> None:
     served = {(method, path) for method, path in app_routes() if path.startswith("/v1")}
     described = {(method, path) for method, path in document_operations() if path.startswith("/v1")}
     assert served == described
-    assert len(served) == 16
+    assert len(served) == 19
 
 
 def test_the_methods_the_front_lets_through_are_exactly_those_some_route_serves() -> None:
@@ -89,6 +89,9 @@ CALLS: dict[str, Callable[[SessionStateClient], Any]] = {
     "preview_state": lambda c: c.preview_state(SCOPE, {}),
     "put_state": lambda c: c.put_state(SCOPE, {}, if_none_match=True),
     "get_state": lambda c: c.get_state(SCOPE),
+    "versions": lambda c: c.versions(SCOPE, limit=2, cursor="c"),
+    "read_version": lambda c: c.read_version(SCOPE, 2),
+    "rewind": lambda c: c.rewind(SCOPE, 1, if_match="sha256:" + "0" * 64),
     "replay_preview": lambda c: c.replay_preview(SCOPE, 4),
     "erase": lambda c: c.erase(SCOPE),
     "list_sessions": lambda c: c.list_sessions("tenant-a", "ws-1", limit=2),

@@ -19,12 +19,17 @@ from typing import Any
 
 import pytest
 
+from service.decisions.batch_plan import QueuedEntry, plan_batch
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from service.decisions.log import DecisionEntryBody
+from service.decisions.record_writes import StateWrite
+from service.decisions.revisions import SummaryCache
 from store.backends.leveldb import LevelDBLaneStore
 from store.chain.evidence import EvidenceChain
+from store.chain.head import GENESIS
 from store.digests import DigestKey
 from store.session_state import Precondition, SessionStateStore
+from store.session_versions import SessionVersions
 from tests.support.factories import decision_entry_body, record, scope
 
 KEY = DigestKey(b"k" * 32)
@@ -106,6 +111,61 @@ def test_the_precondition_is_checked_at_commit_time_against_the_batch(
     statuses = sorted(result.entry["outcome"]["status"] for result in outcomes)
     assert statuses == [201, 412]
     assert [result.applied for result in outcomes].count(True) == 1
+
+
+def test_writes_of_one_session_in_one_batch_take_one_version_each(
+    journal: DecisionJournal, lanes: LevelDBLaneStore
+) -> None:
+    """Concurrent writes share batches; each applied one is the next version, named by its
+    decision and the batch's time, and only the newest `kept` stay."""
+    barrier = threading.Barrier(12)
+    results: dict[int, Any] = {}
+
+    def write(n: int) -> None:
+        barrier.wait()
+        built = record(KEY, state_id=f"state-{n}")
+        results[n] = journal.record_write(body(n), built, Precondition(), kept=5)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(result.version for result in results.values()) == list(range(1, 13))
+    listed = SessionVersions(lanes).page(scope(), limit=20)
+    assert [v.version for v in listed] == [12, 11, 10, 9, 8]
+    by_version = {result.version: n for n, result in results.items()}
+    for version in listed:
+        assert version.decision_id == f"decision-{by_version[version.version]}"
+        assert version.written_at == "2026-11-30T12:00:00.000000Z"
+    current = SessionVersions(lanes).current(scope())
+    assert current is not None and current[1] == 12
+
+
+def test_one_batch_of_writes_of_one_session_plans_consecutive_versions(
+    lanes: LevelDBLaneStore,
+) -> None:
+    """Planned as one batch: each write is the next version of the batch so far, and a
+    version the batch itself put is dropped when a later one leaves it beyond `kept`."""
+    SessionStateStore(lanes).write(record(KEY, state_id="state-0"))  # version 1
+    queued = [
+        QueuedEntry(
+            body(n), write=StateWrite(record(KEY, state_id=f"state-{n}"), Precondition(), 2)
+        )
+        for n in (1, 2, 3)
+    ]
+    plan = plan_batch(
+        queued,
+        lanes=lanes,
+        head=lambda _: GENESIS,
+        recorded_at="2026-11-30T12:00:00.000000Z",
+        summaries=SummaryCache(lanes),
+    )
+    assert [item.version for item in queued] == [2, 3, 4]
+    with lanes.batch() as batch:
+        plan.add_to(batch)
+    listed = SessionVersions(lanes).page(scope(), limit=10)
+    assert [(v.version, v.decision_id) for v in listed] == [(4, "decision-3"), (3, "decision-2")]
 
 
 def test_an_if_match_on_a_stale_version_is_412_and_stores_nothing(

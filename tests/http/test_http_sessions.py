@@ -101,7 +101,7 @@ def test_a_workspace_token_lists_its_sessions_a_page_at_a_time(written: LiveServ
     }  # fmt: skip
     assert item["state_digest"] == read(written).json()["read_report"]["record"]["state_digest"]
     assert item["updated_at"] is not None
-    assert (item["version"], item["expires_at"], item["lineage"]) == (None, None, None)
+    assert (item["version"], item["expires_at"], item["lineage"]) == (1, None, None)
     assert body["next_cursor"] is not None
     rest = written.call(
         "GET", sessions_path() + f"?limit=2&cursor={body['next_cursor']}", workspace_token(written)

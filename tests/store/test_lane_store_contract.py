@@ -8,6 +8,7 @@ order, and a database stopped and started again under a live store object.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import subprocess
@@ -31,6 +32,9 @@ from store.embedded.integrity import StoreBusy
 from store.key_codec import LaneKey, TenantResourceLane, scope_prefix
 from store.record.blockers import CorruptionLabel
 from store.session_state import Precondition, PreconditionFailed, SessionStateStore, state_key
+from store.session_versions import SessionVersions
+from store.version_lane import LANE as VERSIONS_LANE
+from store.version_lane import VERSIONS_KEPT_DEFAULT, version_key
 from tests.support.factories import record, scope
 from tests.support.postgres import PostgresServer
 
@@ -479,12 +483,18 @@ def test_compare_and_set_through_the_session_store_loses_no_update(
     lanes: Lanes, digest_key: DigestKey
 ) -> None:
     states = SessionStateStore(lanes)
-    run_compare_and_set([states] * 8, digest_key, rounds=6)
+    successes = run_compare_and_set([states] * 8, digest_key, rounds=6)
+    # Every write took the next number: the versions kept are the newest, one line, each
+    # the write that was built on the one before it.
+    kept = SessionVersions(lanes).page(scope(), limit=100)
+    assert [v.version for v in kept] == list(range(49, 49 - VERSIONS_KEPT_DEFAULT, -1))
+    for newer, older in itertools.pairwise(kept):
+        assert (older.state_digest, newer.state_digest) in successes
 
 
 def run_compare_and_set(
     stores: list[SessionStateStore], digest_key: DigestKey, *, rounds: int
-) -> None:
+) -> list[tuple[str, str]]:
     """One writer thread per store appends turns by If-Match; every success built on its read."""
     stores[0].write(record(digest_key, turns=[]))
     successes: list[tuple[str, str]] = []  # (version read, version written)
@@ -520,6 +530,60 @@ def run_compare_and_set(
     written = {wrote for _, wrote in successes}
     assert set(based_on) - written == {record(digest_key, turns=[]).state_digest}
     assert written - set(based_on) == {final.record.state_digest}
+    return successes
+
+
+def test_a_session_keeps_its_newest_versions_and_reads_each_back(
+    lanes: Lanes, digest_key: DigestKey
+) -> None:
+    states, versions = SessionStateStore(lanes), SessionVersions(lanes)
+    written = [record(digest_key, state_id=f"state-{n}") for n in range(1, 6)]
+    for built in written:
+        states.write(built, kept=3)
+    assert [v.version for v in versions.page(scope(), limit=10)] == [5, 4, 3]
+    assert [v.version for v in versions.page(scope(), limit=10, below=5)] == [4, 3]
+    assert [v.state_digest for v in versions.page(scope(), limit=1)] == [written[4].state_digest]
+    old = versions.read(scope(), 3)
+    assert old is not None and old.record == written[2]
+    assert versions.read(scope(), 2) is None
+    assert lanes.count(VERSIONS_LANE) == 3
+    found = versions.current(scope())
+    assert found is not None and found[1] == 5 and found[0].record == written[4]
+
+
+def test_a_record_from_before_versions_is_version_1_and_kept_so_at_the_next_write(
+    lanes: Lanes, digest_key: DigestKey
+) -> None:
+    states, versions = SessionStateStore(lanes), SessionVersions(lanes)
+    legacy = record(digest_key, state_id="state-legacy")
+    lanes.put(state_key(scope()), canonical_json(legacy.to_json()))  # as an older release wrote
+    found = versions.current(scope())
+    assert found is not None and found[1] == 1
+    (listed,) = versions.page(scope(), limit=10)
+    assert (listed.version, listed.state_digest, listed.decision_id) == (
+        1,
+        legacy.state_digest,
+        None,
+    )
+    first = versions.read(scope(), 1)
+    assert first is not None and first.record == legacy
+    states.write(record(digest_key, state_id="state-next"))
+    assert [v.version for v in versions.page(scope(), limit=10)] == [2, 1]
+    kept = versions.read(scope(), 1)
+    assert kept is not None and kept.record == legacy
+
+
+def test_a_version_that_does_not_read_is_listed_by_its_bytes_and_read_as_corrupt(
+    lanes: Lanes, digest_key: DigestKey
+) -> None:
+    SessionStateStore(lanes).write(record(digest_key))
+    lanes.put(version_key(scope(), 1), b"\xff not a version")
+    versions = SessionVersions(lanes)
+    (listed,) = versions.page(scope(), limit=10)
+    assert listed.state_digest == sha256_digest(b"\xff not a version")
+    report = versions.read(scope(), 1)
+    assert report is not None and report.corrupt and report.record is None
+    assert report.redacted_error is CorruptionLabel.MALFORMED
 
 
 def test_holders_of_a_key_take_turns_and_read_each_others_writes(

@@ -39,6 +39,7 @@ from sessionstate_client.models import (
     SessionStateInput,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
     TenantScope,
     TokenExchangeResponse,
     WorkspaceErasureResponse,
@@ -118,6 +119,35 @@ def put_state(
 
 def get_state(scope: TenantScope) -> Call[SessionStateReadResponse]:
     return Call("GET", _session(contract.STATE, scope), _reads(SessionStateReadResponse))
+
+
+def versions(
+    scope: TenantScope, limit: int | None, cursor: str | None
+) -> Call[SessionVersionsResponse]:
+    params = {} if limit is None else {"limit": str(limit)}
+    if cursor is not None:
+        params["cursor"] = cursor
+    path = _session(contract.STATE_VERSIONS, scope)
+    return Call("GET", path, _reads(SessionVersionsResponse), params=params)
+
+
+def read_version(scope: TenantScope, version: int) -> Call[SessionStateReadResponse]:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError("a version is a whole number from 1")
+    path = _session(contract.STATE_VERSION, scope, version=str(version))
+    return Call("GET", path, _reads(SessionStateReadResponse))
+
+
+def rewind(scope: TenantScope, to_version: int, if_match: str) -> Call[SessionStateResponse]:
+    """Safe to repeat: a second rewind after the first landed fails its `If-Match` (412)."""
+    headers = {contract.IF_MATCH: _quoted(if_match)}
+    return Call(
+        "POST",
+        _session(contract.STATE_REWIND, scope),
+        _reads(SessionStateResponse),
+        content=_encode({"to_version": to_version}),
+        headers=headers,
+    )
 
 
 def replay_preview(scope: TenantScope, max_inputs: int | None) -> Call[ReplayPreviewResponse]:
@@ -323,19 +353,20 @@ def unexpected(response: httpx.Response) -> UnexpectedResponse:
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _session(path: str, scope: TenantScope) -> str:
+def _session(path: str, scope: TenantScope, **more: str) -> str:
     _check_scope_ids(scope.tenant_id, scope.workspace_id, scope.session_id)
     return contract.fill(
         path,
         tenant_id=scope.tenant_id,
         workspace_id=scope.workspace_id,
         session_id=scope.session_id,
+        **more,
     )
 
 
-def _quoted(etag: str) -> str:
-    """A state digest as `If-Match` sends it, quoted (once)."""
-    return etag if etag.startswith('"') else f'"{etag}"'
+def _quoted(if_match: str) -> str:
+    """A state digest as `If-Match` sends it: quoted (an ETag as answered is already)."""
+    return if_match if if_match.startswith('"') else f'"{if_match}"'
 
 
 def _workspace(path: str, tenant_id: str, workspace_id: str, **more: str) -> str:

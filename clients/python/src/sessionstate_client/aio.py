@@ -33,6 +33,7 @@ from sessionstate_client.models import (
     SessionListResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
     TenantScope,
     TokenExchangeResponse,
     WorkspaceErasureResponse,
@@ -130,6 +131,23 @@ class AsyncSessionStateClient:
         """
         return await self._run(calls.get_state(scope))
 
+    async def versions(
+        self, scope: TenantScope, *, limit: int | None = None, cursor: str | None = None
+    ) -> SessionVersionsResponse:
+        """`GET S/state/versions`: one page of the session's versions, newest first."""
+        return await self._run(calls.versions(scope, limit, cursor))
+
+    async def read_version(self, scope: TenantScope, version: int) -> SessionStateReadResponse:
+        """`GET S/state/versions/{version}`: a kept version, read as the current one is."""
+        return await self._run(calls.read_version(scope, version))
+
+    async def rewind(
+        self, scope: TenantScope, to_version: int, *, if_match: str
+    ) -> SessionStateResponse:
+        """`POST S/state/rewind`: version `to_version`'s record as the next version, if the
+        current one is still `if_match` (its state digest)."""
+        return await self._run(calls.rewind(scope, to_version, if_match))
+
     async def replay_preview(
         self, scope: TenantScope, max_inputs: int | None = None
     ) -> ReplayPreviewResponse:
@@ -161,7 +179,7 @@ class AsyncSessionStateClient:
         return await self._run(calls.list_sessions(tenant_id, workspace_id, limit, cursor))
 
     async def erase(self, scope: TenantScope, *, if_match: str | None = None) -> str:
-        """`DELETE S/state` (204): the session erased, with every record kept of it (also
+        """`DELETE S/state` (204): the session erased, with all its versions (also
         when nothing is stored). `if_match`: only that state digest. Returns the decision
         id, whose entry is the erasure's receipt."""
         return await self._run(calls.erase(scope, if_match))

@@ -33,6 +33,7 @@ from sessionstate_client.models import (
     SessionListResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
     TenantScope,
     TokenExchangeResponse,
     WorkspaceErasureResponse,
@@ -129,6 +130,27 @@ class SessionStateClient:
         """
         return self._run(calls.get_state(scope))
 
+    def versions(
+        self, scope: TenantScope, *, limit: int | None = None, cursor: str | None = None
+    ) -> SessionVersionsResponse:
+        """`GET S/state/versions`: one page of the session's versions, newest first; pass
+        its `next_cursor` as `cursor` for the next. Raises `NotFound` when nothing is stored."""
+        return self._run(calls.versions(scope, limit, cursor))
+
+    def read_version(self, scope: TenantScope, version: int) -> SessionStateReadResponse:
+        """`GET S/state/versions/{version}`: a kept version, read as `get_state` reads the
+        current one. Raises `NotFound` when the session keeps no such version."""
+        return self._run(calls.read_version(scope, version))
+
+    def rewind(self, scope: TenantScope, to_version: int, *, if_match: str) -> SessionStateResponse:
+        """`POST S/state/rewind`: write version `to_version`'s record as the next version.
+
+        `if_match` is the current record's state digest (its ETag): a rewind replaces only
+        the version it names (`PreconditionFailed` otherwise). It is a write: durable
+        writes, an approval in force and the policy must allow it.
+        """
+        return self._run(calls.rewind(scope, to_version, if_match))
+
     def replay_preview(
         self, scope: TenantScope, max_inputs: int | None = None
     ) -> ReplayPreviewResponse:
@@ -160,7 +182,7 @@ class SessionStateClient:
         return self._run(calls.list_sessions(tenant_id, workspace_id, limit, cursor))
 
     def erase(self, scope: TenantScope, *, if_match: str | None = None) -> str:
-        """`DELETE S/state` (204): the session erased, with every record kept of it (also
+        """`DELETE S/state` (204): the session erased, with all its versions (also
         when nothing is stored). `if_match`: only that state digest. Returns the decision
         id, whose entry is the erasure's receipt."""
         return self._run(calls.erase(scope, if_match))

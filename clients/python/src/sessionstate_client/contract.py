@@ -16,6 +16,9 @@ WORKSPACE = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}"
 STATE = SESSION + "/state"
 STATE_PREVIEW = SESSION + "/state/preview"
 REPLAY_PREVIEW = SESSION + "/replay-preview"
+STATE_VERSIONS = SESSION + "/state/versions"
+STATE_VERSION = STATE_VERSIONS + "/{version}"
+STATE_REWIND = SESSION + "/state/rewind"
 APPROVALS = WORKSPACE + "/approvals"
 SESSIONS = WORKSPACE + "/sessions"
 APPROVAL = APPROVALS + "/{approval_id}"
@@ -55,6 +58,8 @@ PolicyAction = Literal[
     "policy.approve",
     "list",
     "erase",
+    "history",
+    "rewind",
 ]
 """What a decision is about (the decision log's `action` filter)."""
 

@@ -105,7 +105,7 @@ class PreconditionFailed(SessionStateError):
 
 
 class InvalidRequest(SessionStateError):
-    """400, 405, 413, 415 or 422: the request itself is wrong; resending it cannot help."""
+    """400, 405, 413, 415, 422 or 428: the request itself is wrong; resending it cannot help."""
 
     @property
     def errors(self) -> list[FieldError]:
@@ -253,6 +253,7 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
     415: InvalidRequest,
     422: InvalidRequest,
     431: InvalidRequest,
+    428: InvalidRequest,  # precondition_required: a rewind without If-Match
     429: RateLimited,
 }
 BY_503_REASON: dict[str, type[SessionStateError]] = {

@@ -23,6 +23,7 @@ REQUEST_MODELS: frozenset[str] = frozenset(
     {
         "ApprovalGrantInput",
         "ReplayPreviewRequest",
+        "RewindRequest",
         "SessionRuntimeProfileInput",
         "SessionStateAnchorInput",
         "SessionStateInput",
@@ -160,6 +161,8 @@ class DecisionTrace(_Response):
         "policy.approve",
         "list",
         "erase",
+        "history",
+        "rewind",
         "policy.activate",
     ] = Field(
         description="the policy action decided; `policy.activate` for a policy activation (the `~system` chain)"
@@ -692,12 +695,20 @@ class ReplayPreviewResponse(_Response):
     decision: DecisionTrace
 
 
+class RewindRequest(_Request):
+    """The body of `POST .../state/rewind`."""
+
+    to_version: Annotated[int, Field(le=9007199254740991, ge=1)] = Field(
+        description="the kept version whose record to restore"
+    )
+
+
 class SessionSummary(_Response):
     """One session of a workspace's list: its stored record's version and digest, no content."""
 
     session_id: str
-    version: int | None = Field(
-        description="the stored record's version number; null while versions are not kept"
+    version: Annotated[int, Field(ge=1)] = Field(
+        description="the stored record's version: its newest (a record written before versions were kept is version 1)"
     )
     state_digest: str | None = Field(
         description="the stored record's state digest (its ETag); null when the record does not read (`GET .../state` reports it as corrupt)"
@@ -926,17 +937,49 @@ class SessionStateReadReport(_Response):
 
 
 class SessionStateReadResponse(_Response):
-    """`GET .../state`."""
+    """`GET .../state` and `GET .../state/versions/{version}`."""
 
     read_report: SessionStateReadReport
     decision: DecisionTrace
+    version: Annotated[int, Field(ge=1)] = Field(
+        description="the version read: the current one for `GET .../state` (a record written before versions were kept is version 1)"
+    )
 
 
 class SessionStateResponse(_Response):
-    """`POST .../state/preview` and `PUT .../state`."""
+    """`POST .../state/preview`, `PUT .../state` and `POST .../state/rewind`."""
 
     record: SessionStateRecord
     write_report: SessionStateWriteReport
+    decision: DecisionTrace
+    version: int | None = Field(
+        default=None,
+        description="the version the written record is (1 for a session's first record); null for a preview",
+    )
+
+
+class VersionSummary(_Response):
+    """One version of a session's record, without its content."""
+
+    version: Annotated[int, Field(le=9007199254740991, ge=1)] = Field(
+        description="1 for the session's first record"
+    )
+    state_digest: Annotated[str, Field(max_length=160)] = Field(
+        description="the record's state digest (a corrupt record's: sha256 of its bytes)"
+    )
+    written_at: str | None = Field(
+        description="RFC 3339, when the write that made it committed; null for a record written before versions were kept"
+    )
+    decision_id: str | None = Field(
+        description="the decision that allowed the write; null for a record written before versions were kept"
+    )
+
+
+class SessionVersionsResponse(_Response):
+    """`GET .../state/versions`: a page of the session's versions, newest first."""
+
+    versions: list[VersionSummary]
+    next_cursor: str | None = Field(description="the next page's `cursor`; null on the last page")
     decision: DecisionTrace
 
 
