@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from service.policy.sidecar import OpaSidecar
+from store.key_codec import TenantResourceLane
 from tests.support.factories import state_input
 from tests.support.live import LiveService, live_service, service_settings
 
@@ -50,6 +51,12 @@ def erase(service: LiveService, session: str = "chat-1", **headers: str) -> Any:
 def read(service: LiveService, session: str = "chat-1") -> Any:
     return service.call(
         "GET", service.session_path(s=session) + "/state", service.token(session=session)
+    )
+
+
+def versions(service: LiveService, session: str = "chat-1") -> Any:
+    return service.call(
+        "GET", service.session_path(s=session) + "/state/versions", service.token(session=session)
     )
 
 
@@ -178,9 +185,51 @@ def test_an_erasure_answers_204_and_the_read_names_its_receipt(written: LiveServ
 def test_the_erased_bytes_are_gone_from_every_file_of_the_data_dir(service: LiveService) -> None:
     service.approve()
     write(service, "chat-1", memory_anchors=[{"anchor_id": ANCHOR, "evidence": "x"}])
-    assert data_dir_holds(service, ANCHOR)  # the record's bytes are on disk, somewhere
+    write(service, "chat-1")  # the anchor is now held by version 1 alone, not the record
+    assert versions(service).json()["versions"][-1]["version"] == 1
+    assert data_dir_holds(service, ANCHOR)  # the version's bytes are on disk, somewhere
     assert erase(service).status_code == 204
     assert data_dir_holds(service, ANCHOR) == []
+
+
+def test_an_erasure_takes_every_version_and_the_next_write_is_version_1(
+    service: LiveService,
+) -> None:
+    service.approve()
+    for n in range(1, 6):
+        write(service, "chat-1", turns=[{"turn_id": f"t-{n}", "role": "user", "payload": f"{n}"}])
+    assert read(service).json()["version"] == 5
+    listed = service.call("GET", sessions_path(), service.operator()).json()["sessions"]
+    assert [(item["session_id"], item["version"]) for item in listed] == [("chat-1", 5)]
+    etag = read(service).headers["ETag"]
+    answer = erase(service)
+    assert answer.status_code == 204
+    decision_id = answer.headers["Sessionstate-Decision-Id"]
+    assert entry(service, decision_id)["input"]["erasure"]["versions"] == 5
+    rewind = service.call(
+        "POST",
+        service.session_path() + "/state/rewind",
+        service.token(),
+        headers={"If-Match": etag},
+        json={"to_version": 2},
+    )
+    for gone in (
+        versions(service),
+        service.call("GET", service.session_path() + "/state/versions/2", service.token()),
+        rewind,
+    ):
+        assert gone.status_code == 404, gone.text
+        assert gone.json()["reason"] == "session_state_erased"
+        assert gone.json()["erasure_decision_id"] == decision_id
+    assert service.context.lanes.count(TenantResourceLane.SESSION_VERSION) == 0
+    again = service.call(
+        "PUT", service.session_path() + "/state", service.token(), json=state_input()
+    )
+    assert again.status_code == 201, again.text
+    assert again.json()["version"] == 1
+    assert [item["version"] for item in versions(service).json()["versions"]] == [1]
+    listed = service.call("GET", sessions_path(), service.operator()).json()["sessions"]
+    assert [(item["session_id"], item["version"]) for item in listed] == [("chat-1", 1)]
 
 
 def test_an_operator_erases_any_session_of_its_tenant(written: LiveService) -> None:
@@ -251,6 +300,7 @@ def test_an_operator_erases_a_workspace_with_a_receipt_per_session(written: Live
         assert receipt["actor"]["sub"] == "op-1"
     assert written.call("GET", sessions_path(), written.operator()).json()["sessions"] == []
     assert written.call("GET", sessions_path(w="ws-2"), written.operator()).json()["sessions"]
+    assert written.context.lanes.count(TenantResourceLane.SESSION_VERSION) == 1  # ws-2's chat-9
     again = written.call("DELETE", sessions_path(), written.operator()).json()
     assert (again["sessions_erased"], again["complete"]) == (0, True)
 
@@ -290,7 +340,9 @@ def test_the_erasure_on_postgresql(on_postgres: LiveService) -> None:
     workspace = on_postgres.call("DELETE", sessions_path(), on_postgres.operator()).json()
     assert (workspace["sessions_erased"], workspace["complete"]) == (1, True)
     assert read(on_postgres, "chat-2").json()["reason"] == "session_state_erased"
+    assert versions(on_postgres).json()["reason"] == "session_state_erased"
+    assert on_postgres.context.lanes.count(TenantResourceLane.SESSION_VERSION) == 0
     write(on_postgres, "chat-1")
-    assert read(on_postgres).status_code == 200
+    assert read(on_postgres).json()["version"] == 1
     verified = on_postgres.call("GET", "/v1/decisions/verify", auditor(on_postgres)).json()
     assert verified["ok"] is True
