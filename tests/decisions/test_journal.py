@@ -22,12 +22,13 @@ import pytest
 from service.decisions.batch_plan import QueuedEntry, plan_batch
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from service.decisions.log import DecisionEntryBody
-from service.decisions.record_writes import StateWrite
+from service.decisions.record_writes import StateErase, StateWrite
 from service.decisions.revisions import SummaryCache
 from store.backends.leveldb import LevelDBLaneStore
 from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS
 from store.digests import DigestKey
+from store.key_codec import TenantResourceLane
 from store.session_state import Precondition, SessionStateStore
 from store.session_versions import SessionVersions
 from tests.support.factories import decision_entry_body, record, scope
@@ -166,6 +167,35 @@ def test_one_batch_of_writes_of_one_session_plans_consecutive_versions(
         plan.add_to(batch)
     listed = SessionVersions(lanes).page(scope(), limit=10)
     assert [(v.version, v.decision_id) for v in listed] == [(4, "decision-3"), (3, "decision-2")]
+
+
+def test_an_erasure_in_a_batch_takes_the_versions_the_batch_put_and_the_next_is_1(
+    lanes: LevelDBLaneStore,
+) -> None:
+    """Write, erase, write, planned as one batch: the erasure deletes the stored versions
+    and the one the batch put before it, and the write after it is version 1 again."""
+    SessionStateStore(lanes).write(record(KEY, state_id="state-0"))  # version 1
+    queued = [
+        QueuedEntry(body(1), write=StateWrite(record(KEY, state_id="state-1"), Precondition())),
+        QueuedEntry(body(2), erase=StateErase(scope(), Precondition())),
+        QueuedEntry(body(3), write=StateWrite(record(KEY, state_id="state-3"), Precondition())),
+    ]
+    plan = plan_batch(
+        queued,
+        lanes=lanes,
+        head=lambda _: GENESIS,
+        recorded_at="2026-11-30T12:00:00.000000Z",
+        summaries=SummaryCache(lanes),
+    )
+    assert [item.version for item in queued] == [2, None, 1]
+    with lanes.batch() as batch:
+        plan.add_to(batch)
+    listed = SessionVersions(lanes).page(scope(), limit=10)
+    assert [(v.version, v.decision_id) for v in listed] == [(1, "decision-3")]
+    assert lanes.count(TenantResourceLane.SESSION_VERSION) == 1
+    stored = SessionStateStore(lanes).read(scope())
+    assert stored is not None and stored.record is not None
+    assert stored.record.state_id == "state-3"
 
 
 def test_an_if_match_on_a_stale_version_is_412_and_stores_nothing(
