@@ -129,9 +129,12 @@ def current_bytes(lanes: LaneView, scope: TenantScope, state: LaneKey) -> tuple[
     """The stored record's bytes and its version; None when no record is stored.
 
     The record and its newest version are read one after the other, and a write may land
-    between: they are read again until the newest version holds the record's very bytes.
-    A record with no version at all was written before versions were kept: version 1.
+    between: they are read again until the newest version holds the record's very bytes,
+    or until two reads find the same record and newest version that still differ (damage,
+    not a write: the record's bytes are answered). A record with no version at all was
+    written before versions were kept: version 1.
     """
+    previous: tuple[bytes, LaneKey] | None = None
     for _ in range(MAX_READ_ROUNDS):
         stored = lanes.get(state)
         if stored is None:
@@ -142,6 +145,11 @@ def current_bytes(lanes: LaneView, scope: TenantScope, state: LaneKey) -> tuple[
         decoded = decode_version(*newest)
         if decoded is not None and decoded.record == stored:
             return stored, decoded.summary.version
+        if previous == (stored, newest[0]):
+            # Read alike twice: no write landed between, the record or its version is
+            # damaged. The record's bytes go on to be read, and fail closed as corrupt.
+            return stored, number_of(newest[0])
+        previous = stored, newest[0]
     raise StoreOffline("the record and its versions kept changing under the read")
 
 

@@ -391,6 +391,24 @@ def test_a_corrupt_record_fails_closed_with_a_redacted_error(service: LiveServic
     assert 'sessionstate_corrupt_reads_total{label="session_state_schema_mismatch"} 2.0' in metrics
 
 
+def test_a_damaged_record_with_versions_fails_closed_as_corrupt(service: LiveService) -> None:
+    """The record differs from its newest version however often it is read: that is damage,
+    not a write landing between the reads, so the read reports it corrupt (not 503)."""
+    service.approve()
+    put_state(service)
+    key = LaneKey(TenantResourceLane.SESSION_STATE, "tenant-a", "ws-1", "chat-1")
+    stored = service.context.lanes.get(key)
+    assert stored is not None
+    damaged = stored.replace(b'"token_estimate":4', b'"token_estimate":5', 1)
+    assert damaged != stored
+    service.context.lanes.put(key, damaged)
+    read = service.call("GET", service.session_path() + "/state", service.token())
+    assert read.status_code == 200
+    report = read.json()["read_report"]
+    assert report["corrupt"] is True and report["record"] is None
+    assert report["error_digest"] == "sha256:" + hashlib.sha256(damaged).hexdigest()
+
+
 def test_a_valid_record_of_another_scope_reads_as_corrupt(service: LiveService) -> None:
     service.approve()
     put_state(service)
