@@ -116,7 +116,7 @@ def test_openapi_document_and_docs(service: LiveService) -> None:
     document = service.call("GET", "/openapi.json").json()
     assert document["openapi"] == "3.1.0"
     session = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}/sessions/{session_id}"
-    assert set(document["paths"][session + "/state"]) == {"put", "get"}
+    assert set(document["paths"][session + "/state"]) == {"put", "get", "delete"}
     assert "SessionStateInput" in document["components"]["schemas"]
     turns = document["components"]["schemas"]["SessionStateInput"]["properties"]["turns"]
     assert turns["maxItems"] == 2048  # a full record of 1,024 turns plus as many new ones

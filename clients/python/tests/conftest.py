@@ -228,6 +228,28 @@ def log_entry(seq: int, decision_id: str, action: str = "write") -> dict[str, An
     }
 
 
+def version_summary(version: int) -> dict[str, Any]:
+    """One entry of a session's version list."""
+    return {
+        "version": version,
+        "state_digest": sha256(f"version {version}"),
+        "written_at": "2026-01-01T00:00:00Z",
+        "decision_id": f"dec-write-{version}",
+    }
+
+
+def session_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """One entry of a workspace's session list."""
+    return {
+        "session_id": SCOPE.session_id,
+        "version": 2,
+        "state_digest": record["state_digest"],
+        "updated_at": "2026-01-01T00:00:00Z",
+        "expires_at": None,
+        "lineage": None,
+    }
+
+
 class Endpoints(FakeService):
     """Answers every endpoint of the contract with a valid answer of its own shape."""
 
@@ -253,9 +275,33 @@ class Endpoints(FakeService):
             "GET /state": {
                 "read_report": {"key_digest": sha256("k"), "record": record, "corrupt": False},
                 "decision": decision(),
+                "version": 2,
             },
-            "PUT /state": written,
+            "PUT /state": {**written, "version": 2},
             "POST /state/preview": written,
+            "GET /state/versions": {
+                "versions": [version_summary(2), version_summary(1)],
+                "next_cursor": None,
+                "decision": decision("history"),
+            },
+            "GET /state/versions/1": {
+                "read_report": {"key_digest": sha256("k"), "record": record, "corrupt": False},
+                "decision": decision("history"),
+                "version": 1,
+            },
+            "POST /state/rewind": {**written, "decision": decision("rewind"), "version": 3},
+            "GET /v1/tenants/tenant-a/workspaces/ws-1/sessions": {
+                "sessions": [session_summary(record)],
+                "next_cursor": None,
+                "decision": decision("list"),
+            },
+            "DELETE /v1/tenants/tenant-a/workspaces/ws-1/sessions": {
+                "sessions_erased": 1,
+                "sessions_refused": 0,
+                "sessions_changed": 0,
+                "complete": True,
+                "decision": decision("erase"),
+            },
             "POST /replay-preview": {"preview": replay, "decision": decision("replay")},
             "POST /v1/token": {
                 "access_token": "session-token",
@@ -310,6 +356,8 @@ class Endpoints(FakeService):
             return httpx.Response(
                 201 if "approvals" in key and request.method == "POST" else 200, json=by_key[key]
             )
+        if key == "DELETE /state":
+            return httpx.Response(204, headers={"Sessionstate-Decision-Id": "d-erase"})
         if key.startswith("DELETE /v1/tenants/"):
             return httpx.Response(204, headers={"Sessionstate-Decision-Id": "d-revoke"})
         if key == "GET /v1/decisions/export":
@@ -342,6 +390,7 @@ class FakeStore(FakeService):
         self.blocked = ["session_state_operator_approval_missing"]
         self.window = window
         self.record: dict[str, Any] | None = None
+        self.version = 0
         self.corrupt_digest: str | None = None
 
     def store(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -357,6 +406,7 @@ class FakeStore(FakeService):
             "digest": sha256(f"compacted {count + dropped}") if count + dropped else GENESIS,
         }
         self.record = sanitized({**state, "turns": turns[dropped:]}, compacted)
+        self.version += 1
         self.corrupt_digest = None
         return self.record
 
@@ -388,13 +438,15 @@ class FakeStore(FakeService):
                 "redacted_error": "session_state_schema_mismatch",
                 "error_digest": self.corrupt_digest,
             }
-            return httpx.Response(200, json={"read_report": report, "decision": decision()})
+            answer = {"read_report": report, "decision": decision(), "version": self.version or 1}
+            return httpx.Response(200, json=answer)
         if self.record is None:
             return httpx.Response(
                 404, json=problem(404, "session_state_not_found", decision=decision())
             )
         report = {"key_digest": sha256("key"), "record": self.record, "corrupt": False}
-        return httpx.Response(200, json={"read_report": report, "decision": decision()})
+        answer = {"read_report": report, "decision": decision(), "version": self.version}
+        return httpx.Response(200, json=answer)
 
     def _write(self, request: httpx.Request) -> httpx.Response:
         stored = self.corrupt_digest or (self.record or {}).get("state_digest")
@@ -423,6 +475,7 @@ class FakeStore(FakeService):
             "record": record,
             "write_report": write_report(True),
             "decision": decision("write"),
+            "version": self.version,
         }
         return httpx.Response(200, json=answer, headers={"ETag": f'"{record["state_digest"]}"'})
 

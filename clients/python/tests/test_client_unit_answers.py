@@ -25,9 +25,12 @@ from sessionstate_client.models import (
     PolicyRevisionsResponse,
     Readiness,
     ReplayPreviewResponse,
+    SessionListResponse,
     SessionStateReadResponse,
     SessionStateResponse,
+    SessionVersionsResponse,
     TokenExchangeResponse,
+    WorkspaceErasureResponse,
 )
 
 CANARY = "ANSWER-BODY-CANARY-3b7e"
@@ -39,6 +42,13 @@ def test_each_call_returns_its_wire_model() -> None:
         assert isinstance(client.preview_state(SCOPE, template()), SessionStateResponse)
         assert isinstance(client.put_state(SCOPE, template()), SessionStateResponse)
         assert isinstance(client.replay_preview(SCOPE), ReplayPreviewResponse)
+        assert isinstance(client.versions(SCOPE), SessionVersionsResponse)
+        assert client.read_version(SCOPE, 1).version == 1
+        assert client.rewind(SCOPE, 1, if_match="sha256:" + "0" * 64).version == 3
+        assert client.erase(SCOPE) == "d-erase"
+        assert isinstance(client.list_sessions("tenant-a", "ws-1"), SessionListResponse)
+        erased = client.erase_workspace("tenant-a", "ws-1")
+        assert isinstance(erased, WorkspaceErasureResponse)
         assert isinstance(client.exchange_token("svc", SCOPE), TokenExchangeResponse)
         grant = {"ttl_seconds": 60, "reason": "unit"}
         assert isinstance(client.grant_approval("tenant-a", "ws-1", grant), ApprovalResponse)

@@ -18,6 +18,7 @@ from sessionstate_client import (
     CorruptState,
     DecisionLogBehindSignedHead,
     DecisionLogUnavailable,
+    ErasureIncomplete,
     InvalidRequest,
     NotFound,
     PolicyDecisionUndefined,
@@ -49,6 +50,7 @@ BY_STATUS = [
     (414, "uri_too_long", InvalidRequest),
     (415, "unsupported_media_type", InvalidRequest),
     (422, "validation_failed", InvalidRequest),
+    (428, "precondition_required", InvalidRequest),
     (429, "rate_limited", RateLimited),
     (431, "headers_too_large", InvalidRequest),
     (500, "internal_error", UnexpectedResponse),
@@ -62,6 +64,7 @@ BY_503_REASON = [
     ("decision_log_behind_signed_head", DecisionLogBehindSignedHead),
     ("store_unavailable", StoreUnavailable),
     ("store_outcome_unknown", StoreOutcomeUnknown),
+    ("erasure_incomplete", ErasureIncomplete),
     ("token_keys_unavailable", TokenKeysUnavailable),
     ("some_proxy_reason", ServiceUnavailable),
 ]
