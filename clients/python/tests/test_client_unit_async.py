@@ -30,6 +30,7 @@ CALLS: dict[str, Callable[[Any], Any]] = {
     "preview_state": lambda c: c.preview_state(SCOPE, template()),
     "put_state": lambda c: c.put_state(SCOPE, template(), if_match="sha256:" + "0" * 64),
     "replay_preview": lambda c: c.replay_preview(SCOPE, 3),
+    "fork": lambda c: c.fork(SCOPE, "chat-2", 3),
     "exchange_token": lambda c: c.exchange_token("service-token", SCOPE),
     "grant_approval": lambda c: c.grant_approval("tenant-a", "ws-1", GRANT),
     "list_approvals": lambda c: c.list_approvals("tenant-a", "ws-1"),
