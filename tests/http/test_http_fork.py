@@ -190,3 +190,24 @@ def test_a_source_that_is_not_there_is_404(service: LiveService) -> None:
         erased = fork(service, version=version)
         assert erased.status_code == 404
         assert erased.json()["reason"] == "session_state_erased"
+
+
+def test_a_later_write_of_the_target_keeps_its_lineage(service: LiveService) -> None:
+    five_writes(service)
+    forked = fork(service, version=3).json()["record"]
+    target = service.token(session="chat-2")
+    etag = {"If-Match": f'"{forked["state_digest"]}"'}
+    written = service.call("PUT", TARGET_STATE, target, json=body_of(9), headers=etag)
+    assert written.status_code == 200, written.text
+    assert written.json()["version"] == 2
+    assert written.json()["record"]["lineage"] == forked["lineage"]
+    listed = service.call(
+        "GET", "/v1/tenants/tenant-a/workspaces/ws-1/sessions", workspace_token(service)
+    )
+    lineage = {item["session_id"]: item["lineage"] for item in listed.json()["sessions"]}
+    assert lineage["chat-2"] == forked["lineage"]
+    erased = service.call("DELETE", TARGET_STATE, target)
+    assert erased.status_code == 204
+    again = service.call("PUT", TARGET_STATE, target, json=body_of(10))
+    assert again.status_code == 201, again.text
+    assert "lineage" not in again.json()["record"]  # erased: a new session, never forked
