@@ -92,6 +92,7 @@ CALLS: dict[str, Callable[[SessionStateClient], Any]] = {
     "versions": lambda c: c.versions(SCOPE, limit=2, cursor="c"),
     "read_version": lambda c: c.read_version(SCOPE, 2),
     "rewind": lambda c: c.rewind(SCOPE, 1, if_match="sha256:" + "0" * 64),
+    "fork": lambda c: c.fork(SCOPE, "chat-2", 3),
     "replay_preview": lambda c: c.replay_preview(SCOPE, 4),
     "erase": lambda c: c.erase(SCOPE),
     "list_sessions": lambda c: c.list_sessions("tenant-a", "ws-1", limit=2),
