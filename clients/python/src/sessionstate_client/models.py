@@ -474,8 +474,8 @@ class FieldError(_Response):
 class ForkRequest(_Request):
     """The body of `POST .../fork`."""
 
-    to_session_id: str = Field(
-        description="the session to create, in the same workspace: a scope id (^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$), else 400 invalid_scope_id"
+    to_session_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")] = Field(
+        description="the session to create, in the same workspace: a scope id, checked as a path's is (400 invalid_scope_id, never normalised)"
     )
     from_version: Annotated[int, Field(le=9007199254740991, ge=1)] | None = Field(
         default=None,
