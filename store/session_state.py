@@ -25,7 +25,12 @@ from store.chain.head import format_timestamp
 from store.key_codec import LaneKey, TenantResourceLane
 from store.record.blockers import Blocker, CorruptionLabel
 from store.record.reports import SessionStateReadReport
-from store.record.state_record import NO_COMPACTED_TURNS, CompactedTurns, SessionStateRecord
+from store.record.state_record import (
+    NO_COMPACTED_TURNS,
+    CompactedTurns,
+    Lineage,
+    SessionStateRecord,
+)
 from store.record.validation import record_blockers
 from store.scope import TenantScope
 from store.session_data import Erasure, SessionMeta, parsed_meta, read_meta
@@ -43,11 +48,13 @@ MAX_WRITE_ROUNDS = 64  # reads of a record that others keep changing before givi
 @dataclass(frozen=True)
 class StoredVersion:
     """What is stored: its version (the state digest, a corrupt record's `error_digest`,
-    None for nothing) and its summary of compacted turns (empty for none, v1 or corrupt).
-    A write builds on it, and a precondition is checked against it."""
+    None for nothing), its summary of compacted turns (empty for none, v1 or corrupt) and
+    a forked session's lineage (None: never forked). A write builds on it, and a
+    precondition is checked against it."""
 
     version: str | None
     compacted: CompactedTurns = NO_COMPACTED_TURNS
+    lineage: Lineage | None = None
 
 
 NOTHING_STORED = StoredVersion(None)
@@ -88,9 +95,10 @@ class Precondition:
 
         A record with a summary extends base's: it is written only while base is
         the stored version (so no turn is compacted twice, and none a concurrent
-        writer compacted is lost). A record without one may replace no summary.
+        writer compacted is lost); so is one that keeps base's lineage (so no
+        session is given another's). A record without either may replace no summary.
         """
-        if record.summary.count > 0:
+        if record.summary.count > 0 or record.lineage is not None:
             return replace(self, built_on=BuiltOn(base.version))
         return replace(self, replaces_no_summary=True)
 
@@ -294,7 +302,8 @@ def stored_version(scope: TenantScope, key: LaneKey, stored: bytes) -> StoredVer
     """What preconditions compare against: a corrupt record's version is its `error_digest`."""
     report = read_report(scope, key.digest(), stored)
     if report.record is not None:
-        return StoredVersion(report.record.state_digest, report.record.summary)
+        record = report.record
+        return StoredVersion(record.state_digest, record.summary, record.lineage)
     return StoredVersion(sha256_digest(stored))
 
 

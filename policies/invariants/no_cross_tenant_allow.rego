@@ -12,6 +12,6 @@ package sessionstate.invariants.no_cross_tenant_allow
 # description: True for an input across tenants that a decision package allows.
 violation if {
 	object.get(input.actor, "tenant_id", null) != input.target.tenant_id
-	some name in {"approval", "audit", "erase", "history", "list", "read", "replay", "rewind", "token", "write"}
+	some name in {"approval", "audit", "erase", "fork", "history", "list", "read", "replay", "rewind", "token", "write"}
 	data.sessionstate[name].decision.allow == true
 }

@@ -46,3 +46,8 @@ test_a_rewind_allowed_across_tenants_violates if {
 	no_cross_tenant_allow.violation with input as object.union(across, {"action": "rewind"})
 		with data.sessionstate.rewind.decision as {"allow": true, "reasons": []}
 }
+
+test_a_fork_allowed_across_tenants_violates if {
+	no_cross_tenant_allow.violation with input as object.union(across, {"action": "fork"})
+		with data.sessionstate.fork.decision as {"allow": true, "reasons": []}
+}

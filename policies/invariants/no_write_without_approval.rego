@@ -2,7 +2,7 @@
 # title: No write without an approval in force
 # description: >-
 #   A deployment invariant (service/policy/invariants.py), never served: a
-#   write (or a rewind, which writes) is allowed only under a live operator
+#   write (or a rewind or a fork, which write) is allowed only under a live operator
 #   approval (issued, not expired, not revoked) of the target's tenant,
 #   workspace and, if it names one, session.
 # schemas:
@@ -11,9 +11,9 @@ package sessionstate.invariants.no_write_without_approval
 
 # METADATA
 # title: Violation
-# description: True for a write or rewind its decision allows with no approval in force.
+# description: True for a write, rewind or fork its decision allows with no approval in force.
 violation if {
-	input.action in {"write", "rewind"}
+	input.action in {"write", "rewind", "fork"}
 	data.sessionstate[input.action].decision.allow == true
 	not _approval_in_force
 }

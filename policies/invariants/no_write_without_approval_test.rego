@@ -55,3 +55,14 @@ test_a_rewind_allowed_under_a_live_approval_holds if {
 	not no_write_without_approval.violation with input as rewind
 		with data.sessionstate.rewind.decision as allowed
 }
+
+test_a_fork_allowed_without_an_approval_violates if {
+	no_write_without_approval.violation with input as object.union(write, {"action": "fork"})
+		with data.sessionstate.fork.decision as allowed
+}
+
+test_a_fork_allowed_under_a_live_approval_holds if {
+	forked := object.union(write, {"action": "fork", "approval": approval})
+	not no_write_without_approval.violation with input as forked
+		with data.sessionstate.fork.decision as allowed
+}

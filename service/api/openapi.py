@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from service.api.fork_requests import ForkRequest
 from service.api.reasons import Reason
 from service.api.v1 import (
     APPROVAL,
@@ -25,6 +26,7 @@ from service.api.v1 import (
     DECISIONS_REVISIONS,
     DECISIONS_VERIFY,
     EXCHANGE,
+    FORK,
     HEALTHZ,
     IF_MATCH,
     JWKS,
@@ -122,6 +124,7 @@ OPERATIONS = [
     Operation("get", STATE_VERSIONS, "state", "List the session's versions, newest first", None, 200, SessionVersionsResponse, (*AUTHED, 404, 422), VersionsQuery),
     Operation("get", STATE_VERSION, "state", "Read one kept version of the record, as the current one is read", None, 200, SessionStateReadResponse, (*AUTHED, 404)),
     Operation("post", STATE_REWIND, "state", "Write a kept version's record as the session's next version (If-Match required)", RewindRequest, 200, SessionStateResponse, (*AUTHED, 404, 409, 412, 428, *WITH_BODY), headers=(IF_MATCH,)),
+    Operation("post", FORK, "sessions", "Create a session of the same workspace from a version of this one, with its lineage (201; 409 if the target holds a record)", ForkRequest, 201, SessionStateResponse, (*AUTHED, 404, 409, 412, *WITH_BODY)),
     Operation("post", REPLAY_PREVIEW, "state", "Replay inputs from digests and anchors, without raw payloads", ReplayPreviewRequest, 200, ReplayPreviewResponse, (*AUTHED, 404, *WITH_BODY)),
     Operation("delete", STATE, "sessions", "Erase the session's state and all its versions; the decision's entry is the erasure's receipt (204 also when nothing is stored)", None, 204, None, (*AUTHED, 412)),
     Operation("get", SESSIONS, "sessions", "List the workspace's stored sessions, in session-id order: versions and digests, no content", None, 200, SessionListResponse, (*AUTHED, 422), SessionListQuery),

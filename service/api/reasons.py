@@ -56,7 +56,8 @@ class Reason(StrEnum):
     INVALID_SCOPE_ID = (
         "invalid_scope_id",
         400,
-        "A tenant, workspace or session id in the path is not a valid scope id.",
+        "A tenant, workspace or session id in the path (or a fork's `to_session_id`) is not "
+        "a valid scope id.",
     )
     INVALID_APPROVAL_ID = (
         "invalid_approval_id",
@@ -205,6 +206,14 @@ class Reason(StrEnum):
         "precondition_required",
         428,
         "A rewind needs `If-Match` with the current record's ETag (its state digest, quoted).",
+    )
+
+    # --- fork (409) -----------------------------------------------------------------------
+    SESSION_STATE_EXISTS = (
+        "session_state_exists",
+        409,
+        "The fork's target session holds a record already; a fork only creates one. "
+        "Nothing was written.",
     )
 
     # --- the service cannot do it now (500, 503) ------------------------------------------

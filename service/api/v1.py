@@ -27,6 +27,7 @@ REPLAY_PREVIEW = SESSION + "/replay-preview"
 STATE_VERSIONS = SESSION + "/state/versions"  # a session's versions, newest first
 STATE_VERSION = STATE_VERSIONS + "/{version}"
 STATE_REWIND = SESSION + "/state/rewind"
+FORK = SESSION + "/fork"  # a version of the session written as a new session's first record
 APPROVALS = WORKSPACE + "/approvals"
 SESSIONS = WORKSPACE + "/sessions"  # the workspace's sessions: listed, or all erased
 APPROVAL = APPROVALS + "/{approval_id}"
@@ -77,6 +78,7 @@ NEXT_CURSOR_HEADER = "Sessionstate-Next-Cursor"  # an export page's next cursor
 ETAG = "ETag"  # the stored record's state digest, quoted
 IF_MATCH = "If-Match"  # replace only this version (a quoted state digest)
 IF_NONE_MATCH = "If-None-Match"  # `*`: create only
+LOCATION = "Location"  # where a created resource is read
 RETRY_AFTER = "Retry-After"
 REQUEST_ID = "X-Request-Id"
 WORKER = "X-Sessionstate-Worker"  # serve --workers N: which worker process answered (slot:pid)
@@ -98,6 +100,7 @@ DECISION_PACKAGES: Mapping[PolicyAction, str] = {
     "erase": "erase",
     "history": "history",
     "rewind": "rewind",
+    "fork": "fork",
 }
 
 _PARAMETER = re.compile(r"\{([a-z_]+)\}")

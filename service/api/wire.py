@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,7 +15,7 @@ from store.chain.checkpoints import Checkpoint, RetentionAnchor
 from store.chain.full_walk import FullWalk
 from store.chain.loss import RecordedLoss
 from store.record.reports import SessionStateReadReport, SessionStateWriteReport
-from store.record.state_record import SessionStateRecord
+from store.record.state_record import Lineage, SessionStateRecord
 from store.version_lane import VersionSummary
 
 
@@ -24,7 +24,8 @@ class _Envelope(BaseModel):
 
 
 class SessionStateResponse(_Envelope):
-    """`POST .../state/preview`, `PUT .../state` and `POST .../state/rewind`."""
+    """`POST .../state/preview`, `PUT .../state`, `POST .../state/rewind` and `POST .../fork`
+    (the target's record)."""
 
     record: SessionStateRecord
     write_report: SessionStateWriteReport
@@ -83,8 +84,9 @@ class SessionSummary(_Envelope):
     expires_at: str | None = Field(
         description="RFC 3339: when the idle record expires; null: it does not"
     )
-    lineage: dict[str, Any] | None = Field(
-        description="where the record was forked from; null for a record never forked"
+    lineage: Lineage | None = Field(
+        description="where the record was forked from (`POST .../fork`); null for a record "
+        "never forked, or one that does not read"
     )
 
 

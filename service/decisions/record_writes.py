@@ -112,8 +112,9 @@ class RecordWrites:
         self._changes += [(key, value), (meta_key(write.scope), written_meta(written_at))]
         self._changes += line.changes(self._lanes, summary, value, kept=write.kept)
         self._written.append((write.record, value))
+        record = write.record
         self._versions[key.encode()] = StoredVersion(
-            write.record.state_digest, write.record.summary
+            record.state_digest, record.summary, record.lineage
         )
         return summary.version
 

@@ -30,6 +30,7 @@ from service.policy.input import (
     PolicyAction,
     PolicyErasure,
     PolicyExchange,
+    PolicyFork,
     PolicyRewind,
     PolicyTarget,
 )
@@ -101,6 +102,7 @@ def authorize(
     exchange: PolicyExchange | None = None,
     erasure: PolicyErasure | None = None,
     rewind: PolicyRewind | None = None,
+    fork: PolicyFork | None = None,
     authenticated: bool = True,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
@@ -128,6 +130,7 @@ def authorize(
         exchange=exchange,
         erasure=erasure,
         rewind=rewind,
+        fork=fork,
     )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target, peer=peer)

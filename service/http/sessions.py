@@ -165,5 +165,5 @@ def _summary(item: ListedSession) -> SessionSummary:
         state_digest=None if record is None else record.state_digest,
         updated_at=None if item.meta is None else item.meta.updated_at,
         expires_at=None,  # idle records do not expire yet
-        lineage=None,  # records are not forked yet
+        lineage=None if record is None else record.lineage,
     )

@@ -185,6 +185,7 @@ def _record_from_body(scope: TenantScope) -> tuple[SessionStateRecord, StoredVer
             context().digest_key,
             compacted=base.compacted,
             turns_kept=context().settings.max_turns_kept,
+            lineage=base.lineage,
         )
     except InputRejected as rejected:
         raise Problem(Reason.VALIDATION_FAILED, errors=rejected.violations) from None

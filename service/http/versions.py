@@ -69,7 +69,7 @@ def read_version(tenant_id: str, workspace_id: str, session_id: str, version: st
     trace = authorize("history", actor, target_of(scope))
     report = context().versions.read(scope, number)
     if report is None:
-        raise _not_kept(scope, trace)
+        raise not_kept(scope, trace)
     return read_answer(report, number, trace)
 
 
@@ -106,11 +106,11 @@ def _refuse_missing(
     if no_record:
         raise nothing_stored(scope, trace)
     if no_version:
-        raise _not_kept(scope, trace)
+        raise not_kept(scope, trace)
     raise Problem(Reason.SESSION_STATE_VERSION_CORRUPT, decision=trace)
 
 
-def _not_kept(scope: TenantScope, trace: DecisionTrace) -> Problem:
+def not_kept(scope: TenantScope, trace: DecisionTrace) -> Problem:
     """The 404 of a version not kept: `session_state_erased` when the session was erased
     (and not written since: its versions went with it), else
     `session_state_version_not_found`."""

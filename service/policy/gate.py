@@ -29,6 +29,7 @@ from service.policy.input import (
     PolicyDeployment,
     PolicyErasure,
     PolicyExchange,
+    PolicyFork,
     PolicyInput,
     PolicyRewind,
     PolicyTarget,
@@ -71,6 +72,7 @@ class PolicyGate:
         exchange: PolicyExchange | None = None,
         erasure: PolicyErasure | None = None,
         rewind: PolicyRewind | None = None,
+        fork: PolicyFork | None = None,
     ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
         """The decision, the input it was made on, and with a shadow policy set what that
         would have decided (the decision log keeps all three)."""
@@ -85,6 +87,7 @@ class PolicyGate:
             exchange=exchange,
             erasure=erasure,
             rewind=rewind,
+            fork=fork,
         )
         encoded = EncodedInput.of(policy_input)  # the same bytes to the live and the shadow OPA
         question = None if self.shadow is None else self.shadow.ask(encoded)

@@ -39,6 +39,8 @@ PolicyAction = Literal[
     # Versions and rewind (`sessionstate.history`, `sessionstate.rewind`).
     "history",
     "rewind",
+    # A fork: a session version written as another session's first record (`sessionstate.fork`).
+    "fork",
 ]
 Role = Literal["model-service", "operator", "auditor"]
 
@@ -199,6 +201,15 @@ class PolicyRewind(_Strict):
     replaced_version: int = Field(ge=1, le=MAX_VERSION, description="the current version")
 
 
+class PolicyFork(_Strict):
+    """`fork`: the source version the target session is created from (the target is the
+    decision's `target`; the source is in the same tenant and workspace)."""
+
+    source_session_id: ScopeId
+    source_version: int = Field(ge=1, le=MAX_VERSION, description="the version forked")
+    source_state_digest: str = Field(max_length=160, description="that version's state digest")
+
+
 class PolicyInput(_Strict):
     """The whole `input` document of every sessionstate decision."""
 
@@ -229,6 +240,11 @@ class PolicyInput(_Strict):
         default=None,
         exclude_if=lambda value: value is None,
         description="`rewind` only: the version restored; absent otherwise",
+    )
+    fork: PolicyFork | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="`fork` only: the source version; absent otherwise",
     )
 
 

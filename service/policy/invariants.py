@@ -49,8 +49,8 @@ SHIPPED = "shipped_"  # the name a shipped invariant is checked under beside a d
 # (tests/policy/test_policy_invariants.py holds these to the files).
 SHIPPED_DIGESTS = {
     "no_cross_session_read": "812d79de0d1628111ae433a3497392400255568a78cde5ea319eded498285d81",
-    "no_cross_tenant_allow": "d04abc9dc0e0dd7411986575e4f601c5885c919b0a4fd08d6d43ad74b702e934",
-    "no_write_without_approval": "b9a2816b734a8da20a972744b6e3e335f49fc91966b4413948846d6fcba61c54",
+    "no_cross_tenant_allow": "0e1605c3fadd0b32afd01a889d5d956cf83306e82c184034c0d4e3c08100ed73",
+    "no_write_without_approval": "077b1ad0ab8acaa3553fab1807694c5585c340e8e68d155950b45751c6ba17cc",
 }
 MAX_EXAMPLES = 200
 MAX_SHRINK_EVALUATIONS = 150

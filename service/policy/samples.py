@@ -7,7 +7,7 @@ tenant (`TENANTS`, and the tenants a candidate's tenant settings name), one inpu
 would allow, then that input changed one part at a time: the actor's roles and scope (the
 target's session, its workspace, its tenant only, another tenant's, none), the approval (none,
 expired, revoked, another workspace's), the record (none, one with blockers), the deployment's
-durable writes, each word of a token exchange, who stands behind a policy activation, and a rewind that names no version. Not every input: only what a gate is
+durable writes, each word of a token exchange, who stands behind a policy activation, and a rewind or a fork that names no version. Not every input: only what a gate is
 likely to turn on. `service.policy.invariants` samples many more.
 """
 
@@ -35,8 +35,9 @@ _ROLE_OF: dict[str, Role] = {
     "decisions.read": "auditor",
     "policy.approve": "operator",
 }
-_WITH_RECORD = ("write", "preview", "rewind")
+_WITH_RECORD = ("write", "preview", "rewind", "fork")
 _WORKSPACE_WIDE = ("list",)  # of a whole workspace: asked with a workspace's token
+_WORKSPACE_TOKEN = ("list", "fork", "token.exchange")  # asked with a workspace's token
 
 
 def representative_inputs(tenants: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -100,6 +101,11 @@ def _record(profile: TaskProfile = "coding", **changes: Any) -> dict[str, Any]:
 
 
 _REWIND = {"restored_version": 2, "replaced_version": 5}
+_FORK = {
+    "source_session_id": "chat-0",
+    "source_version": 3,
+    "source_state_digest": "sha256:" + "cd" * 32,
+}
 
 
 def _exchange(**changes: str) -> dict[str, str]:
@@ -146,7 +152,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
     if action in _WORKSPACE_WIDE:
         scope["session_id"] = None
     actor: dict[str, Any] = {"sub": "svc-1", "roles": [_ROLE_OF.get(action, "model-service")]}
-    actor |= scope if action != "token.exchange" else {**scope, "session_id": None}
+    actor |= {**scope, "session_id": None} if action in _WORKSPACE_TOKEN else scope
     return {
         "action": action,
         "now": NOW,
@@ -159,6 +165,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
         **({"activation": _activation()} if action == "policy.approve" else {}),
         **({"erasure": _erasure()} if action == "erase" else {}),
         **({"rewind": _REWIND} if action == "rewind" else {}),
+        **({"fork": _FORK} if action == "fork" else {}),
     }
 
 
@@ -196,6 +203,8 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
             yield {**base, "erasure": erasure}
     if action == "rewind":
         yield {**base, "rewind": None}
+    if action == "fork":
+        yield {**base, "fork": None}
     if action == "token.exchange":
         for field, info in PolicyExchange.model_fields.items():
             for word in get_args(info.annotation):

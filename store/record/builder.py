@@ -24,6 +24,7 @@ from store.record.state_record import (
     RECORD_SCHEMA,
     AnchorKind,
     CompactedTurns,
+    Lineage,
     SessionRuntimeProfile,
     SessionStateAnchor,
     SessionStateRecord,
@@ -43,11 +44,13 @@ def build_record(
     *,
     compacted: CompactedTurns = NO_COMPACTED_TURNS,
     turns_kept: int = DEFAULT_TURNS_KEPT,
+    lineage: Lineage | None = None,
 ) -> SessionStateRecord:
     """The sanitized record for scope: digests and bounded metadata only.
 
     `compacted` is the summary of the stored version this record replaces; the
-    oldest turns beyond `turns_kept` extend it, in order.
+    oldest turns beyond `turns_kept` extend it, in order. `lineage` is that version's
+    (a forked session keeps where it came from).
     """
     violations: list[FieldViolation] = []
     profile = state.runtime_profile
@@ -96,6 +99,7 @@ def build_record(
         turns=kept,
         compacted_turns=summary,
         source_trace_ids=list(dict.fromkeys(state.source_trace_ids)),
+        lineage=lineage,
         raw_messages_stored=False,
         read_only=True,
         report_only=True,

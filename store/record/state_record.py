@@ -22,7 +22,7 @@ from store.record.bounds import (
     Identifier,
 )
 from store.record.inputs import TaskProfile, TurnRole
-from store.scope import TenantScope
+from store.scope import ScopeId, TenantScope
 
 RECORD_SCHEMA = "sessionstate.record.v2"
 """What every write produces: a record with `compacted_turns`."""
@@ -104,6 +104,23 @@ def _present_when_set(schema: dict[str, Any]) -> None:
 
 Anchors = list[SessionStateAnchor]
 
+
+class ForkedFrom(_Record):
+    """The session version a record was forked from: its scope, version and state digest."""
+
+    tenant_id: ScopeId
+    workspace_id: ScopeId
+    session_id: ScopeId
+    version: int = Field(ge=1, le=MAX_SAFE_INTEGER)
+    state_digest: Digest
+
+
+class Lineage(_Record):
+    """Where a record came from, when it was not written from a model service's body."""
+
+    forked_from: ForkedFrom
+
+
 # Which anchor kind each list of the record holds.
 ANCHOR_LISTS: dict[str, AnchorKind] = {
     "memory_anchors": AnchorKind.MEMORY_CHAIN,
@@ -135,6 +152,13 @@ class SessionStateRecord(_Record):
         json_schema_extra=_present_when_set,
     )
     source_trace_ids: list[Identifier] = Field(max_length=MAX_SOURCE_TRACE_IDS)
+    lineage: Lineage | None = Field(
+        default=None,
+        description="where a forked record was forked from (`POST .../fork`); absent on a "
+        "record never forked, so its digest is what it always was",
+        exclude_if=lambda lineage: lineage is None,
+        json_schema_extra=_present_when_set,
+    )
     raw_messages_stored: bool = False
     read_only: bool = True
     report_only: bool = True

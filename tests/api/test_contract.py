@@ -47,7 +47,7 @@ def test_every_v1_route_is_an_openapi_operation_and_back() -> None:
     served = {(method, path) for method, path in app_routes() if path.startswith("/v1")}
     described = {(method, path) for method, path in document_operations() if path.startswith("/v1")}
     assert served == described
-    assert len(served) == 19
+    assert len(served) == 20
 
 
 def test_the_methods_the_front_lets_through_are_exactly_those_some_route_serves() -> None:
@@ -92,6 +92,7 @@ CALLS: dict[str, Callable[[SessionStateClient], Any]] = {
     "versions": lambda c: c.versions(SCOPE, limit=2, cursor="c"),
     "read_version": lambda c: c.read_version(SCOPE, 2),
     "rewind": lambda c: c.rewind(SCOPE, 1, if_match="sha256:" + "0" * 64),
+    "fork": lambda c: c.fork(SCOPE, "chat-2", 3),
     "replay_preview": lambda c: c.replay_preview(SCOPE, 4),
     "erase": lambda c: c.erase(SCOPE),
     "list_sessions": lambda c: c.list_sessions("tenant-a", "ws-1", limit=2),

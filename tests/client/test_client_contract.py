@@ -257,6 +257,7 @@ CALLS: dict[str, tuple[Callable[[Any], Any], ...]] = {
     "versions": (lambda c: c.versions(SCOPE), lambda c: c.versions(SCOPE, limit=2, cursor="c")),
     "read_version": (lambda c: c.read_version(SCOPE, 3),),
     "rewind": (lambda c: c.rewind(SCOPE, 2, if_match="sha256:" + "0" * 64),),
+    "fork": (lambda c: c.fork(SCOPE, "chat-2"), lambda c: c.fork(SCOPE, "chat-2", 3)),
     "exchange_token": (lambda c: c.exchange_token("subject.token.jwt", SCOPE),),
     "replay_preview": (lambda c: c.replay_preview(SCOPE, 4),),
     "erase": (lambda c: c.erase(SCOPE), lambda c: c.erase(SCOPE, if_match="sha256:" + "0" * 64)),

@@ -302,6 +302,7 @@ class Endpoints(FakeService):
                 "complete": True,
                 "decision": decision("erase"),
             },
+            "POST /fork": {**written, "version": 1},
             "POST /replay-preview": {"preview": replay, "decision": decision("replay")},
             "POST /v1/token": {
                 "access_token": "session-token",
@@ -354,7 +355,8 @@ class Endpoints(FakeService):
         }
         if key in by_key:
             return httpx.Response(
-                201 if "approvals" in key and request.method == "POST" else 200, json=by_key[key]
+                201 if key.endswith(("approvals", "/fork")) and request.method == "POST" else 200,
+                json=by_key[key],
             )
         if key == "DELETE /state":
             return httpx.Response(204, headers={"Sessionstate-Decision-Id": "d-erase"})

@@ -45,6 +45,7 @@ def test_each_call_returns_its_wire_model() -> None:
         assert isinstance(client.versions(SCOPE), SessionVersionsResponse)
         assert client.read_version(SCOPE, 1).version == 1
         assert client.rewind(SCOPE, 1, if_match="sha256:" + "0" * 64).version == 3
+        assert client.fork(SCOPE, "chat-2", 3).version == 1
         assert client.erase(SCOPE) == "d-erase"
         assert isinstance(client.list_sessions("tenant-a", "ws-1"), SessionListResponse)
         erased = client.erase_workspace("tenant-a", "ws-1")

@@ -36,6 +36,7 @@ CALLS: dict[str, Callable[[Any], Any]] = {
     "erase": lambda c: c.erase(SCOPE, if_match="sha256:" + "0" * 64),
     "list_sessions": lambda c: c.list_sessions("tenant-a", "ws-1", limit=1),
     "erase_workspace": lambda c: c.erase_workspace("tenant-a", "ws-1"),
+    "fork": lambda c: c.fork(SCOPE, "chat-2", 3),
     "exchange_token": lambda c: c.exchange_token("service-token", SCOPE),
     "grant_approval": lambda c: c.grant_approval("tenant-a", "ws-1", GRANT),
     "list_approvals": lambda c: c.list_approvals("tenant-a", "ws-1"),

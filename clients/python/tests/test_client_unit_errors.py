@@ -15,6 +15,7 @@ import sessionstate_client
 from conftest import SCOPE, Scripted, decision, problem, refusal, write_report
 from sessionstate_client import (
     AuthenticationFailed,
+    Conflict,
     CorruptState,
     DecisionLogBehindSignedHead,
     DecisionLogUnavailable,
@@ -45,6 +46,7 @@ BY_STATUS = [
     (404, "session_state_not_found", NotFound),
     (405, "method_not_allowed", InvalidRequest),
     (408, "request_timeout", InvalidRequest),
+    (409, "session_state_exists", Conflict),
     (412, "precondition_failed", PreconditionFailed),
     (413, "body_too_large", InvalidRequest),
     (414, "uri_too_long", InvalidRequest),

@@ -42,7 +42,7 @@ _only_params(permitted) if {
 
 _decision_packages := {
 	"write", "read", "replay", "approval", "audit", "token",
-	"list", "erase", "history", "rewind",
+	"list", "erase", "history", "rewind", "fork",
 }
 
 # A short token is as good as none: with the variable unset or weak, only

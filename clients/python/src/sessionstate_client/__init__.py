@@ -16,6 +16,7 @@ from sessionstate_client.client import SessionStateClient, TokenSource
 from sessionstate_client.digests import DigestKey, estimate_tokens
 from sessionstate_client.errors import (
     AuthenticationFailed,
+    Conflict,
     CorruptState,
     DecisionLogBehindSignedHead,
     DecisionLogUnavailable,
@@ -58,6 +59,7 @@ __all__ = [
     "AsyncTokenSource",
     "AuthenticationFailed",
     "CommitResult",
+    "Conflict",
     "CorruptState",
     "DecisionFilters",
     "DecisionLogBehindSignedHead",

@@ -150,6 +150,19 @@ def rewind(scope: TenantScope, to_version: int, if_match: str) -> Call[SessionSt
     )
 
 
+def fork(
+    scope: TenantScope, to_session_id: str, from_version: int | None
+) -> Call[SessionStateResponse]:
+    """Safe to repeat: a second fork after the first landed finds its target (409)."""
+    body: dict[str, Any] = {"to_session_id": to_session_id}
+    if from_version is not None:
+        if isinstance(from_version, bool) or not isinstance(from_version, int) or from_version < 1:
+            raise ValueError("a version is a whole number from 1")
+        body["from_version"] = from_version
+    path = _session(contract.FORK, scope)
+    return Call("POST", path, _reads(SessionStateResponse), content=_encode(body), ok=(201,))
+
+
 def replay_preview(scope: TenantScope, max_inputs: int | None) -> Call[ReplayPreviewResponse]:
     body = {} if max_inputs is None else {"max_inputs": max_inputs}
     path = _session(contract.REPLAY_PREVIEW, scope)

@@ -151,6 +151,18 @@ class SessionStateClient:
         """
         return self._run(calls.rewind(scope, to_version, if_match))
 
+    def fork(
+        self, scope: TenantScope, to_session_id: str, from_version: int | None = None
+    ) -> SessionStateResponse:
+        """`POST S/fork`: create session `to_session_id` of the same workspace from version
+        `from_version` of `scope` (None: its current one), with its `lineage`.
+
+        A write to the target: durable writes, an approval covering the target and the
+        policy must allow it (by default a token of the whole workspace, or the tenant's
+        operator; not a session's token). A target that holds a record raises `Conflict`.
+        """
+        return self._run(calls.fork(scope, to_session_id, from_version))
+
     def replay_preview(
         self, scope: TenantScope, max_inputs: int | None = None
     ) -> ReplayPreviewResponse:

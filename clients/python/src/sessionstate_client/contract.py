@@ -19,6 +19,7 @@ REPLAY_PREVIEW = SESSION + "/replay-preview"
 STATE_VERSIONS = SESSION + "/state/versions"
 STATE_VERSION = STATE_VERSIONS + "/{version}"
 STATE_REWIND = SESSION + "/state/rewind"
+FORK = SESSION + "/fork"
 APPROVALS = WORKSPACE + "/approvals"
 SESSIONS = WORKSPACE + "/sessions"
 APPROVAL = APPROVALS + "/{approval_id}"
@@ -60,6 +61,7 @@ PolicyAction = Literal[
     "erase",
     "history",
     "rewind",
+    "fork",
 ]
 """What a decision is about (the decision log's `action` filter)."""
 

@@ -104,6 +104,12 @@ class PreconditionFailed(SessionStateError):
     """412: the stored version is not the one `If-Match` / `If-None-Match` named."""
 
 
+class Conflict(SessionStateError):
+    """409: what is stored forbids it: a fork's target holds a record (`session_state_exists`),
+    a version that does not read (`session_state_version_corrupt`), a decision log that does
+    not verify (`chain_unverified`). Resending it unchanged cannot help."""
+
+
 class InvalidRequest(SessionStateError):
     """400, 405, 413, 415, 422 or 428: the request itself is wrong; resending it cannot help."""
 
@@ -247,6 +253,7 @@ _BY_STATUS: dict[int, type[SessionStateError]] = {
     404: NotFound,
     405: InvalidRequest,
     408: InvalidRequest,
+    409: Conflict,
     412: PreconditionFailed,
     413: InvalidRequest,
     414: InvalidRequest,

@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 REQUEST_MODELS: frozenset[str] = frozenset(
     {
         "ApprovalGrantInput",
+        "ForkRequest",
         "ReplayPreviewRequest",
         "RewindRequest",
         "SessionRuntimeProfileInput",
@@ -163,6 +164,7 @@ class DecisionTrace(_Response):
         "erase",
         "history",
         "rewind",
+        "fork",
         "policy.activate",
     ] = Field(
         description="the policy action decided; `policy.activate` for a policy activation (the `~system` chain)"
@@ -469,6 +471,30 @@ class FieldError(_Response):
     rule: str = Field(description="the rule broken, e.g. int_type, extra_forbidden")
 
 
+class ForkRequest(_Request):
+    """The body of `POST .../fork`."""
+
+    to_session_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")] = Field(
+        description="the session to create, in the same workspace: a scope id, checked as a path's is (400 invalid_scope_id, never normalised)"
+    )
+    from_version: Annotated[int, Field(le=9007199254740991, ge=1)] | None = Field(
+        default=None,
+        description="the kept version of this session to fork; null or absent: the current one",
+    )
+
+
+class ForkedFrom(_Response):
+    """The session version a record was forked from: its scope, version and state digest."""
+
+    tenant_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
+    workspace_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
+    session_id: Annotated[str, Field(pattern="^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")]
+    version: Annotated[int, Field(le=9007199254740991, ge=1)]
+    state_digest: Annotated[
+        str, Field(pattern="^(sha256:[0-9a-f]{64}|hmac-sha256:[A-Za-z0-9_-]{1,32}:[0-9a-f]{64})$")
+    ]
+
+
 class Health(_Response):
     status: Literal["ok"] = Field(default="ok")
 
@@ -489,6 +515,12 @@ class JsonWebKeySet(_Response):
     """`GET /.well-known/jwks.json`: the keys that verify the session tokens it issues."""
 
     keys: list[JsonWebKey]
+
+
+class Lineage(_Response):
+    """Where a record came from, when it was not written from a model service's body."""
+
+    forked_from: ForkedFrom
 
 
 class LiveInterval(_Response):
@@ -719,8 +751,8 @@ class SessionSummary(_Response):
     expires_at: str | None = Field(
         description="RFC 3339: when the idle record expires; null: it does not"
     )
-    lineage: dict[str, Any] | None = Field(
-        description="where the record was forked from; null for a record never forked"
+    lineage: Lineage | None = Field(
+        description="where the record was forked from (`POST .../fork`); null for a record never forked, or one that does not read"
     )
 
 
@@ -902,6 +934,11 @@ class SessionStateRecord(_Response):
         list[Annotated[str, Field(pattern="^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")]],
         Field(max_length=64),
     ]
+    lineage: Lineage | None = Field(
+        default=None,
+        description="where a forked record was forked from (`POST .../fork`); absent on a record never forked, so its digest is what it always was",
+        json_schema_extra=_present_when_set,
+    )
     raw_messages_stored: bool = Field(default=False)
     read_only: bool = Field(default=True)
     report_only: bool = Field(default=True)
@@ -947,7 +984,9 @@ class SessionStateReadResponse(_Response):
 
 
 class SessionStateResponse(_Response):
-    """`POST .../state/preview`, `PUT .../state` and `POST .../state/rewind`."""
+    """`POST .../state/preview`, `PUT .../state`, `POST .../state/rewind` and `POST .../fork`
+    (the target's record).
+    """
 
     record: SessionStateRecord
     write_report: SessionStateWriteReport

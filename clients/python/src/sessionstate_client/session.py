@@ -132,6 +132,13 @@ class _SessionSteps(Generic[C]):
         self._stored = False  # a readable record is stored
         self._compacted = NO_COMPACTED_TURNS  # the summary of the record held
         self._unsaved: list[SessionTurnInput] = []  # previewed, not yet written
+        self._options: dict[str, Any] = {
+            "digest_key": digest_key,
+            "max_attempts": max_attempts,
+            "replace_corrupt": replace_corrupt,
+        }
+        # for_service's: the client and the workspace's token a fork is sent with
+        self._service: tuple[C, Any] | None = None
 
     @property
     def state(self) -> SessionStateInput:
@@ -206,6 +213,22 @@ class _SessionSteps(Generic[C]):
         else:
             raise CorruptState(report)
         return self.state
+
+    # --- a fork ------------------------------------------------------------------------------
+
+    def _fork_client(self) -> C:
+        """Who sends a fork: a bot's session its service token (a session's token may not
+        fork), any other session its own client."""
+        if self._service is None:
+            return self.client
+        client, service_token = self._service
+        forker: C = client.with_token(service_token)
+        return forker
+
+    def _holding(self, forked: SessionStateResponse) -> None:
+        """A fork's target session: it holds the record the fork wrote."""
+        self.last_decision = forked.decision
+        self._adopt(forked.record)
 
     # --- step 2, without a stored record -----------------------------------------------------
 
@@ -318,7 +341,9 @@ class ModelServiceSession(_SessionSteps[SessionStateClient]):
         again shortly before that expires; `client`'s connections are shared."""
         session_scope = _as(TenantScope, scope)
         tokens = SessionTokens(client, service_token, session_scope)
-        return cls(client.with_token(tokens), session_scope, template, **options)
+        session = cls(client.with_token(tokens), session_scope, template, **options)
+        session._service = (client, service_token)
+        return session
 
     # Step 1
     def load(self) -> SessionStateInput:
@@ -393,6 +418,28 @@ class ModelServiceSession(_SessionSteps[SessionStateClient]):
                 return self._previewed(previewed, denied, attempt)
             return self._written(written, attempt)
 
+    def fork(self, to_session_id: str, from_version: int | None = None) -> ModelServiceSession:
+        """Fork this session: a new session `to_session_id` of the same workspace from
+        version `from_version` (None: the current one), and the session object for it,
+        holding the record the fork wrote (with its `lineage`).
+
+        Sent with this session's client, or for a bot's session (`for_service`) with its
+        service token: the default policy lets a token of the whole workspace fork, not a
+        session's. The new session takes the same template and options, and for a bot's
+        session its own session token. `Conflict` if the target holds a record already.
+        """
+        forked = self._fork_client().fork(self.scope, to_session_id, from_version)
+        target = forked.record.scope
+        if self._service is None:
+            session = ModelServiceSession(self.client, target, self.template, **self._options)
+        else:
+            client, service_token = self._service
+            session = ModelServiceSession.for_service(
+                client, service_token, target, self.template, **self._options
+            )
+        session._holding(forked)
+        return session
+
 
 class AsyncModelServiceSession(_SessionSteps[AsyncSessionStateClient]):
     """`ModelServiceSession` over an `AsyncSessionStateClient`: the same steps, awaited."""
@@ -409,7 +456,9 @@ class AsyncModelServiceSession(_SessionSteps[AsyncSessionStateClient]):
         """`ModelServiceSession.for_service`, over the asyncio client."""
         session_scope = _as(TenantScope, scope)
         tokens = AsyncSessionTokens(client, service_token, session_scope)
-        return cls(client.with_token(tokens), session_scope, template, **options)
+        session = cls(client.with_token(tokens), session_scope, template, **options)
+        session._service = (client, service_token)
+        return session
 
     # Step 1
     async def load(self) -> SessionStateInput:
@@ -460,6 +509,22 @@ class AsyncModelServiceSession(_SessionSteps[AsyncSessionStateClient]):
                 previewed = await self.client.preview_state(self.scope, state)
                 return self._previewed(previewed, denied, attempt)
             return self._written(written, attempt)
+
+    async def fork(
+        self, to_session_id: str, from_version: int | None = None
+    ) -> AsyncModelServiceSession:
+        """`ModelServiceSession.fork`, awaited."""
+        forked = await self._fork_client().fork(self.scope, to_session_id, from_version)
+        target = forked.record.scope
+        if self._service is None:
+            session = AsyncModelServiceSession(self.client, target, self.template, **self._options)
+        else:
+            client, service_token = self._service
+            session = AsyncModelServiceSession.for_service(
+                client, service_token, target, self.template, **self._options
+            )
+        session._holding(forked)
+        return session
 
 
 def _as(model: type[M], value: BaseModel | Mapping[str, Any]) -> M:
