@@ -194,14 +194,17 @@ class PolicyErasure(_Strict):
     )
     idle_seconds: int | None = Field(
         default=None,
+        exclude_if=lambda value: value is None,
         ge=0,
-        description="`expired` only: whole seconds since the session was last written; else null",
+        description="`expired` only: whole seconds since the session was last written; "
+        "absent otherwise",
     )
     idle_ttl_seconds: int | None = Field(
         default=None,
+        exclude_if=lambda value: value is None,
         ge=1,
         description="`expired` only: the deployment's SESSIONSTATE_STATE_IDLE_TTL_SECONDS "
-        "(a tenant's `idle_ttl_seconds` may only shorten it); else null",
+        "(a tenant's `idle_ttl_seconds` may only shorten it); absent otherwise",
     )
 
 
