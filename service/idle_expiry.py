@@ -36,7 +36,7 @@ from store.meta_scan import WrittenSession, meta_page
 from store.scope import TenantScope
 from store.session_data import SESSION_DATA_LANES, read_meta
 from store.session_state import BuiltOn, Precondition, SessionStateStore
-from store.version_lane import versions_count
+from store.version_lane import newest_number, versions_count
 
 log = logging.getLogger("sessionstate.expiry")
 EXPIRY_BATCH = 256  # meta keys one pass walks
@@ -121,7 +121,8 @@ class IdleExpiry(PeriodicPrune):
         was erased (None: the engine did not decide)."""
         scope = session.scope
         base = self._states.base(scope)
-        meta = read_meta(self._lanes, scope)  # after the base: a write since shows here
+        newest = newest_number(self._lanes, scope)  # what the erasure holds to
+        meta = read_meta(self._lanes, scope)  # after both: a write since shows here
         idle = self._idle(scope, None if meta is None else meta.updated_at)
         if base.version is None or idle is None:
             return False
@@ -142,7 +143,8 @@ class IdleExpiry(PeriodicPrune):
             pending.record(self._journal, 503 if trace.engine_unavailable else 403)
             return None if trace.engine_unavailable else False
         built_on = Precondition(built_on=BuiltOn(base.version))
-        result = pending.record_erase(self._journal, StateErase(scope, built_on, "expired"))
+        erase = StateErase(scope, built_on, "expired", newest)
+        result = pending.record_erase(self._journal, erase)
         if result.applied:
             for lane in SESSION_DATA_LANES:
                 self._lanes.expunge(lane, scope.tenant_id, scope.workspace_id, scope.session_id)

@@ -185,3 +185,34 @@ def test_idle_expiry_on_postgresql(
         assert read(live).json()["expires_at"] is not None
         assert_expired(live, erased_by_the_sweep(live), "chat-1")
         assert live.context.lanes.count(TenantResourceLane.SESSION_VERSION) == 0
+
+
+def test_a_write_landing_while_an_expiry_is_decided_is_not_erased(
+    sidecar: OpaSidecar, tmp_path: Path, clock: HandClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same content written again, over HTTP, after the sweep found the session idle and
+    before its erasure commits: the erasure's receipt says 412, and the session stays."""
+    settings = expiring(tmp_path, state_expiry_sweep_seconds=86_400)  # the test runs the pass
+    with live_service(sidecar, settings, clock=clock) as live:
+        live.approve()
+        write(live, "chat-1")
+        clock.advance(4)
+        gate = live.context.gate
+        decide = gate.decide
+        receipts: list[str] = []
+
+        def write_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            monkeypatch.setattr(gate, "decide", decide)  # the write decides as usual
+            write(live, "chat-1")
+            trace, policy_input, shadow = decide(*args, **kwargs)
+            receipts.append(trace.decision_id)
+            return trace, policy_input, shadow
+
+        monkeypatch.setattr(gate, "decide", write_meanwhile)
+        assert live.context.expiry is not None
+        assert live.context.expiry.sweep() == 0
+        assert read(live).json()["version"] == 2
+        (receipt,) = [entry(live, decision_id) for decision_id in receipts]
+        assert receipt["actor"]["sub"] == "system"
+        assert receipt["outcome"]["status"] == 412
+        assert receipt["outcome"]["applied"] is False
