@@ -49,15 +49,25 @@ class IdleTTL:
     def __init__(self, seconds: int, source: PolicySnapshots | None) -> None:
         self.seconds = seconds
         self._source = source  # the local sidecar's snapshot (None: an OPA of one's own)
+        self._read: tuple[str, dict[str, int]] = ("", {})  # the tenants' TTLs, by revision
 
     def of(self, tenant_id: str) -> int:
         """The tenant's TTL in seconds; 0: its sessions never expire."""
         if self.seconds == 0 or self._source is None:
             return self.seconds
-        served = self._source.served
-        files = served.files if isinstance(served, PolicyBundle) else ()
-        shorter = tenant_idle_ttls(files).get(tenant_id, self.seconds)
+        shorter = self._tenant_ttls().get(tenant_id, self.seconds)
         return min(self.seconds, shorter)
+
+    def _tenant_ttls(self) -> dict[str, int]:
+        """The served snapshot's tenant TTLs, read once per revision."""
+        assert self._source is not None
+        served = self._source.served
+        revision, ttls = self._read
+        if revision != served.revision:
+            files = served.files if isinstance(served, PolicyBundle) else ()
+            ttls = tenant_idle_ttls(files)
+            self._read = (served.revision, ttls)
+        return ttls
 
     def expires_at(self, tenant_id: str, updated_at: str | None) -> str | None:
         """RFC 3339: when a record last written at `updated_at` expires; None: never."""
