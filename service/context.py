@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from service.approvals.index import ExpiredApprovalPruner, mark_index_complete_if_empty
@@ -27,6 +27,7 @@ from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
 from service.decisions.retention import RetentionTask
 from service.decisions.scrub import DecisionScrub
+from service.idle_expiry import IdleExpiry, IdleTTL
 from service.observability.metrics import ServiceMetrics
 from service.policy.client import UNKNOWN, PolicyClient
 from service.policy.gate import PolicyGate
@@ -71,6 +72,9 @@ class ServiceContext:
     retention: RetentionTask | None = None
     scrub: DecisionScrub | None = None  # None: SESSIONSTATE_DECISION_SCRUB_SECONDS is 0
     approval_pruner: ExpiredApprovalPruner | None = None
+    # Each tenant's idle TTL, and the sweep (None: SESSIONSTATE_STATE_IDLE_TTL_SECONDS is 0).
+    idle_ttl: IdleTTL = field(default_factory=lambda: IdleTTL(0, None))
+    expiry: IdleExpiry | None = None
     policy_source: PolicySnapshots | None = (
         None  # the sidecar's policy snapshot; None: external OPA
     )
@@ -124,6 +128,7 @@ class ServiceContext:
             observe=live.observe if observes else None,
         )
         journal = _opened_journal(settings, lanes, live, clock, metrics)
+        idle_ttl = IdleTTL(settings.state_idle_ttl_seconds, policy_source)
         return cls(
             settings=settings,
             lanes=lanes,
@@ -154,6 +159,8 @@ class ServiceContext:
             scrub=_scrub(settings, lanes, clock, metrics),
             policy_source=policy_source,
             approval_pruner=ExpiredApprovalPruner(lanes, clock=clock),
+            idle_ttl=idle_ttl,
+            expiry=_expiry(settings, lanes, gate, journal, idle_ttl, clock),
             public_origin=configuration.public_origin,
         )
 
@@ -172,6 +179,8 @@ class ServiceContext:
             self.scrub.close()
         if self.approval_pruner is not None:
             self.approval_pruner.close()
+        if self.expiry is not None:
+            self.expiry.close()
         self.rate_limit_log.close()  # its summaries go through the journal
         self.journal.close()
         self.live.stopped()
@@ -237,6 +246,21 @@ def _scrub(
     if interval == 0:
         return None
     return DecisionScrub(lanes, settings.data_dir, interval=interval, clock=clock, metrics=metrics)
+
+
+def _expiry(
+    settings: Settings,
+    lanes: Lanes,
+    gate: PolicyGate,
+    journal: DecisionJournal,
+    idle_ttl: IdleTTL,
+    clock: Callable[[], datetime],
+) -> IdleExpiry | None:
+    """The idle sweep; None where SESSIONSTATE_STATE_IDLE_TTL_SECONDS is 0."""
+    if idle_ttl.seconds == 0:
+        return None
+    interval = settings.state_expiry_sweep_seconds
+    return IdleExpiry(lanes, gate, journal, idle_ttl, interval=interval, clock=clock)
 
 
 def token_verifier(

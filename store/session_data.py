@@ -28,7 +28,8 @@ SESSION_DATA_LANES: tuple[TenantResourceLane, ...] = (
 )
 """Every lane holding a session's data, keyed by tenant, workspace and session."""
 
-ErasureReason = Literal["requested"]
+ErasureReason = Literal["requested", "expired"]
+"""requested: a caller asked for it; expired: the idle-expiry sweep found it idle."""
 
 
 class _Stored(BaseModel):
@@ -40,7 +41,9 @@ class Erasure(_Stored):
 
     erased_at: str = Field(description="RFC 3339: when the erasure and its receipt committed")
     erasure_decision_id: str = Field(description="the decision whose entry is the receipt")
-    erasure_reason: ErasureReason = Field(description="requested: a caller asked for it")
+    erasure_reason: ErasureReason = Field(
+        description="requested: a caller asked for it; expired: idle longer than its TTL"
+    )
 
 
 class SessionMeta(_Stored):

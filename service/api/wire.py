@@ -35,6 +35,11 @@ class SessionStateResponse(_Envelope):
         description="the version the written record is (1 for a session's first record); "
         "null for a preview",
     )
+    expires_at: str | None = Field(
+        default=None,
+        description="RFC 3339: when the written record expires if not written again (its "
+        "write + the idle TTL); null: it does not expire, and for a preview",
+    )
 
 
 class SessionStateReadResponse(_Envelope):
@@ -46,6 +51,11 @@ class SessionStateReadResponse(_Envelope):
         ge=1,
         description="the version read: the current one for `GET .../state` (a record "
         "written before versions were kept is version 1)",
+    )
+    expires_at: str | None = Field(
+        default=None,
+        description="`GET .../state`: RFC 3339, when the idle record expires (its last write "
+        "+ the idle TTL); null: it does not expire, and for a version read",
     )
 
 
@@ -82,7 +92,8 @@ class SessionSummary(_Envelope):
         "written before the service kept it"
     )
     expires_at: str | None = Field(
-        description="RFC 3339: when the idle record expires; null: it does not"
+        description="RFC 3339: when the idle record expires (`updated_at` + the idle TTL); "
+        "null: it does not"
     )
     lineage: Lineage | None = Field(
         description="where the record was forked from (`POST .../fork`); null for a record "
@@ -247,7 +258,8 @@ class ProblemDocument(_Envelope):
         description="`session_state_erased`: the decision whose entry is the erasure's receipt",
     )
     erasure_reason: str | None = Field(
-        default=None, description="`session_state_erased`: why (`requested`)"
+        default=None,
+        description="`session_state_erased`: why (`requested`; `expired`: idle expiry)",
     )
 
 

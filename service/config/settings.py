@@ -27,6 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The policy set the wheel carries (setup.py maps the checkout's policies/ onto it).
 PACKAGED_POLICIES = "default_policies"
 ENV_PREFIX = "SESSIONSTATE_"
+IDLE_TTL_MAX = 315_360_000  # ten years: SESSIONSTATE_STATE_IDLE_TTL_SECONDS at most
 # Read by other tools of the project, not by the service: never warned about.
 OTHER_TOOLS_VARIABLES = frozenset(
     {
@@ -140,6 +141,11 @@ class Settings(BaseSettings):
     # Versions: each session keeps its newest records, the current one among them; a write
     # drops the older ones in its own batch (store.version_lane).
     state_versions_kept: int = Field(default=VERSIONS_KEPT_DEFAULT, ge=1, le=VERSIONS_KEPT_MAX)
+    # Idle expiry (service.expiry): a session not written for this long is erased by the
+    # sweep, an erasure receipt by `system` (reason `expired`); 0: sessions never expire.
+    state_idle_ttl_seconds: int = Field(default=0, ge=0, le=IDLE_TTL_MAX)
+    # How often the idle-expiry sweep runs (a bounded pass each time), when a TTL is set.
+    state_expiry_sweep_seconds: int = Field(default=300, ge=1, le=86_400)
 
     def resolved_opa_bin(self) -> str:
         """The OPA binary for the local sidecar: configured, project-built, or on PATH."""

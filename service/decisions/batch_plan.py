@@ -59,7 +59,7 @@ class QueuedEntry:
         """The session record this entry writes or erases, if any."""
         return self.write or self.erase
 
-    def outcome(self, stored: StoredVersion | None) -> DecisionOutcome:
+    def outcome(self, stored: StoredVersion | None, newest: int | None = None) -> DecisionOutcome:
         """The entry's outcome, built here only. Any entry but a write or erasure is applied
         exactly when it has keys to store; a write, when its precondition holds against the
         stored version at commit (201 created, 200 replaced); an erasure, 204 when it holds,
@@ -69,6 +69,8 @@ class QueuedEntry:
             status, applied = self.status, bool(self.puts)
         elif not change.precondition.holds(stored):
             status, applied = 412, False
+        elif self.erase is not None and self.erase.newest not in (None, newest):
+            status, applied = 412, False  # an expiry of a session written since its decision
         elif self.write is not None:
             status, applied = (201 if stored.version is None else 200), True
         else:
@@ -134,7 +136,8 @@ def plan_batch(
     entries: list[SealedEntry] = []
     for item in queued:
         change = item.change
-        outcome = item.outcome(None if change is None else records.version(change.scope))
+        stored = None if change is None else records.version(change.scope)
+        outcome = item.outcome(stored, None if change is None else records.newest(change.scope))
         body = item.body
         item.version = None
         if item.write is not None and outcome.applied:

@@ -68,6 +68,9 @@ class StateErase:
     scope: TenantScope
     precondition: Precondition
     reason: ErasureReason = "requested"
+    # An expiry's: the newest version number its decision saw. The erasure holds only while
+    # that is still the newest: any write since, even of the same content, took the next.
+    newest: int | None = None
 
 
 class RecordWrites:
@@ -96,6 +99,11 @@ class RecordWrites:
             self._lines[encoded] = line
             self._expected[line.next_key.encode()] = (line.next_key, None)
         return self._versions[encoded]
+
+    def newest(self, scope: TenantScope) -> int:
+        """The session's newest version number as the batch leaves it so far (0: none);
+        `version(scope)` read it first."""
+        return self._lines[state_key(scope).encode()].next_version - 1
 
     def write(self, write: StateWrite, *, decision_id: str, written_at: str) -> int:
         """Store the write's record (its precondition held against `version`) as its

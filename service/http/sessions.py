@@ -159,11 +159,12 @@ def _expunge(trace: DecisionTrace, *scope: str) -> None:
 
 def _summary(item: ListedSession) -> SessionSummary:
     record = item.report.record
+    updated_at = None if item.meta is None else item.meta.updated_at
     return SessionSummary(
         session_id=item.scope.session_id,
         version=item.version,
         state_digest=None if record is None else record.state_digest,
-        updated_at=None if item.meta is None else item.meta.updated_at,
-        expires_at=None,  # idle records do not expire yet
+        updated_at=updated_at,
+        expires_at=context().idle_ttl.expires_at(item.scope.tenant_id, updated_at),
         lineage=None if record is None else record.lineage,
     )

@@ -40,6 +40,7 @@ from store.record.state_record import SessionStateRecord
 from store.record.validation import record_blockers
 from store.record.violations import InputRejected
 from store.scope import TenantScope
+from store.session_data import read_meta
 from store.session_state import Precondition, StoredVersion, state_key
 
 bp = Blueprint("state", __name__)
@@ -114,8 +115,13 @@ def write_answer(
         )
         raise Problem(Reason.PRECONDITION_FAILED, decision=trace, write_report=report)
     report = _write_report(scope, applied=True, requested=True, blocked=[])
+    expires_at = context().idle_ttl.expires_at(scope.tenant_id, written.entry["recorded_at"])
     body = SessionStateResponse(
-        record=record, write_report=report, decision=trace, version=written.version
+        record=record,
+        write_report=report,
+        decision=trace,
+        version=written.version,
+        expires_at=expires_at,
     )
     response = json_response(body, 201 if written.created else 200)
     response.headers[ETAG] = quoted_etag(record.state_digest)
@@ -131,14 +137,23 @@ def get_state(tenant_id: str, workspace_id: str, session_id: str) -> Response:
     found = context().versions.current(scope)
     if found is None:
         raise nothing_stored(scope, trace)
-    return read_answer(*found, trace)
+    meta = read_meta(context().lanes, scope)
+    updated_at = None if meta is None else meta.updated_at
+    return read_answer(*found, trace, context().idle_ttl.expires_at(tenant_id, updated_at))
 
 
-def read_answer(report: SessionStateReadReport, version: int, trace: DecisionTrace) -> Response:
+def read_answer(
+    report: SessionStateReadReport,
+    version: int,
+    trace: DecisionTrace,
+    expires_at: str | None = None,
+) -> Response:
     """A version of the record as read (the current one, or one kept), with its `ETag`."""
     if report.redacted_error is not None:
         context().metrics.corrupt_reads.labels(report.redacted_error.value).inc()
-    body = SessionStateReadResponse(read_report=report, decision=trace, version=version)
+    body = SessionStateReadResponse(
+        read_report=report, decision=trace, version=version, expires_at=expires_at
+    )
     response = json_response(body)
     if report.record is not None:
         response.headers[ETAG] = quoted_etag(report.record.state_digest)

@@ -14,15 +14,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from pydantic import ValidationError
-
 from service.api.reasons import Reason
 from service.api.v1 import DECISION_PACKAGES
 from service.policy.admission_check import Candidate, Refusal
 from service.policy.batch import batch_answers, batch_document, batch_module
 from service.policy.samples import representative_inputs
 from service.policy.scratch import EvaluationFailed, evaluate
-from service.policy.tenant_settings import TENANT_SETTINGS_PATH, TenantSettingsDocument
+from service.policy.tenant_settings import bundled_settings
 
 UNDEFINED = Reason.POLICY_DECISION_UNDEFINED.value
 ADMISSION_BATCH = "admission_batch"  # data.sessionstate.admission_batch.decision
@@ -81,11 +79,5 @@ def _detail(package: str, problem: str, documents: list[dict[str, Any]], asked: 
 
 def settings_tenants(candidate: Candidate) -> list[str]:
     """The tenants the candidate's tenant settings name (none when it has none that reads)."""
-    content = dict(candidate.bundle.files).get("/" + TENANT_SETTINGS_PATH.as_posix())
-    if content is None:
-        return []
-    try:
-        document = TenantSettingsDocument.model_validate_json(content)
-    except ValidationError:
-        return []
-    return [entry.tenant_id for entry in document.settings]
+    document = bundled_settings(candidate.bundle.files)
+    return [] if document is None else [entry.tenant_id for entry in document.settings]

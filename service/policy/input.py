@@ -176,7 +176,9 @@ class PolicyErasure(_Strict):
     """`erase` of a session: what the erasure would delete, and why; no content. The
     entry that keeps it is the erasure's receipt."""
 
-    reason: Literal["requested"] = Field(description="requested: a caller asked for it")
+    reason: Literal["requested", "expired"] = Field(
+        description="requested: a caller asked for it; expired: the idle-expiry sweep's"
+    )
     versions: int = Field(
         ge=0,
         description="the session's versions it deletes, the current record among them (a "
@@ -191,6 +193,20 @@ class PolicyErasure(_Strict):
         default=None,
         max_length=64,
         description="with a workspace's erasure: the decision that allowed it; else null",
+    )
+    idle_seconds: int | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        ge=0,
+        description="`expired` only: whole seconds since the session was last written; "
+        "absent otherwise",
+    )
+    idle_ttl_seconds: int | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        ge=1,
+        description="`expired` only: the deployment's SESSIONSTATE_STATE_IDLE_TTL_SECONDS "
+        "(a tenant's `idle_ttl_seconds` may only shorten it); absent otherwise",
     )
 
 

@@ -142,6 +142,14 @@ def _erasure(**changes: Any) -> dict[str, Any]:
     }
 
 
+def _expiries(base: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The idle-expiry sweep's erasure (the system actor), idle enough and not."""
+    system = {**base["actor"], "sub": "system", "roles": ["system"]}
+    for idle in (0, 3600):
+        erasure = _erasure(reason="expired", idle_seconds=idle, idle_ttl_seconds=60)
+        yield {**base, "actor": system, "erasure": erasure}
+
+
 def allowed_input(action: PolicyAction, tenant: str) -> dict[str, Any]:
     """The input of `action` at `tenant`'s session that every gate would allow."""
     return _base(action, tenant)
@@ -201,6 +209,7 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
     if action == "erase":
         for erasure in (None, _erasure(versions=0, state_digest=None)):
             yield {**base, "erasure": erasure}
+        yield from _expiries(base)
     if action == "rewind":
         yield {**base, "rewind": None}
     if action == "fork":

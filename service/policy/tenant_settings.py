@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -49,6 +50,13 @@ class TenantSettings(BaseModel):
         default=None,
         description="the task profiles this tenant's model services may write "
         "(session_state_task_profile_not_permitted); absent: every one",
+    )
+    idle_ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="idle expiry: this tenant's sessions not written for this long are erased "
+        "by the sweep, when shorter than SESSIONSTATE_STATE_IDLE_TTL_SECONDS (never longer; "
+        "with that setting 0, nothing expires); absent: the deployment's TTL",
     )
     token_exchange: bool | None = Field(
         default=None,
@@ -117,6 +125,30 @@ def tenant_settings_schema() -> dict[str, object]:
 
 def render_schema() -> str:
     return json.dumps(tenant_settings_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def bundled_settings(files: Sequence[tuple[str, bytes]]) -> TenantSettingsDocument | None:
+    """The tenant settings among a policy bundle's files; None when absent or unreadable."""
+    content = dict(files).get("/" + TENANT_SETTINGS_PATH.as_posix())
+    if content is None:
+        return None
+    try:
+        return TenantSettingsDocument.model_validate_json(content)
+    except ValidationError:
+        return None
+
+
+def tenant_idle_ttls(files: Sequence[tuple[str, bytes]]) -> dict[str, int]:
+    """Each tenant's `idle_ttl_seconds` in a policy bundle's files (none when the document
+    is absent or does not read: the deployment's TTL then holds for every tenant)."""
+    document = bundled_settings(files)
+    if document is None:
+        return {}
+    return {
+        entry.tenant_id: entry.idle_ttl_seconds
+        for entry in document.settings
+        if entry.idle_ttl_seconds is not None
+    }
 
 
 def document_errors(content: bytes | None) -> list[str]:

@@ -105,13 +105,16 @@ def live_service(
     *,
     clock: Callable[[], datetime] = utc_now,
     shadow: OpaSidecar | None = None,
+    local_sidecar: bool = False,
 ) -> Iterator[LiveService]:
-    """The service over HTTP in this process; with `shadow`, that OPA is its shadow policy set."""
+    """The service over HTTP in this process; with `shadow`, that OPA is its shadow policy set;
+    `local_sidecar`: the service knows the sidecar's policy snapshot, as `serve` does."""
     context = ServiceContext.open(
         settings,
         opa_url=sidecar.url,
         opa_token=sidecar.token,
         clock=clock,
+        policy_source=sidecar.policies if local_sidecar else None,
         shadow_url=None if shadow is None else shadow.url,
         shadow_token=None if shadow is None else shadow.token,
     )

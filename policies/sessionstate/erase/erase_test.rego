@@ -87,3 +87,63 @@ test_denial_lists_every_failing_gate if {
 	decision := erase.decision with input as object.union(valid_input, changes)
 	decision == denied(["action_not_supported", "cross_tenant_scope_rejected", "role_not_permitted"])
 }
+
+# The idle-expiry sweep's erasure: the system, a session idle for the deployment's TTL.
+system := object.union(valid_input.actor, {"sub": "system", "roles": ["system"]})
+
+expiry := object.union(valid_input.erasure, {"reason": "expired", "idle_seconds": 5, "idle_ttl_seconds": 3})
+
+expiry_input := object.union(valid_input, {"actor": system, "erasure": expiry})
+
+test_system_expires_an_idle_session if {
+	erase.decision == {"allow": true, "reasons": []} with input as expiry_input
+}
+
+test_system_expires_a_session_of_any_workspace if {
+	changes := {"target": {"workspace_id": "ws-b", "session_id": "session-b"}}
+	erase.decision.allow with input as object.union(expiry_input, changes)
+}
+
+test_a_session_not_idle_for_the_ttl_is_kept if {
+	decision := erase.decision with input as object.union(expiry_input, {"erasure": {"idle_seconds": 2}})
+	decision == denied(["session_not_idle"])
+}
+
+test_an_expiry_without_idle_figures_is_refused if {
+	decision := erase.decision with input as object.union(expiry_input, {"erasure": {"idle_seconds": null}})
+	decision == denied(["session_not_idle"])
+}
+
+test_a_tenant_setting_shortens_the_ttl if {
+	tenants := {"settings": [{"tenant_id": "tenant-a", "idle_ttl_seconds": 1}]}
+	changes := {"erasure": {"idle_seconds": 2, "idle_ttl_seconds": 60}}
+	erase.decision.allow with input as object.union(expiry_input, changes)
+		with data.sessionstate.tenants as tenants
+}
+
+test_a_tenant_setting_never_lengthens_the_ttl if {
+	tenants := {"settings": [{"tenant_id": "tenant-a", "idle_ttl_seconds": 600}]}
+	decision := erase.decision with input as expiry_input with data.sessionstate.tenants as tenants
+	decision.allow
+}
+
+test_only_the_system_expires if {
+	changes := {"erasure": {"reason": "expired", "idle_seconds": 5, "idle_ttl_seconds": 3}}
+	decision := erase.decision with input as object.union(valid_input, changes)
+	decision == denied(["role_not_permitted"])
+}
+
+test_the_system_erases_nothing_but_expiries if {
+	decision := erase.decision with input as object.union(expiry_input, {"erasure": {"reason": "requested"}})
+	decision == denied(["role_not_permitted"])
+}
+
+test_the_system_does_not_expire_a_workspace if {
+	decision := erase.decision with input as object.union(expiry_input, {"target": workspace})
+	decision == denied(["cross_session_scope_rejected", "role_not_permitted"])
+}
+
+test_the_system_does_not_expire_across_tenants if {
+	decision := erase.decision with input as object.union(expiry_input, {"actor": {"tenant_id": "tenant-b"}})
+	decision == denied(["cross_tenant_scope_rejected"])
+}

@@ -610,7 +610,8 @@ class ProblemDocument(_Response):
         description="`session_state_erased`: the decision whose entry is the erasure's receipt",
     )
     erasure_reason: str | None = Field(
-        default=None, description="`session_state_erased`: why (`requested`)"
+        default=None,
+        description="`session_state_erased`: why (`requested`; `expired`: idle expiry)",
     )
 
 
@@ -749,7 +750,7 @@ class SessionSummary(_Response):
         description="RFC 3339: when the record was last written; null for a record last written before the service kept it"
     )
     expires_at: str | None = Field(
-        description="RFC 3339: when the idle record expires; null: it does not"
+        description="RFC 3339: when the idle record expires (`updated_at` + the idle TTL); null: it does not"
     )
     lineage: Lineage | None = Field(
         description="where the record was forked from (`POST .../fork`); null for a record never forked, or one that does not read"
@@ -981,6 +982,10 @@ class SessionStateReadResponse(_Response):
     version: Annotated[int, Field(ge=1)] = Field(
         description="the version read: the current one for `GET .../state` (a record written before versions were kept is version 1)"
     )
+    expires_at: str | None = Field(
+        default=None,
+        description="`GET .../state`: RFC 3339, when the idle record expires (its last write + the idle TTL); null: it does not expire, and for a version read",
+    )
 
 
 class SessionStateResponse(_Response):
@@ -994,6 +999,10 @@ class SessionStateResponse(_Response):
     version: int | None = Field(
         default=None,
         description="the version the written record is (1 for a session's first record); null for a preview",
+    )
+    expires_at: str | None = Field(
+        default=None,
+        description="RFC 3339: when the written record expires if not written again (its write + the idle TTL); null: it does not expire, and for a preview",
     )
 
 
@@ -1043,7 +1052,8 @@ class TokenErrorDocument(_Response):
         description="`session_state_erased`: the decision whose entry is the erasure's receipt",
     )
     erasure_reason: str | None = Field(
-        default=None, description="`session_state_erased`: why (`requested`)"
+        default=None,
+        description="`session_state_erased`: why (`requested`; `expired`: idle expiry)",
     )
     error: Literal[
         "invalid_request",
