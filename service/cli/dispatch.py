@@ -11,7 +11,12 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from service.cli import db, decision_log, mint, policy, secret_export, serve
+import service.cli.db as db  # the module itself, not through the package: no circle
+import service.cli.decision_log as decision_log
+import service.cli.mint as mint
+import service.cli.policy as policy
+import service.cli.secret_export as secret_export
+import service.cli.serve as serve
 from service.config.configuration_error import ConfigurationError
 from service.config.settings import Settings, setting_errors, unknown_variables
 from service.decisions.migration import LegacyChainUnverified

@@ -186,6 +186,7 @@ def test_the_start_refuses_it_in_one_line(opa_bin: str, tmp_path: Path) -> None:
             "SESSIONSTATE_DATA_DIR": str(tmp_path / "var"),
             "SESSIONSTATE_OPA_BIN": opa_bin,
             "SESSIONSTATE_POLICY_DIR": str(policies),
+            "SESSIONSTATE_PORT": "0",  # refused before it serves: never 8080, which may be taken
         },
         cwd=ROOT,
         capture_output=True,
@@ -318,6 +319,7 @@ def test_the_shadow_set_and_an_impact_candidate_are_refused(opa_bin: str, tmp_pa
             "SESSIONSTATE_DATA_DIR": str(tmp_path / "var"),
             "SESSIONSTATE_OPA_BIN": opa_bin,
             "SESSIONSTATE_SHADOW_POLICIES": str(candidate),
+            "SESSIONSTATE_PORT": "0",  # refused before it serves: never 8080, which may be taken
         },
         cwd=ROOT,
         capture_output=True,

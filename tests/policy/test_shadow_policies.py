@@ -201,6 +201,7 @@ def test_a_shadow_set_that_does_not_compile_stops_the_start_naming_its_setting(
         "SESSIONSTATE_OPA_BIN": opa_bin,
         "SESSIONSTATE_JWT_SECRET": JWT_SECRET,
         "SESSIONSTATE_SHADOW_POLICIES": str(candidate),
+        "SESSIONSTATE_PORT": "0",  # refused before it serves: never 8080, which may be taken
     }
     done = subprocess.run(
         [sys.executable, "-m", "service.cli", "serve"],
