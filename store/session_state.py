@@ -15,7 +15,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from itertools import islice
 
 from pydantic import ValidationError
 
@@ -33,7 +32,8 @@ from store.record.state_record import (
 )
 from store.record.validation import record_blockers
 from store.scope import TenantScope
-from store.session_data import Erasure, SessionMeta, parsed_meta, read_meta
+from store.session_data import Erasure, SessionMeta, read_meta
+from store.session_order import page_in_id_order
 from store.version_lane import (
     VERSIONS_KEPT_DEFAULT,
     VersionLine,
@@ -193,34 +193,20 @@ class SessionStateStore:
     def listed(
         self, tenant: str, workspace: str, after: str | None, limit: int
     ) -> tuple[list[ListedSession], bool]:
-        """Up to `limit` of the workspace's stored sessions after session `after`, in key
-        order, and whether more follow. Two seeks within the workspace's range (records,
-        then their meta keys) and one per session listed (its newest version, in the
-        session's own range): its cost follows the page, not the store."""
-        lane, meta_lane = TenantResourceLane.SESSION_STATE, TenantResourceLane.SESSION_META
-        start = None if after is None else LaneKey(lane, tenant, workspace, after, b"\x00")
-        found = list(islice(self._lanes.scan(lane, tenant, workspace, start=start), limit + 1))
-        page = found[:limit]
-        metas: dict[str, SessionMeta | None] = {}
-        if page:
-            first, last = page[0][0].session, page[-1][0].session
-            metas = {
-                key.session: parsed_meta(value)
-                for key, value in self._lanes.scan(
-                    meta_lane,
-                    tenant,
-                    workspace,
-                    start=LaneKey(meta_lane, tenant, workspace, first),
-                    stop=LaneKey(meta_lane, tenant, workspace, last, b"\x00"),
-                )
-            }
+        """Up to `limit` of the workspace's stored sessions after session `after`, in
+        session-id order, and whether more follow. A seek per session-id length in the
+        workspace's range, and per session listed its meta key and its newest version
+        (one seek in the session's own range): its cost follows the page, not the store."""
+        page, more = page_in_id_order(
+            self._lanes, TenantResourceLane.SESSION_STATE, tenant, workspace, after, limit
+        )
         listed = []
         for key, stored in page:
             scope = TenantScope(tenant_id=tenant, workspace_id=workspace, session_id=key.session)
             report = read_report(scope, key.digest(), stored)
-            version = newest_number(self._lanes, scope)
-            listed.append(ListedSession(scope, report, metas.get(key.session), version))
-        return listed, len(found) > limit
+            meta = read_meta(self._lanes, scope)
+            listed.append(ListedSession(scope, report, meta, newest_number(self._lanes, scope)))
+        return listed, more
 
     def base(self, scope: TenantScope) -> StoredVersion:
         """The stored version and its summary: what a write builds on."""

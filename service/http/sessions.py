@@ -54,8 +54,8 @@ Erased = Literal["erased", "absent", "refused", "changed"]
 
 @bp.get(flask_rule(SESSIONS))
 def list_sessions(tenant_id: str, workspace_id: str) -> Response:
-    """A page of the workspace's stored sessions, in session-id order (as the store keys
-    them), each with its version and digest, no content."""
+    """A page of the workspace's stored sessions, in session-id order, each with its
+    version and digest, no content."""
     actor = authenticate()
     checked_ids(tenant_id, workspace_id)
     query = query_of(SessionListQuery)

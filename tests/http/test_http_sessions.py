@@ -117,6 +117,22 @@ def test_a_workspace_token_lists_its_sessions_a_page_at_a_time(written: LiveServ
     assert rest["next_cursor"] is None
 
 
+def test_the_list_is_in_session_id_order_whatever_the_ids_lengths(written: LiveService) -> None:
+    for session in ("chat-10", "chat-20", "c", "chat-100"):
+        write(written, session)
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        page = written.call(
+            "GET", sessions_path() + f"?limit=2{cursor}", workspace_token(written)
+        ).json()
+        seen += [item["session_id"] for item in page["sessions"]]
+        if page["next_cursor"] is None:
+            break
+        cursor = f"&cursor={page['next_cursor']}"
+    assert seen == ["c", "chat-1", "chat-10", "chat-100", "chat-2", "chat-20", "chat-3"]
+
+
 def test_the_list_shows_only_the_workspace(written: LiveService) -> None:
     other = written.call("GET", sessions_path(w="ws-2"), written.operator()).json()
     assert [item["session_id"] for item in other["sessions"]] == ["chat-9"]

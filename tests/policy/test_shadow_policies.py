@@ -1,9 +1,9 @@
 """Shadow mode (issue 15): a candidate policy set decides beside the live one, over real HTTP.
 
 The served process runs two real OPA sidecars: the live one over `policies/`
-and a shadow one over a copy whose read policy refuses every read. Reads
-disagree (allow lost); nothing else does; no status code changes; a killed
-shadow changes nothing the clients see.
+and a shadow one over a copy whose read policy refuses every read. Reads, and
+a version list (decided as a read), disagree (allow lost); nothing else does;
+no status code changes; a killed shadow changes nothing the clients see.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def _token(role: str, **scope: str | None) -> str:
 
 
 MODEL = _token("model-service", tenant=TENANT, workspace=WORKSPACE, session=SESSION)
+WORKSPACE_MODEL = _token("model-service", tenant=TENANT, workspace=WORKSPACE)
 OPERATOR = _token("operator", tenant=TENANT)
 AUDITOR = _token("auditor", tenant=TENANT)
+READS = ("read", "history")
 
 
 @pytest.fixture
@@ -93,6 +95,8 @@ def _traffic(served: Served) -> list[tuple[str, int]]:
         _call(served, "POST", SESSION_PATH + "/state/preview", MODEL, json=state_input()),
         _call(served, "POST", SESSION_PATH + "/replay-preview", MODEL, json={"max_inputs": 4}),
         _call(served, "GET", SESSION_PATH + "/state", MODEL),
+        _call(served, "GET", SESSION_PATH + "/state/versions", MODEL),
+        _call(served, "GET", SESSION_PATH.rsplit("/", 1)[0], WORKSPACE_MODEL),
     ]
     seen = []
     for answer in answers:
@@ -122,7 +126,7 @@ def test_a_disagreeing_shadow_is_recorded_on_exactly_its_entries_and_changes_no_
     for decision_id, _status in sent:
         entry = by_id[decision_id]
         shadow = entry["shadow"]
-        if entry["decision"]["action"] == "read":
+        if entry["decision"]["action"] in READS:  # a version list is decided as a read
             assert entry["decision"]["allow"] is True  # the live decision decided
             assert shadow["outcome"] == "allow_lost"
             assert shadow["agrees"] is False
@@ -135,9 +139,9 @@ def test_a_disagreeing_shadow_is_recorded_on_exactly_its_entries_and_changes_no_
         assert shadow["policy_revision"] != entry["decision"]["policy_revision"]
 
     reads = {
-        decision_id for decision_id, _ in sent if by_id[decision_id]["decision"]["action"] == "read"
+        decision_id for decision_id, _ in sent if by_id[decision_id]["decision"]["action"] in READS
     }
-    assert len(reads) == 2
+    assert len(reads) == 3
     disagreeing = _entries(shadowed, "?shadow=disagree")
     assert {entry["decision"]["decision_id"] for entry in disagreeing} == reads
     agreeing = {entry["decision"]["decision_id"] for entry in _entries(shadowed, "?shadow=agree")}
@@ -164,7 +168,11 @@ def test_a_disagreeing_shadow_is_recorded_on_exactly_its_entries_and_changes_no_
 
     metrics = requests.get(shadowed.url + "/metrics", timeout=10).text
     assert 'sessionstate_shadow_decisions_total{action="read",outcome="allow_lost"} 2.0' in metrics
+    assert (
+        'sessionstate_shadow_decisions_total{action="history",outcome="allow_lost"} 1.0' in metrics
+    )
     assert 'sessionstate_shadow_decisions_total{action="write",outcome="agree"} 1.0' in metrics
+    assert 'sessionstate_shadow_decisions_total{action="list",outcome="agree"} 1.0' in metrics
 
     assert _call(shadowed, "GET", "/v1/decisions/verify", AUDITOR).json()["ok"] is True
 
