@@ -76,15 +76,35 @@ def service_reasons() -> list[str]:
 
 
 def policy_codes() -> dict[str, set[str]]:
-    """code -> the packages (`sessionstate.<package>`) whose Rego can return it."""
-    found: dict[str, set[str]] = {}
+    """code -> the packages (`sessionstate.<package>`) whose Rego can return it, its own
+    codes and those it passes on from a decision it asks (`history` asks `read`'s, `rewind`
+    and `fork` `write`'s; a fork keeps its own access codes, `_write_access_reasons`)."""
+    own: dict[str, set[str]] = {}
+    asks: dict[str, tuple[set[str], set[str]]] = {}  # package -> (asked, codes not passed on)
     for path in sorted(POLICIES.rglob("*.rego")):
         if path.name.endswith("_test.rego"):
             continue
         package = ".".join(path.parent.relative_to(POLICIES).parts)
-        for code in re.findall(r'contains "([a-z_]+)"', path.read_text()):
+        text = path.read_text()
+        own[package] = set(re.findall(r'contains "([a-z_]+)"', text))
+        asked = set(re.findall(r"^import data\.(sessionstate\.[a-z_]+)$", text, re.M))
+        kept = re.search(r"^_\w+_access_reasons := \{(.*?)^\}", text, re.M | re.S)
+        withheld = set(re.findall(r'"([a-z_]+)"', kept.group(1))) if kept else set()
+        asks[package] = (asked - {"sessionstate.lib"}, withheld)
+    found: dict[str, set[str]] = {}
+    for package in own:
+        for code in _returned(package, own, asks):
             found.setdefault(code, set()).add(package)
     return found
+
+
+def _returned(
+    package: str, own: dict[str, set[str]], asks: dict[str, tuple[set[str], set[str]]]
+) -> set[str]:
+    """The codes a package can return: its own, and what it passes on of those it asks."""
+    asked, withheld = asks[package]
+    passed = {code for other in asked for code in _returned(other, own, asks)}
+    return own[package] | (passed - withheld)
 
 
 def policy_reasons() -> list[str]:

@@ -23,7 +23,9 @@ from service.decisions import revisions
 from service.decisions.migration import migrate, sign_unsigned_anchors
 from store.backends.contract import Lanes, StoreOffline
 from store.backends.registry import backend
+from store.chain.head import format_timestamp
 from store.embedded.repair import repair
+from store.session_dating import date_undated_sessions
 
 NAME = "db"
 
@@ -36,7 +38,8 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="bring the configured store (SESSIONSTATE_STORE, else the data dir's LevelDB) to "
         "this release's schema and record its version; move a decision log written as one "
         "global chain onto per-tenant chains (it must verify first); index approvals stored "
-        "before the approval index; print what it did as JSON; safe to run again",
+        "before the approval index; date records stored before idle expiry, as written now; "
+        "print what it did as JSON; safe to run again",
     )
     repairs.add_parser(
         "repair",
@@ -65,6 +68,7 @@ def _upgrade(settings: Settings) -> int:
         "chains_migrated": None,
         "approvals_indexed": None,
         "revisions_summarised": None,
+        "sessions_dated": None,
         "anchors_signed": {},
         "anchors_unverified": {},
         **steps,
@@ -112,7 +116,8 @@ def _upgrade_schema(store: StoreTarget) -> StoreUpgrade:
 def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
     """Move an old global chain onto per-tenant chains, index approvals stored before the
     approval index existed, summarise the policy revisions of decisions logged before the
-    summaries existed (None for each when there was nothing to do), and sign retention
+    summaries existed, date records stored before sessions had a meta key, so that idle
+    expiry sees them (None for each when there was nothing to do), and sign retention
     anchors older releases left unsigned: by chain, the anchor's seq, or the problem of a
     chain that did not verify from it."""
     now = datetime.now(UTC)
@@ -122,10 +127,12 @@ def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
         indexed = index_approvals(lanes, now)
     summarised = None if revisions.complete(lanes) else revisions.rebuild(lanes)
     walks = sign_unsigned_anchors(lanes, data_dir, now)
+    dated = date_undated_sessions(lanes, format_timestamp(now))
     return {
         "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
         "approvals_indexed": indexed,
         "revisions_summarised": summarised,
+        "sessions_dated": dated,
         "anchors_signed": {
             name: walk.anchor.seq for name, walk in walks.items() if walk.anchor is not None
         },

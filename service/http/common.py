@@ -31,6 +31,7 @@ from service.policy.input import (
     PolicyErasure,
     PolicyExchange,
     PolicyFork,
+    PolicyHistory,
     PolicyRewind,
     PolicyTarget,
 )
@@ -103,6 +104,7 @@ def authorize(
     erasure: PolicyErasure | None = None,
     rewind: PolicyRewind | None = None,
     fork: PolicyFork | None = None,
+    history: PolicyHistory | None = None,
     authenticated: bool = True,
 ) -> DecisionTrace:
     """The policy's decision for this request, when it allows; a refusal raised otherwise.
@@ -131,6 +133,7 @@ def authorize(
         erasure=erasure,
         rewind=rewind,
         fork=fork,
+        history=history,
     )
     if not trace.allow and not trace.engine_unavailable:
         ctx.rate_limiter.charge_denial(actor, target, peer=peer)

@@ -38,7 +38,7 @@ from service.http.state import (
     required_if_match,
     write_answer,
 )
-from service.policy.input import PolicyRewind
+from service.policy.input import PolicyHistory, PolicyRewind
 from service.policy.trace import DecisionTrace
 from store.scope import TenantScope
 
@@ -51,7 +51,7 @@ def list_versions(tenant_id: str, workspace_id: str, session_id: str) -> Respons
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
     query = query_of(VersionsQuery)
-    trace = authorize("history", actor, target_of(scope))
+    trace = authorize("history", actor, target_of(scope), history=PolicyHistory(version=None))
     listed = context().versions.page(scope, limit=query.limit + 1, below=query.below())
     page = listed[: query.limit]
     if not page and query.cursor is None:
@@ -66,7 +66,7 @@ def read_version(tenant_id: str, workspace_id: str, session_id: str, version: st
     actor = authenticate()
     scope = session_scope(tenant_id, workspace_id, session_id)
     number = _version_number(version)
-    trace = authorize("history", actor, target_of(scope))
+    trace = authorize("history", actor, target_of(scope), history=PolicyHistory(version=number))
     report = context().versions.read(scope, number)
     if report is None:
         raise not_kept(scope, trace)
@@ -84,7 +84,7 @@ def rewind_state(tenant_id: str, workspace_id: str, session_id: str) -> Response
     found = context().versions.current(scope)
     restored = context().versions.read(scope, ask.to_version) if found is not None else None
     if found is None or restored is None or restored.record is None:
-        _refuse_missing(actor, scope, found is None, restored is None)
+        _refuse_missing(actor, scope, ask.to_version, found is None, restored is None)
     record = restored.record
     trace = authorize(
         "rewind",
@@ -99,10 +99,12 @@ def rewind_state(tenant_id: str, workspace_id: str, session_id: str) -> Response
 
 
 def _refuse_missing(
-    actor: Actor, scope: TenantScope, no_record: bool, no_version: bool
+    actor: Actor, scope: TenantScope, version: int, no_record: bool, no_version: bool
 ) -> NoReturn:
-    """Nothing to restore: said, under a `history` decision, to whoever may read the session."""
-    trace = authorize("history", actor, target_of(scope))
+    """Nothing to restore: said, under a `history` decision (of reading the version asked
+    for), to whoever may read the session."""
+    history = PolicyHistory(version=version)
+    trace = authorize("history", actor, target_of(scope), history=history)
     if no_record:
         raise nothing_stored(scope, trace)
     if no_version:

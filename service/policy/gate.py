@@ -30,6 +30,7 @@ from service.policy.input import (
     PolicyErasure,
     PolicyExchange,
     PolicyFork,
+    PolicyHistory,
     PolicyInput,
     PolicyRewind,
     PolicyTarget,
@@ -73,6 +74,7 @@ class PolicyGate:
         erasure: PolicyErasure | None = None,
         rewind: PolicyRewind | None = None,
         fork: PolicyFork | None = None,
+        history: PolicyHistory | None = None,
     ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
         """The decision, the input it was made on, and with a shadow policy set what that
         would have decided (the decision log keeps all three)."""
@@ -88,6 +90,7 @@ class PolicyGate:
             erasure=erasure,
             rewind=rewind,
             fork=fork,
+            history=history,
         )
         encoded = EncodedInput.of(policy_input)  # the same bytes to the live and the shadow OPA
         question = None if self.shadow is None else self.shadow.ask(encoded)

@@ -217,6 +217,14 @@ class PolicyRewind(_Strict):
     replaced_version: int = Field(ge=1, le=MAX_VERSION, description="the current version")
 
 
+class PolicyHistory(_Strict):
+    """`history`: which version is read (None: the versions are listed)."""
+
+    version: int | None = Field(
+        ge=1, le=MAX_VERSION, description="the version read; null: the versions listed"
+    )
+
+
 class PolicyFork(_Strict):
     """`fork`: the source version the target session is created from (the target is the
     decision's `target`; the source is in the same tenant and workspace)."""
@@ -261,6 +269,11 @@ class PolicyInput(_Strict):
         default=None,
         exclude_if=lambda value: value is None,
         description="`fork` only: the source version; absent otherwise",
+    )
+    history: PolicyHistory | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="`history` only: the version read, or the list; absent otherwise",
     )
 
 

@@ -174,6 +174,7 @@ def _base(action: PolicyAction, tenant: str) -> dict[str, Any]:
         **({"erasure": _erasure()} if action == "erase" else {}),
         **({"rewind": _REWIND} if action == "rewind" else {}),
         **({"fork": _FORK} if action == "fork" else {}),
+        **({"history": {"version": 2}} if action == "history" else {}),
     }
 
 
@@ -214,6 +215,8 @@ def _variants(action: PolicyAction, tenant: str) -> Iterator[dict[str, Any]]:
         yield {**base, "rewind": None}
     if action == "fork":
         yield {**base, "fork": None}
+    if action == "history":
+        yield {**base, "history": {"version": None}}  # the versions listed
     if action == "token.exchange":
         for field, info in PolicyExchange.model_fields.items():
             for word in get_args(info.annotation):
