@@ -173,4 +173,6 @@ def test_compose_is_built_once_under_its_own_name(sandbox: Sandbox) -> None:
 def test_an_unknown_tool_is_a_usage_error(sandbox: Sandbox) -> None:
     done = sandbox.run("docker")
     assert done.returncode == 2
-    assert done.stderr == "usage: scripts/tools.sh opa|regal|compose\n"
+    assert done.stderr == (
+        "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck\n"
+    )
