@@ -30,7 +30,7 @@ from store.chain.note import (
 )
 from store.chain.tlog_checkpoint import CheckpointFormatError, TreeHead
 from tests.support import rfc6962_reference as rfc6962
-from tests.support.go_tools import go_tool
+from tests.support.go_tools import run_go_tool
 
 ORIGIN = "sessionstate.example/decisions/tenant-a"
 LEAVES = [f'{{"seq":{i + 1}}}'.encode() for i in range(7)]
@@ -58,9 +58,7 @@ def checkpoint(signer: NoteSigner, leaves: list[bytes]) -> bytes:
 
 
 def logcheck(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(go_tool("logcheck")), *map(str, args)], capture_output=True, text=True, timeout=60
-    )
+    return run_go_tool("logcheck", *args)
 
 
 def write(path: Path, content: bytes | dict[str, Any]) -> Path:
@@ -214,10 +212,10 @@ def test_a_malformed_checkpoint_text_is_refused_without_echo(text: str) -> None:
 
 def test_logcheck_opens_a_python_signed_checkpoint(signer: NoteSigner, tmp_path: Path) -> None:
     note = write(tmp_path / "checkpoint", checkpoint(signer, LEAVES))
-    done = logcheck("checkpoint", "--vkey", signer.verifier_key, "--origin", ORIGIN, note)
+    done = logcheck("checkpoint", "--vkey", str(signer.verifier_key), "--origin", ORIGIN, note)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"ok checkpoint {ORIGIN} size 7 root {b64(rfc6962.mth(LEAVES))}\n"
-    other_origin = logcheck("checkpoint", "--vkey", signer.verifier_key, "--origin", "x", note)
+    other_origin = logcheck("checkpoint", "--vkey", str(signer.verifier_key), "--origin", "x", note)
     assert other_origin.returncode == 1 and "Origin" in other_origin.stderr
 
 
@@ -276,7 +274,7 @@ def test_logcheck_accepts_an_inclusion_proof_and_refuses_a_flipped_bit(
 
     def check(proof: dict[str, Any], leaf_file: Path = leaf) -> subprocess.CompletedProcess[str]:
         return logcheck(
-            "inclusion", "--vkey", signer.verifier_key, "--origin", ORIGIN,
+            "inclusion", "--vkey", str(signer.verifier_key), "--origin", ORIGIN,
             "--checkpoint", note, "--proof", write(tmp_path / "proof.json", proof),
             "--leaf", leaf_file,
         )  # fmt: skip
@@ -307,7 +305,7 @@ def test_logcheck_accepts_a_consistency_proof_and_refuses_a_flipped_bit(
 
     def check(proof: dict[str, Any], older: Path = old) -> subprocess.CompletedProcess[str]:
         return logcheck(
-            "consistency", "--vkey", signer.verifier_key, "--origin", ORIGIN,
+            "consistency", "--vkey", str(signer.verifier_key), "--origin", ORIGIN,
             "--old", older, "--new", new, "--proof", write(tmp_path / "proof.json", proof),
         )  # fmt: skip
 

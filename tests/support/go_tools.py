@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from functools import cache
 from pathlib import Path
+from subprocess import CompletedProcess
 
 from tests.support.paths import ROOT
 
@@ -19,3 +20,10 @@ def go_tool(name: str) -> Path:
     )
     assert done.returncode == 0, f"scripts/tools.sh {name} failed:\n{done.stderr[-3000:]}"
     return Path(done.stdout.strip())
+
+
+def run_go_tool(name: str, *args: str | Path) -> CompletedProcess[str]:
+    """Runs the pinned `name` with `args`, its output captured as text."""
+    return subprocess.run(
+        [str(go_tool(name)), *map(str, args)], capture_output=True, text=True, timeout=60
+    )
