@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser wrk postgres schema lint-py types lint-rego test-rego test-py test-quick bench clean policy-manifest lock lock-check api-doc
+.PHONY: help run test install tools browser wrk postgres openssh schema lint-py types lint-rego test-rego test-py test-quick bench clean policy-manifest lock lock-check api-doc
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
@@ -42,11 +42,16 @@ lock: install
 	scripts/lock.sh update
 
 # Pinned OPA, Regal and Docker Compose, built with `go install` into .tools/bin on first
-# use (Compose, for tests/runtime/test_deployment.py's `docker-compose config`: about 2 minutes).
+# use (Compose, for tests/runtime/test_deployment.py's `docker-compose config`: about 2 minutes);
+# torchwood's litewitness and witnessctl (the witness the tests start), and logcheck
+# (examples/logcheck, the reviewer's checker), which the decision log's tests run.
 tools:
 	@scripts/tools.sh opa >/dev/null
 	@scripts/tools.sh regal >/dev/null
 	@scripts/tools.sh compose >/dev/null
+	@scripts/tools.sh litewitness >/dev/null
+	@scripts/tools.sh witnessctl >/dev/null
+	@scripts/tools.sh logcheck >/dev/null
 
 # Debian's Chromium for the reviewer page's browser test (Playwright drives it; it never
 # downloads a browser of its own). Installed unattended when we are root, as in CI.
@@ -58,6 +63,12 @@ browser:
 WRK := /usr/bin/wrk
 wrk:
 	@scripts/need_debian_package.sh wrk $(WRK)
+
+# Debian's openssh-client: litewitness keeps its key in an ssh-agent, which the witness
+# tests start with ssh-keygen and ssh-add (tests/support/witness.py).
+SSH_AGENT := /usr/bin/ssh-agent
+openssh:
+	@scripts/need_debian_package.sh openssh-client $(SSH_AGENT)
 
 # Debian's PostgreSQL (15 on Debian 12) for the PostgreSQL store's tests: tests/support/postgres.py
 # starts servers of its own in temporary directories, as a system user of its own.
@@ -104,14 +115,14 @@ test-rego: tools install
 
 # Two pytest workers (pytest-xdist): most tests wait on real servers, fsync and timeouts.
 PYTEST_WORKERS ?= 2
-test-py: install tools browser wrk postgres
+test-py: install tools browser wrk postgres openssh
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 
 test: lock-check lint-rego test-rego lint-py types test-py
 
 # The Python suite without the cases marked slow (the longest end-to-end ones), for a quick
 # loop while working; `make test` runs them all.
-test-quick: install tools browser wrk postgres
+test-quick: install tools browser wrk postgres openssh
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 bench: install tools wrk

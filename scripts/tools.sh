@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Usage: scripts/tools.sh opa|regal|compose
+# Usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck
 # Prints the path of the pinned tool, building it with `go install` into the
 # project-local .tools/bin on first use. An `opa` already on PATH at the pinned
 # version is used as it is. `compose` is Docker Compose v2, standalone, installed
 # as .tools/bin/docker-compose: the tests run its `config` (no Docker engine needed).
+# `litewitness` and `witnessctl` are filippo.io/torchwood's C2SP tlog-witness and its
+# database tool, the witness the tests start; `logcheck` is examples/logcheck, the
+# reviewer's checker built from the standard Go note and Merkle packages alone (its
+# own go.mod pins them), rebuilt whenever its sources change.
 set -euo pipefail
 
 OPA_VERSION=1.22.3
 REGAL_VERSION=0.39.0
 COMPOSE_VERSION=2.32.4
+TORCHWOOD_VERSION=0.6.1
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="$root/.tools/bin"
@@ -27,6 +32,15 @@ prints_version() { # binary, line
 
 pinned() { # version -> an extended regex matching exactly that version
   echo "${1//./\\.}"
+}
+
+# True when BINARY was built from MODULE at VERSION, as its build info says (`go
+# version -m`; litewitness and witnessctl print no version of their own).
+built_from() { # binary, module, version
+  local out
+  [ -x "$1" ] && command -v go >/dev/null || return 1
+  out=$(go version -m "$1" 2>/dev/null) || return 1
+  grep -Eq "^[[:space:]]+mod[[:space:]]+$2[[:space:]]+v$(pinned "$3")([[:space:]]|\$)" <<<"$out"
 }
 
 need_go() {
@@ -72,6 +86,29 @@ case "${1:-}" in
     fi
     echo "$bin/docker-compose"
     ;;
+  litewitness|witnessctl)
+    if ! built_from "$bin/$1" filippo.io/torchwood "$TORCHWOOD_VERSION"; then
+      need_go "$1"
+      echo "tools.sh: building $1 (torchwood v$TORCHWOOD_VERSION) into .tools/bin (first use only)" >&2
+      go install "filippo.io/torchwood/cmd/$1@v$TORCHWOOD_VERSION" >&2
+    fi
+    echo "$bin/$1"
+    ;;
+  logcheck)
+    src="$root/examples/logcheck"
+    sum=$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum)
+    if [ ! -x "$bin/logcheck" ] || [ "$(cat "$bin/logcheck.sum" 2>/dev/null)" != "$sum" ]; then
+      need_go logcheck
+      echo "tools.sh: building logcheck (examples/logcheck) into .tools/bin" >&2
+      mkdir -p "$bin"
+      build=$(mktemp -d "$bin/.logcheck.XXXXXX")
+      trap 'rm -rf "$build"' EXIT
+      (cd "$src" && go build -trimpath -o "$build/logcheck" .) >&2
+      mv "$build/logcheck" "$bin/logcheck"
+      echo "$sum" >"$bin/logcheck.sum"
+    fi
+    echo "$bin/logcheck"
+    ;;
   *)
-    echo "usage: scripts/tools.sh opa|regal|compose" >&2; exit 2 ;;
+    echo "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck" >&2; exit 2 ;;
 esac

@@ -173,4 +173,18 @@ def test_compose_is_built_once_under_its_own_name(sandbox: Sandbox) -> None:
 def test_an_unknown_tool_is_a_usage_error(sandbox: Sandbox) -> None:
     done = sandbox.run("docker")
     assert done.returncode == 2
-    assert done.stderr == "usage: scripts/tools.sh opa|regal|compose\n"
+    assert done.stderr == (
+        "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck\n"
+    )
+
+
+@pytest.mark.parametrize("tool", ["litewitness", "witnessctl", "logcheck"])
+def test_a_built_witness_tool_or_logcheck_is_not_rebuilt(tool: str) -> None:
+    """The real script over the real .tools: the torchwood binaries are told by their
+    build info (`go version -m`), logcheck by its sources' hash, so a second run (the
+    first may build) finds the tool and builds nothing."""
+    first = subprocess.run([str(SCRIPT), tool], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = subprocess.run([str(SCRIPT), tool], capture_output=True, text=True, timeout=60)
+    assert (again.returncode, again.stdout, again.stderr) == (0, first.stdout, "")
+    assert first.stdout == f"{ROOT / '.tools' / 'bin' / tool}\n"
