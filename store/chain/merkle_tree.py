@@ -146,15 +146,12 @@ def _range_hash(begin: int, end: int, node_at: NodeAt) -> bytes:
     """MTH(D[begin:end]) for a range RFC 6962's recursion makes (begin a multiple of the
     largest power of 2 not above end - begin): its complete subtrees, largest first, folded
     from the right."""
-    nodes = list(_complete_subtrees(begin, end))
-    hash_ = node_at(*nodes[-1])
-    for node in reversed(nodes[:-1]):
-        hash_ = node_hash(node_at(*node), hash_)
-    return hash_
-
-
-def _complete_subtrees(begin: int, end: int) -> Iterable[NodeId]:
+    subtrees = []
     while begin < end:
         level = (end - begin).bit_length() - 1
-        yield NodeId(level, begin >> level)
+        subtrees.append((level, begin >> level))
         begin += 1 << level
+    hash_ = node_at(*subtrees.pop())
+    while subtrees:
+        hash_ = node_hash(node_at(*subtrees.pop()), hash_)
+    return hash_
