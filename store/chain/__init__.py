@@ -15,5 +15,8 @@ Around it: where a chain ends and when (`head`), signed checkpoints of a head
 (`checkpoints`), the one rule for signing a head only after the walk up to it
 held (`signed_head`), the chain's own record of a loss (`loss`), the scrub's
 resumable walk of a whole chain (`scrub_pass`) and the last whole walk it or a
-verify made (`full_walk`).
+verify made (`full_walk`). The chain's Merkle tree: its RFC 9162 hashing and the
+standard-library verifiers of its proofs (`rfc9162`), its stored nodes with the
+heads and proofs built from them (`merkle_tree`), and what retention may delete
+of them (`merkle_retention`).
 """

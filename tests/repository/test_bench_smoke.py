@@ -30,6 +30,7 @@ SMALL_RUNS = {
     "scale_bench.py": ["--sizes", "300", "600", "--approvals", "5", "50", "--repeat", "1"],
     "service_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
     "impact_bench.py": ["--entries", "50"],
+    "merkle_bench.py": ["--sizes", "100", "300", "--proofs", "20"],
 }  # fmt: skip
 PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
     "service_bench.py": [

@@ -1,8 +1,8 @@
 """The tests' own RFC 6962 Merkle tree, straight from section 2.1 of the RFC: MTH, PATH
 and PROOF as the recursive definitions read, over a whole list of leaves in memory.
 
-It is a reference for checking the formats and the outside tools against (what
-`logcheck` and litewitness accept), not the log's tree: that one is stored and built
+It is a reference for checking the formats, the outside tools (what
+`logcheck` and litewitness accept) and the log's own tree against; that one is stored and built
 incrementally elsewhere. Clear over fast: each call rehashes the leaves it covers.
 """
 
