@@ -15,7 +15,18 @@ from service.api.reasons import Reason
 from service.api.v1 import DOCS, EXCHANGE, JWKS, OPENAPI, REQUEST_ID, WORKER, method_label
 from service.context import ServiceContext
 from service.decisions.journal import JournalClosed
-from service.http import approvals, decisions, fork, ops, sessions, state, token, ui, versions
+from service.http import (
+    approvals,
+    decisions,
+    fork,
+    log_proofs,
+    ops,
+    sessions,
+    state,
+    token,
+    ui,
+    versions,
+)
 from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, drop_decision, journal_decision
 from service.http.problems import REFUSALS, Problem, problem_of
@@ -29,7 +40,16 @@ def create_app(ctx: ServiceContext) -> Flask:
     app = Flask("sessionstate")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions[CONTEXT_KEY] = ctx
-    blueprints = (state.bp, versions.bp, fork.bp, sessions.bp, token.bp, approvals.bp, decisions.bp)
+    blueprints = (
+        state.bp,
+        versions.bp,
+        fork.bp,
+        sessions.bp,
+        token.bp,
+        approvals.bp,
+        log_proofs.bp,
+        decisions.bp,
+    )
     for blueprint in (*blueprints, ops.bp, ui.bp):
         app.register_blueprint(blueprint)
     app.register_blueprint(

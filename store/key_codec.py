@@ -26,6 +26,7 @@ class TenantResourceLane(StrEnum):
     TRACE_EVIDENCE = "trace_evidence"
     TRACE_INDEX = "trace_index"
     TRACE_META = "trace_meta"
+    MERKLE_NODE = "merkle_node"  # per chain: its Merkle tree's complete-subtree hashes
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,12 @@ from service.api.v1 import (
     APPROVALS,
     DECISION,
     DECISION_ID_HEADER,
+    DECISION_INCLUSION,
     DECISIONS,
+    DECISIONS_CHECKPOINT,
+    DECISIONS_CONSISTENCY,
     DECISIONS_EXPORT,
+    DECISIONS_LOG_KEY,
     DECISIONS_REVISIONS,
     DECISIONS_VERIFY,
     EXCHANGE,
@@ -48,10 +52,12 @@ from service.api.version_requests import RewindRequest, VersionsQuery
 from service.api.wire import (
     ApprovalListResponse,
     ApprovalResponse,
+    ConsistencyProofResponse,
     DecisionEntryResponse,
     DecisionListResponse,
     DecisionVerifyResponse,
     Health,
+    InclusionProofResponse,
     PolicyRevisionsResponse,
     ProblemDocument,
     Readiness,
@@ -70,13 +76,21 @@ from service.auth.token_exchange import (
     TokenExchangeRequest,
     TokenExchangeResponse,
 )
-from service.decisions.query import DecisionQuery, RevisionsQuery, VerifyQuery
+from service.decisions.query import (
+    CheckpointQuery,
+    ConsistencyQuery,
+    DecisionQuery,
+    InclusionQuery,
+    RevisionsQuery,
+    VerifyQuery,
+)
 from service.replay import ReplayPreviewRequest
 from service.session_list import SessionListQuery
 from store.digests import DIGEST_PATTERN
 from store.record.inputs import SessionStateInput
 
 REF = "#/components/schemas/{model}"
+TEXT = "text/plain; charset=utf-8"
 
 
 class Operation(NamedTuple):
@@ -136,7 +150,11 @@ OPERATIONS = [
     Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
     Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions were live when, and what each decided for the tenant: live intervals, first and last decision, counts by action, failed decisions", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
+    Operation("get", DECISIONS_CHECKPOINT, "decisions", "The tenant's latest checkpoint note (C2SP tlog-checkpoint, an Ed25519 signed note), signed when the chain grew and verified; 409 for a broken chain", None, 200, None, (*AUTHED, 409, 422), CheckpointQuery, TEXT),
+    Operation("get", DECISIONS_LOG_KEY, "decisions", "The checkpoint notes' verifier key (`<name>+<hex id>+<base64 key>`, Go's sumdb/note form)", None, 200, None, (*AUTHED, 422), CheckpointQuery, TEXT),
+    Operation("get", DECISIONS_CONSISTENCY, "decisions", "An RFC 9162 consistency proof between two tree sizes the checkpoint notes signed", None, 200, ConsistencyProofResponse, (*AUTHED, 409, 410, 422), ConsistencyQuery),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
+    Operation("get", DECISION_INCLUSION, "decisions", "An RFC 9162 inclusion proof of one entry in a tree the checkpoint notes signed", None, 200, InclusionProofResponse, (*AUTHED, 404, 409, 422), InclusionQuery),
     Operation("post", EXCHANGE, "token", "Exchange a model service's workspace token for a session token (OAuth 2.0 Token Exchange, RFC 8693)", TokenExchangeRequest, 200, TokenExchangeResponse, (400, 405, 413, 429, 503), body_media=FORM),
     Operation("get", JWKS, "ops", "The public keys of the session tokens the service issues (JWKS)", None, 200, JsonWebKeySet),
     Operation("get", HEALTHZ, "ops", "Liveness", None, 200, Health),
@@ -252,6 +270,11 @@ def _success(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
     if op.media == "application/x-ndjson":
         return {
             "description": f"one JSON event a line; the governing decision's id is in `{DECISION_ID_HEADER}`; with `limit`, one page, and the next page's cursor in `{NEXT_CURSOR_HEADER}` (absent on the last)",
+            "content": {op.media: {"schema": {"type": "string"}}},
+        }
+    if op.media == TEXT:
+        return {
+            "description": f"text; the governing decision's id is in `{DECISION_ID_HEADER}`",
             "content": {op.media: {"schema": {"type": "string"}}},
         }
     if op.out is None:

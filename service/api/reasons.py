@@ -95,6 +95,12 @@ class Reason(StrEnum):
         422,
         "The request body breaks the rules listed in `errors`.",
     )
+    PROOF_OUT_OF_RANGE = (
+        "proof_out_of_range",
+        422,
+        "A proof's tree sizes must be within what the latest checkpoint note signed: "
+        "`tree_size` from the entry's seq to that note's size, `1 <= first <= second <=` it.",
+    )
     REQUEST_HEADERS_TOO_LARGE = (
         "request_headers_too_large",
         431,
@@ -182,6 +188,20 @@ class Reason(StrEnum):
         409,
         "The decision log does not verify, so nothing is signed for it; "
         "`GET /v1/decisions/verify` names the first problem.",
+    )
+    DECISION_LOG_TREE_UNAVAILABLE = (
+        "decision_log_tree_unavailable",
+        409,
+        "This tenant's decision log has no Merkle tree that holds (retention pruned entries "
+        "before `sessionstate db upgrade` built one, or the tree is damaged), so no checkpoint "
+        "note or proof is served for it; its hash chain and `GET /v1/decisions/verify` work "
+        "as before.",
+    )
+    PROOF_PRUNED = (
+        "proof_pruned",
+        410,
+        "Retention deleted the tree nodes this proof needs: a consistency proof must start at "
+        "a tree size no smaller than the first kept entry's seq - 1.",
     )
     PRECONDITION_FAILED = (
         "precondition_failed",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import base64
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,6 +14,7 @@ from service.policy.trace import DecisionTrace
 from service.replay import SessionReplayPreview
 from store.chain.checkpoints import Checkpoint, RetentionAnchor
 from store.chain.full_walk import FullWalk
+from store.chain.log_proofs import ConsistencyProof, InclusionProof
 from store.chain.loss import RecordedLoss
 from store.record.reports import SessionStateReadReport, SessionStateWriteReport
 from store.record.state_record import Lineage, SessionStateRecord
@@ -172,6 +174,50 @@ class DecisionEntryResponse(_Envelope):
         "the rest of the chain is not read: verify walks it"
     )
     decision: DecisionTrace
+
+
+HASH_B64_PATTERN = r"^[A-Za-z0-9+/]{43}=$"  # 32 bytes, standard base64
+ProofHash = Annotated[str, Field(pattern=HASH_B64_PATTERN)]
+
+
+class InclusionProofResponse(_Envelope):
+    """`GET /v1/decisions/{decision_id}/inclusion`: the entry's RFC 9162 audit path in a tree
+    its checkpoint notes signed. Only these four members (what Go's tools read); the governing
+    decision's id is in `Sessionstate-Decision-Id`."""
+
+    leaf_index: int = Field(ge=0, description="the entry's leaf: its seq - 1")
+    tree_size: int = Field(ge=1, description="the tree the path leads to the root of")
+    leaf_hash: ProofHash = Field(
+        description="base64 SHA-256 of 0x00 and the entry's stored (RFC 8785) bytes"
+    )
+    hashes: list[ProofHash] = Field(description="base64, from the leaf's sibling up")
+
+    @classmethod
+    def of(cls, proof: InclusionProof) -> InclusionProofResponse:
+        return cls(
+            leaf_index=proof.leaf_index,
+            tree_size=proof.tree_size,
+            leaf_hash=_b64(proof.leaf_hash),
+            hashes=[_b64(hash_) for hash_ in proof.hashes],
+        )
+
+
+class ConsistencyProofResponse(_Envelope):
+    """`GET /v1/decisions/consistency`: the RFC 9162 proof that the tree of `second` leaves
+    extends the tree of `first`; the governing decision's id is in `Sessionstate-Decision-Id`."""
+
+    first: int = Field(ge=1)
+    second: int = Field(ge=1)
+    hashes: list[ProofHash] = Field(description="base64, in RFC 9162 order")
+
+    @classmethod
+    def of(cls, proof: ConsistencyProof) -> ConsistencyProofResponse:
+        hashes = [_b64(hash_) for hash_ in proof.hashes]
+        return cls(first=proof.first, second=proof.second, hashes=hashes)
+
+
+def _b64(hash_: bytes) -> str:
+    return base64.b64encode(hash_).decode("ascii")
 
 
 class DecisionVerifyResponse(_Envelope):

@@ -24,6 +24,8 @@ from service.decisions.migration import migrate, sign_unsigned_anchors
 from store.backends.contract import Lanes, StoreOffline
 from store.backends.registry import backend
 from store.chain.head import format_timestamp
+from store.chain.keys import chain_names
+from store.chain.tree_build import TreeBuild, build_tree
 from store.embedded.repair import repair
 from store.session_dating import date_undated_sessions
 
@@ -39,7 +41,9 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "this release's schema and record its version; move a decision log written as one "
         "global chain onto per-tenant chains (it must verify first); index approvals stored "
         "before the approval index; date records stored before idle expiry, as written now; "
-        "print what it did as JSON; safe to run again",
+        "build the Merkle tree of chains written before trees (trees_built; a chain pruned "
+        "before it had one is listed in trees_unbuildable); print what it did as JSON; safe to "
+        "run again",
     )
     repairs.add_parser(
         "repair",
@@ -69,10 +73,12 @@ def _upgrade(settings: Settings) -> int:
         "approvals_indexed": None,
         "revisions_summarised": None,
         "sessions_dated": None,
+        "trees_built": None,
         "anchors_signed": {},
         "anchors_unverified": {},
         **steps,
     }
+    unbuildable = did.pop("trees_unbuildable", [])  # said every run: not a change
     changed = done.changed or any(value not in (None, {}) for value in did.values())
     print(
         json.dumps(
@@ -83,6 +89,7 @@ def _upgrade(settings: Settings) -> int:
                 "now": done.now,
                 "changed": changed,
                 **did,
+                "trees_unbuildable": unbuildable,
             }
         )
     )
@@ -117,9 +124,13 @@ def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
     """Move an old global chain onto per-tenant chains, index approvals stored before the
     approval index existed, summarise the policy revisions of decisions logged before the
     summaries existed, date records stored before sessions had a meta key, so that idle
-    expiry sees them (None for each when there was nothing to do), and sign retention
-    anchors older releases left unsigned: by chain, the anchor's seq, or the problem of a
-    chain that did not verify from it."""
+    expiry sees them, build the Merkle tree of every chain written before trees, from its
+    entries (`store.chain.tree_build`: the chains built; None for each when there was
+    nothing to do), and sign retention anchors older releases left unsigned: by chain, the
+    anchor's seq, or the problem of a chain that did not verify from it. A chain retention
+    pruned before it had a tree cannot get one (the leaves of its pruned entries are gone):
+    it is listed in `trees_unbuildable` at every run, and its proofs and checkpoint notes are
+    refused (`decision_log_tree_unavailable`); its hash chain works as before."""
     now = datetime.now(UTC)
     migration = migrate(lanes, now)
     indexed = None
@@ -128,11 +139,17 @@ def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
     summarised = None if revisions.complete(lanes) else revisions.rebuild(lanes)
     walks = sign_unsigned_anchors(lanes, data_dir, now)
     dated = date_undated_sessions(lanes, format_timestamp(now))
+    trees = {name: build_tree(lanes, name) for name in chain_names(lanes)}
+    built = [name for name, build in trees.items() if build is TreeBuild.BUILT]
     return {
         "chains_migrated": None if migration is None else migration.model_dump(mode="json"),
         "approvals_indexed": indexed,
         "revisions_summarised": summarised,
         "sessions_dated": dated,
+        "trees_built": built or None,
+        "trees_unbuildable": [
+            name for name, build in trees.items() if build is TreeBuild.UNBUILDABLE
+        ],
         "anchors_signed": {
             name: walk.anchor.seq for name, walk in walks.items() if walk.anchor is not None
         },

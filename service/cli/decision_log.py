@@ -1,5 +1,6 @@
 """`sessionstate decisions`: review the decision log of a stopped service's data dir (or of a
-PostgreSQL store while the service runs): verify, export, tail, checkpoint, bundle, prune."""
+PostgreSQL store while the service runs): verify, export, tail, checkpoint, bundle, prune,
+and the Merkle tree's verifier key and proofs (log-key, prove, consistency)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from service.cli.arguments import positive
 from service.cli.store_access import review_lanes
 from service.config.settings import Settings
+from service.decisions import log_review, revisions
 from service.decisions import review as decision_review
-from service.decisions import revisions
 from service.decisions.evidence_bundle import VERIFIER
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
@@ -83,6 +86,28 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the tenant whose chain is cut (~no-tenant: no tenant's; ~system: the policy "
         "activations')",
     )
+    review.add_parser(
+        "log-key",
+        help="print the checkpoint notes' verifier key (Go's sumdb/note form), to pin and keep",
+    )
+    prove = review.add_parser(
+        "prove",
+        help="print a decision's Merkle inclusion proof as JSON, as GET "
+        "/v1/decisions/{decision_id}/inclusion answers it",
+    )
+    prove.add_argument("decision_id")
+    prove.add_argument("--tenant", help="the decision's tenant (else the only chain there is)")
+    prove.add_argument(
+        "--tree-size", type=positive, help="the tree to prove it in (default: the latest note's)"
+    )
+    consistency = review.add_parser(
+        "consistency",
+        help="print the Merkle consistency proof between two tree sizes as JSON, as GET "
+        "/v1/decisions/consistency answers it",
+    )
+    consistency.add_argument("--tenant", help="this tenant's tree (else the only chain there is)")
+    consistency.add_argument("--first", type=positive, required=True)
+    consistency.add_argument("--second", type=positive, required=True)
     prune = review.add_parser(
         "prune", help="delete entries older than N days, keep the rest verifiable"
     )
@@ -103,6 +128,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         result = decision_review.verify(data_dir, args.checkpoint, args.public_key, args.tenant)
         print(result.model_dump_json())
         return 0 if result.ok else 1
+    if args.review in ("log-key", "prove", "consistency"):
+        return _log_proofs(settings, args)
     if args.review == "public-key":
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
     elif args.review == "verifier":
@@ -133,6 +160,24 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print(canonical_json(entry).decode())
     elif args.review == "prune":
         print(json.dumps({"pruned": decision_review.prune(data_dir, args.older_than_days)}))
+    return 0
+
+
+def _log_proofs(settings: Settings, args: argparse.Namespace) -> int:
+    """`decisions log-key`, `prove`, `consistency`: what the proof routes answer."""
+    if args.review == "log-key":
+        print(log_review.log_key(settings))
+        return 0
+    with review_lanes(settings) as lanes:
+        if args.review == "prove":
+            proof: BaseModel = log_review.prove(
+                lanes, settings, args.decision_id, args.tenant, args.tree_size
+            )
+        else:
+            proof = log_review.prove_consistency(
+                lanes, settings, args.first, args.second, args.tenant
+            )
+    print(proof.model_dump_json())
     return 0
 
 

@@ -27,6 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The policy set the wheel carries (setup.py maps the checkout's policies/ onto it).
 PACKAGED_POLICIES = "default_policies"
 ENV_PREFIX = "SESSIONSTATE_"
+LOG_ORIGIN_PATTERN = r"^[!-*,-~]{1,200}$"  # printable ASCII but space and `+`, at most 200
 IDLE_TTL_MAX = 315_360_000  # ten years: SESSIONSTATE_STATE_IDLE_TTL_SECONDS at most
 # Read by other tools of the project, not by the service: never warned about.
 OTHER_TOOLS_VARIABLES = frozenset(
@@ -96,6 +97,10 @@ class Settings(BaseSettings):
     public_url: str | None = None
     digest_key: str | None = Field(default=None, repr=False)
     decision_retention_days: int | None = Field(default=None, ge=1, le=36_500)
+    # The decision log's checkpoint notes (store.chain.log_note): the origin their lines name
+    # (`<origin>/<tenant>`) and their key's name. Printable ASCII, no space, no `+`. Unset:
+    # `sessionstate.local/` and 16 hex digits of the data dir's checkpoint key.
+    log_origin: str | None = Field(default=None, pattern=LOG_ORIGIN_PATTERN)
     # The decision scrub (service.decisions.scrub): each tenant's chain walked whole at
     # least this often, in the background; 0 turns it off.
     decision_scrub_seconds: int = Field(default=86_400, ge=0, le=31_536_000)

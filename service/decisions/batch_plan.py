@@ -153,7 +153,7 @@ def plan_batch(
             records.erase(item.erase.scope, erasure)
         changes.extend(item.puts)
         if body.chain not in chains:
-            chains[body.chain] = ChainExtension(body.chain, head(body.chain))
+            chains[body.chain] = ChainExtension(body.chain, head(body.chain), lanes)
         (sealed,) = chains[body.chain].seal(
             [body.sealable(outcome, recorded_at)], encoded_members=[body.encoded_members]
         )

@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from service.decisions.log import DecisionLogEntry
 from service.policy.input import PolicyAction
+from store.chain.tlog_checkpoint import MAX_TREE_SIZE
 from store.scope import ScopeId
 
 MAX_LIMIT = 1000
@@ -146,3 +147,37 @@ def decode_cursor(cursor: str) -> tuple[int, int, Order]:
     if order not in ("asc", "desc") or set(document) - {"after", "until", "order"}:
         raise ValueError("not a cursor of this service")
     return after, until, order
+
+
+class CheckpointQuery(BaseModel):
+    """The query string of `GET /v1/decisions/checkpoint` and `GET /v1/decisions/log-key`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    tenant_id: ScopeId | None = None
+
+
+class InclusionQuery(BaseModel):
+    """The query string of `GET /v1/decisions/{decision_id}/inclusion`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    tree_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TREE_SIZE,
+        description="the tree to prove the entry in: from its seq to the latest checkpoint "
+        "note's size (unset: that size)",
+    )
+
+
+class ConsistencyQuery(BaseModel):
+    """The query string of `GET /v1/decisions/consistency`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    tenant_id: ScopeId | None = None
+    first: int = Field(ge=1, le=MAX_TREE_SIZE, description="the older tree's size, from 1")
+    second: int = Field(
+        ge=1, le=MAX_TREE_SIZE, description="the newer's, at most the latest note's size"
+    )

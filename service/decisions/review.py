@@ -151,7 +151,7 @@ def every_chain_verified(
     )
 
 
-def _only_chain(lanes: Lanes) -> str:
+def only_chain(lanes: Lanes) -> str:
     chains = tenant_chain_names(lanes)
     if len(chains) > 1:
         raise ReviewError(
@@ -195,7 +195,7 @@ def checkpoint(data_dir: Path, tenant_id: str | None = None) -> Checkpoint:
     Raises `ChainUnverified`, naming the first problem, for a chain that does not.
     """
     with open_lanes(data_dir) as lanes:
-        name = tenant_id or _only_chain(lanes)
+        name = tenant_id or only_chain(lanes)
         result, signed = verified_checkpoint(
             EvidenceChain(lanes, name), data_dir, datetime.now(UTC)
         )

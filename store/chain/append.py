@@ -7,27 +7,44 @@ store), then add them to a batch of its own, which expects the key of the seq
 after that head to be absent and, for a chain's first entries, writes its
 marker. When another writer appended meanwhile the batch fails
 (`ExpectationFailed`) and nothing of it is written, so a chain never forks.
+
+The same batch holds the chain's Merkle tree nodes the entries add
+(`store.chain.tree_store`): leaf i is the entry of seq i+1, its stored bytes,
+and all of an extension's nodes are computed together, so those its later
+entries need of its earlier ones come from the extension, the rest (the old
+frontier, at most log2(n) nodes) from the store. A chain's first entries write
+its `tree_key` too; a chain without one (written before trees, waiting for `db
+upgrade`) gets no nodes. The batch expects `tree_key` as read, so an upgrade
+that builds the tree meanwhile and an append cannot miss each other's leaves.
+A frontier node that is not stored (damage) drops the tree (its `tree_key`
+goes, logged as `decision_log_tree_dropped`) rather than refuse the entries:
+proofs for the chain are refused from then on, never served from a wrong tree.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from store.backends.contract import LaneBatch
+from store.backends.contract import LaneBatch, LaneView
 from store.canonical import Encoded
 from store.chain.entry import SealedEntry, seal
 from store.chain.head import ChainHead
-from store.chain.keys import entry_key, marker_key
+from store.chain.keys import entry_key, marker_key, tree_key
+from store.chain.tree_store import StoredTree, TreeNodeMissing
+
+log = logging.getLogger("sessionstate.decisions")
 
 
 class ChainExtension:
     """Entries sealed onto chain `chain` after `start`, not written yet; `head` is the chain's
-    head once they are."""
+    head once they are. `view` is the store the chain's tree is read from."""
 
-    def __init__(self, chain: str, start: ChainHead) -> None:
+    def __init__(self, chain: str, start: ChainHead, view: LaneView) -> None:
         self.chain = chain
         self.start = start
+        self._tree = StoredTree(view, chain)
         self.head = start
         self.entries: list[SealedEntry] = []
 
@@ -44,8 +61,9 @@ class ChainExtension:
         return sealed
 
     def add_to(self, batch: LaneBatch) -> None:
-        """Put the entries in batch, which then commits only if the seq after `start` is
-        still free, with the chain's marker when they are its first. Nothing sealed: nothing."""
+        """Put the entries and their tree nodes in batch, which then commits only if the seq
+        after `start` is still free, with the chain's marker and `tree_key` when they are its
+        first. Nothing sealed: nothing."""
         if not self.entries:
             return
         batch.expect(entry_key(self.start.seq + 1, self.chain), None)
@@ -53,3 +71,20 @@ class ChainExtension:
             batch.put(marker_key(self.chain), b"")  # expectation above fails first
         for entry in self.entries:
             batch.put(entry.key, entry.value)
+        self._add_nodes(batch)
+
+    def _add_nodes(self, batch: LaneBatch) -> None:
+        marker = self._tree.marker()
+        batch.expect(tree_key(self.chain), marker)
+        if self.start.seq == 0 and marker is None:  # the chain's first entries: a tree
+            marker = b""
+            batch.put(tree_key(self.chain), marker)
+        if marker is None:
+            return
+        try:
+            nodes = self._tree.appended(self.start.seq, (e.value for e in self.entries))
+        except TreeNodeMissing:
+            log.error("decision_log_tree_dropped", extra={"chain": self.chain})
+            batch.delete(tree_key(self.chain))
+            return
+        self._tree.put(batch, nodes)

@@ -8,8 +8,11 @@ checkpoints and the public key can later show the chain still reaches each one
 with the same hash, or that it was cut or rewritten.
 
 The same key signs evidence bundles' manifests and retention anchors (where
-retention left a chain's start). Each kind of document is told apart by its
-signed bytes, so a signature on one never passes as another.
+retention left a chain's start), and the Merkle tree heads of the C2SP
+tlog-checkpoint notes (`store.chain.log_note`). Each kind of document is told
+apart by its signed bytes, so a signature on one never passes as another: the
+JSON ones are canonical JSON objects, a note's text is its origin line, its
+tree size and its root, which no JSON object is.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from store.chain.head import (
     ChainHead,
     format_timestamp,
 )
+from store.chain.note import NoteSigner
 from store.secrets import SECRETS_DIR, local_secret
 
 KEY_FILE = "checkpoint.key"
@@ -209,6 +213,11 @@ class CheckpointSigner:
 
     def verifier(self) -> CheckpointVerifier:
         return CheckpointVerifier(self.public_key_pem)
+
+    def note_signer(self, name: str) -> NoteSigner:
+        """This key as a signed-note key named `name` (`store.chain.note`): what signs the
+        log's tlog checkpoints."""
+        return NoteSigner(name, self._key)
 
 
 class CheckpointVerifier:

@@ -33,6 +33,7 @@ from store.chain.entry import ChainCorrupt, holds, parse_entry
 from store.chain.head import GENESIS, HASH_PATTERN, NO_TENANT_CHAIN, ChainHead, parse_timestamp
 from store.chain.keys import LAST_SEQ, LEGACY_CHAIN, SEQ_BYTES, anchor_key, entry_key
 from store.chain.loss import RecordedLoss, indexed_seqs, loss_of, losses_index_key
+from store.chain.tree_store import StoredTree
 from store.chain.walk import ChainVerification, Walk, link_problem
 from store.key_codec import TenantResourceLane
 
@@ -93,7 +94,7 @@ class EvidenceChain:
         """Entries to seal onto this chain after `after` (its stored head when None), for a
         batch of the caller's (`ChainExtension.add_to`). A caller that caches the head
         serialises its own writes; the batch's expectation keeps other writers out."""
-        return ChainExtension(self.name, self.head() if after is None else after)
+        return ChainExtension(self.name, self.head() if after is None else after, self._lanes)
 
     def append(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Seal bodies after the stored head and write them in one synced batch; serialised
@@ -377,16 +378,18 @@ class EvidenceChain:
         (the head must stay provable), and never deletes past an entry that does not
         verify, so retention cannot erase evidence of tampering. The anchor (seq and
         hash of the last deleted entry, signed by `signer` at `signed_at`) is written in
-        the same batch as the deletes. Raises `ChainCorrupt` rather than prune on from an
-        anchor whose signature does not hold under `signer`'s key, or an unsigned one: a
-        new signed anchor would vouch for it.
+        the same batch as the deletes, and so are the chain's Merkle tree nodes that no
+        proof of a kept leaf needs (`StoredTree.prune`). Raises `ChainCorrupt` rather than
+        prune on from an anchor whose signature does not hold under `signer`'s key, or an
+        unsigned one: a new signed anchor would vouch for it.
         """
         if before.utcoffset() is None:
             raise ValueError("before must be timezone-aware")
         with self._lock:
             newest = self.head().seq
             keys = signer.verifier()
-            walk = Walk(self._verified_anchor(keys), chain=self.name, keys=keys)
+            start = self._verified_anchor(keys)
+            walk = Walk(start, chain=self.name, keys=keys)
             doomed: list[ChainHead] = []
             for seq, stored in self._stored():
                 if seq is None or seq >= newest or walk.step(seq, stored) is not None:
@@ -403,6 +406,8 @@ class EvidenceChain:
                 for gone in doomed:
                     batch.delete(entry_key(gone.seq, self.name))
                 batch.put(anchor_key(self.name), canonical_json(anchor.model_dump()))
+                # Leaf i is seq i+1: the first kept leaf moves from the old anchor's seq to the new.
+                StoredTree(self._lanes, self.name).prune(batch, start.seq, doomed[-1].seq)
         return len(doomed)
 
     def _verified_anchor(self, verifier: CheckpointVerifier) -> ChainHead:

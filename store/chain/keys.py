@@ -4,7 +4,9 @@ A chain's entries, its anchor and its marker are keys whose tenant component is
 the chain's name (the tenant id), so on PostgreSQL a chain lives under its
 tenant's `tenant_id`. Entries that name no tenant go on the chain
 `NO_TENANT_CHAIN`, a name no scope id can be; what the deployment records of
-itself (policy activations) goes on `SYSTEM_CHAIN`. The name `""`
+itself (policy activations) goes on `SYSTEM_CHAIN`. Its Merkle tree's nodes are keys of
+their own lane (`node_key`), under the chain's name too, and `tree_key` says
+the tree covers every leaf of the chain. The name `""`
 (`LEGACY_CHAIN`) addresses the one global chain older versions wrote, which
 `sessionstate db upgrade` migrates (`service.decisions.migration`).
 """
@@ -15,6 +17,7 @@ import re
 
 from store.backends.contract import Lanes
 from store.chain.head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
+from store.chain.merkle_tree import NodeId, node_name
 from store.key_codec import LaneKey, TenantResourceLane
 
 LEGACY_CHAIN = ""  # the single global chain of versions before per-tenant chains
@@ -49,6 +52,17 @@ ANCHOR_KEY = anchor_key(NO_TENANT_CHAIN)  # the no-tenant chain's anchor
 def marker_key(chain: str) -> LaneKey:
     """Says the chain exists; written with its first entry, so chains can be listed."""
     return LaneKey(TenantResourceLane.TRACE_META, chain, name=b"chain")
+
+
+def node_key(chain: str, node: NodeId) -> LaneKey:
+    """Where node `node` of the chain's Merkle tree is kept (`merkle_tree.node_name`)."""
+    return LaneKey(TenantResourceLane.MERKLE_NODE, chain, name=node_name(node))
+
+
+def tree_key(chain: str) -> LaneKey:
+    """Says the chain's Merkle tree holds a leaf for every entry from seq 1 on: written with
+    the chain's first entries, or by `sessionstate db upgrade` once it built the tree."""
+    return LaneKey(TenantResourceLane.TRACE_META, chain, name=b"tree")
 
 
 def chain_names(lanes: Lanes) -> list[str]:

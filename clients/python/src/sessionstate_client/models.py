@@ -234,6 +234,18 @@ GENESIS_DIGEST = "sha256:" + "0" * 64
 NO_COMPACTED_TURNS = CompactedTurns(count=0, token_estimate=0, digest=GENESIS_DIGEST)
 
 
+class ConsistencyProofResponse(_Response):
+    """`GET /v1/decisions/consistency`: the RFC 9162 proof that the tree of `second` leaves
+    extends the tree of `first`; the governing decision's id is in `Sessionstate-Decision-Id`.
+    """
+
+    first: Annotated[int, Field(ge=1)]
+    second: Annotated[int, Field(ge=1)]
+    hashes: list[Annotated[str, Field(pattern="^[A-Za-z0-9+/]{43}=$")]] = Field(
+        description="base64, in RFC 9162 order"
+    )
+
+
 class CorruptionLabel(StrEnum):
     """The fixed vocabulary of redacted errors for a stored record that fails to read."""
 
@@ -497,6 +509,24 @@ class ForkedFrom(_Response):
 
 class Health(_Response):
     status: Literal["ok"] = Field(default="ok")
+
+
+class InclusionProofResponse(_Response):
+    """`GET /v1/decisions/{decision_id}/inclusion`: the entry's RFC 9162 audit path in a tree
+    its checkpoint notes signed. Only these four members (what Go's tools read); the governing
+    decision's id is in `Sessionstate-Decision-Id`.
+    """
+
+    leaf_index: Annotated[int, Field(ge=0)] = Field(description="the entry's leaf: its seq - 1")
+    tree_size: Annotated[int, Field(ge=1)] = Field(
+        description="the tree the path leads to the root of"
+    )
+    leaf_hash: Annotated[str, Field(pattern="^[A-Za-z0-9+/]{43}=$")] = Field(
+        description="base64 SHA-256 of 0x00 and the entry's stored (RFC 8785) bytes"
+    )
+    hashes: list[Annotated[str, Field(pattern="^[A-Za-z0-9+/]{43}=$")]] = Field(
+        description="base64, from the leaf's sibling up"
+    )
 
 
 class JsonWebKey(_Response):

@@ -1,0 +1,125 @@
+"""The decision log's Merkle proofs, for reviewers: the checkpoint note, its verifier key, and
+inclusion and consistency proofs, in the formats Go's `sumdb/note`, `formats/log` and
+`transparency-dev/merkle` read.
+
+Decided like the other reviewer reads (`decisions.read` on the tenant, logged). A
+note is signed only through the verify's own walk (`chain_status`, the one rule of
+`store.chain.signed_head`): a broken chain gets a problem, never a note. Proof sizes
+are bounded by the latest note's (`store.chain.log_proofs`), which is signed first
+when the chain grew since. The text answers and the proofs (only the members Go's
+tools read) name their decision in `Sessionstate-Decision-Id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from flask import Blueprint, Response
+
+from service.api.reasons import Reason
+from service.api.v1 import (
+    DECISION_ID_HEADER,
+    DECISION_INCLUSION,
+    DECISIONS_CHECKPOINT,
+    DECISIONS_CONSISTENCY,
+    DECISIONS_LOG_KEY,
+    flask_rule,
+)
+from service.api.wire import ConsistencyProofResponse, InclusionProofResponse
+from service.decisions.query import CheckpointQuery, ConsistencyQuery, InclusionQuery
+from service.http.common import authenticate, context, query_of
+from service.http.decisions import audit_decision, chain_status, decision_entry
+from service.http.problems import Problem
+from service.policy.trace import DecisionTrace
+from store.chain.keys import entry_key
+from store.chain.log_note import LogSigner, SignedTreeHead, TreeUnavailable, note_of
+from store.chain.log_proofs import ProofOutOfRange, ProofPruned, consistency, inclusion
+from store.chain.signed_head import ChainUnverified
+
+bp = Blueprint("log_proofs", __name__)
+TEXT = "text/plain; charset=utf-8"
+
+
+def log_signer() -> LogSigner:
+    settings = context().settings
+    return LogSigner.of(settings.data_dir, settings.log_origin)
+
+
+@contextmanager
+def refusals(trace: DecisionTrace) -> Iterator[None]:
+    """Each refusal of the tree's code as its problem, with the request's decision."""
+    try:
+        yield
+    except ChainUnverified:
+        raise Problem(Reason.CHAIN_UNVERIFIED, decision=trace) from None
+    except TreeUnavailable:
+        raise Problem(Reason.DECISION_LOG_TREE_UNAVAILABLE, decision=trace) from None
+    except ProofOutOfRange:
+        raise Problem(Reason.PROOF_OUT_OF_RANGE, decision=trace) from None
+    except ProofPruned:
+        raise Problem(Reason.PROOF_PRUNED, decision=trace) from None
+
+
+def latest_note(tenant: str) -> SignedTreeHead:
+    """The tenant's note of the head its chain verifies to now (signed if it grew)."""
+    verified, _ = chain_status(tenant)
+    return note_of(context().decision_log.chain(tenant), verified, log_signer())
+
+
+def _text(body: bytes | str, trace: DecisionTrace) -> Response:
+    return Response(body, content_type=TEXT, headers={DECISION_ID_HEADER: trace.decision_id})
+
+
+def _proof(
+    body: InclusionProofResponse | ConsistencyProofResponse, trace: DecisionTrace
+) -> Response:
+    headers = {DECISION_ID_HEADER: trace.decision_id}
+    return Response(body.model_dump_json(), mimetype="application/json", headers=headers)
+
+
+@bp.get(DECISIONS_CHECKPOINT)
+def checkpoint_note() -> Response:
+    """The tenant's latest checkpoint note (C2SP tlog-checkpoint, signed note)."""
+    trace, tenant = audit_decision(authenticate(), query_of(CheckpointQuery).tenant_id)
+    with refusals(trace):
+        return _text(latest_note(tenant).note, trace)
+
+
+@bp.get(DECISIONS_LOG_KEY)
+def log_key() -> Response:
+    """The notes' verifier key, `<name>+<hex id>+<base64 key>`, and a newline."""
+    trace, _ = audit_decision(authenticate(), query_of(CheckpointQuery).tenant_id)
+    return _text(f"{log_signer().verifier_key}\n", trace)
+
+
+@bp.get(flask_rule(DECISION_INCLUSION))
+def inclusion_proof(decision_id: str) -> Response:
+    """One entry's audit path in the tree of `tree_size` (default: the latest note's)."""
+    actor = authenticate()
+    query = query_of(InclusionQuery)
+    trace, found = decision_entry(actor, decision_id)
+    tenant = actor.tenant_id or ""  # decision_entry found it on the actor's tenant's chain
+    chain = context().decision_log.chain(tenant)
+    stored = context().lanes.get(entry_key(found.entry.seq, tenant))
+    if stored is None:  # pruned since it was read
+        raise Problem(Reason.DECISION_NOT_FOUND, decision=trace)
+    with refusals(trace):
+        latest = latest_note(tenant).head.size
+        size = latest if query.tree_size is None else query.tree_size
+        proof = inclusion(chain, found.entry.seq, stored, size, latest)
+    body = InclusionProofResponse.of(proof)
+    return _proof(body, trace)
+
+
+@bp.get(DECISIONS_CONSISTENCY)
+def consistency_proof() -> Response:
+    """That the tree of `second` leaves extends the tree of `first`."""
+    actor = authenticate()
+    query = query_of(ConsistencyQuery)
+    trace, tenant = audit_decision(actor, query.tenant_id)
+    with refusals(trace):
+        latest = latest_note(tenant).head.size
+        chain = context().decision_log.chain(tenant)
+        proof = consistency(chain, query.first, query.second, latest)
+    return _proof(ConsistencyProofResponse.of(proof), trace)

@@ -1,0 +1,65 @@
+"""`StoredTree`: one chain's Merkle tree as the lane store keeps it.
+
+The tree's algorithms (`store.chain.merkle_tree`) read nodes through a callback
+and hand back nodes to write; this puts them in the store: node (level, index)
+of chain C is the key `node_key(C, node)` in the `merkle_node` lane, its 32
+bytes the value. A chain has a tree when `tree_key` is stored: its entries'
+first batch writes it (`store.chain.append`), and `sessionstate db upgrade`
+writes it for a chain that an older release wrote (`store.chain.tree_build`).
+A chain without it gets no nodes: retention pruned entries of it before it had
+a tree, or it is waiting for the upgrade, and no proof is served for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from store.backends.contract import LaneBatch, LaneView
+from store.chain.keys import node_key, tree_key
+from store.chain.merkle_retention import prunable
+from store.chain.merkle_tree import NodeId, appended_all, entry_leaf
+from store.chain.rfc9162 import HASH_SIZE
+
+
+class TreeNodeMissing(LookupError):
+    """A node the tree should hold is not stored (or is not 32 bytes): retention pruned it,
+    or the store was damaged. Names no key."""
+
+
+class StoredTree:
+    """The Merkle tree of chain `chain` in `view`."""
+
+    def __init__(self, view: LaneView, chain: str) -> None:
+        self._view = view
+        self.chain = chain
+
+    def present(self) -> bool:
+        """Whether the chain has a tree (its `tree_key` is stored)."""
+        return self.marker() is not None
+
+    def marker(self) -> bytes | None:
+        """The stored `tree_key` value (None: the chain has no tree)."""
+        return self._view.get(tree_key(self.chain))
+
+    def node_at(self, level: int, index: int) -> bytes:
+        """The stored node, or `TreeNodeMissing`."""
+        stored = self._view.get(node_key(self.chain, NodeId(level, index)))
+        if stored is None or len(stored) != HASH_SIZE:
+            raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
+        return stored
+
+    def appended(self, size: int, stored_entries: Iterable[bytes]) -> dict[NodeId, bytes]:
+        """The nodes entries add to a tree of `size` leaves, from their stored bytes, reading
+        only the old frontier from the store (`merkle_tree.appended_all`)."""
+        return appended_all(size, (entry_leaf(stored) for stored in stored_entries), self.node_at)
+
+    def put(self, batch: LaneBatch, nodes: Mapping[NodeId, bytes]) -> None:
+        for node, hash_ in nodes.items():
+            batch.put(node_key(self.chain, node), hash_)
+
+    def prune(self, batch: LaneBatch, kept_from_before: int, kept_from: int) -> None:
+        """Delete, in batch, the nodes no proof needs once the first kept leaf moves from
+        kept_from_before to kept_from (`merkle_retention.prunable`)."""
+        for level, start, stop in prunable(kept_from_before, kept_from):
+            for index in range(start, stop):
+                batch.delete(node_key(self.chain, NodeId(level, index)))
