@@ -18,5 +18,7 @@ resumable walk of a whole chain (`scrub_pass`) and the last whole walk it or a
 verify made (`full_walk`). The chain's Merkle tree: its RFC 9162 hashing and the
 standard-library verifiers of its proofs (`rfc9162`), its stored nodes with the
 heads and proofs built from them (`merkle_tree`), and what retention may delete
-of them (`merkle_retention`).
+of them (`merkle_retention`); the tree in the lane store (`tree_store`), built
+for chains older releases wrote (`tree_build`), its signed C2SP checkpoint
+notes (`log_note`) and the proofs served against them (`log_proofs`).
 """
