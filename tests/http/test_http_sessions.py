@@ -117,20 +117,35 @@ def test_a_workspace_token_lists_its_sessions_a_page_at_a_time(written: LiveServ
     assert rest["next_cursor"] is None
 
 
-def test_the_list_is_in_session_id_order_whatever_the_ids_lengths(written: LiveService) -> None:
-    for session in ("chat-10", "chat-20", "c", "chat-100"):
-        write(written, session)
+def paged(service: LiveService, limit: int) -> list[str]:
+    """Every session of ws-1 as the list pages it, `limit` a page."""
     seen: list[str] = []
     cursor = ""
     while True:
-        page = written.call(
-            "GET", sessions_path() + f"?limit=2{cursor}", workspace_token(written)
-        ).json()
+        answer = service.call(
+            "GET", sessions_path() + f"?limit={limit}{cursor}", workspace_token(service)
+        )
+        assert answer.status_code == 200, answer.text
+        page = answer.json()
+        assert len(page["sessions"]) <= limit
         seen += [item["session_id"] for item in page["sessions"]]
         if page["next_cursor"] is None:
-            break
+            return seen
         cursor = f"&cursor={page['next_cursor']}"
-    assert seen == ["c", "chat-1", "chat-10", "chat-100", "chat-2", "chat-20", "chat-3"]
+
+
+def test_the_list_is_in_session_id_order_whatever_the_ids_lengths(written: LiveService) -> None:
+    for session in ("chat-10", "chat-20", "c", "chat-100"):
+        write(written, session)
+    assert paged(written, 2) == [
+        "c",
+        "chat-1",
+        "chat-10",
+        "chat-100",
+        "chat-2",
+        "chat-20",
+        "chat-3",
+    ]
 
 
 def test_the_list_shows_only_the_workspace(written: LiveService) -> None:
@@ -338,6 +353,14 @@ def on_postgres(
     settings = service_settings(tmp_path / "var", store=postgres_conninfo)
     with live_service(sidecar, settings) as live:
         yield live
+
+
+def test_the_list_pages_in_session_id_order_on_postgresql(on_postgres: LiveService) -> None:
+    on_postgres.approve()
+    for session in ("chat-2", "chat-10", "c", "chat-1"):
+        write(on_postgres, session)
+    assert paged(on_postgres, 3) == ["c", "chat-1", "chat-10", "chat-2"]
+    assert paged(on_postgres, 1) == ["c", "chat-1", "chat-10", "chat-2"]
 
 
 def test_the_erasure_on_postgresql(on_postgres: LiveService) -> None:
