@@ -3,16 +3,14 @@ a workspace's erasure. Real HTTP, real OPA, real LevelDB (and PostgreSQL for the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from service.policy.sidecar import OpaSidecar
 from store.key_codec import TenantResourceLane
 from tests.support.factories import state_input
-from tests.support.live import LiveService, live_service, service_settings
+from tests.support.live import LiveService
 
 SESSIONS = "/v1/tenants/{t}/workspaces/{w}/sessions"
 ANCHOR = "memory:only-in-the-erased-record-5f1c9e"
@@ -344,15 +342,6 @@ def test_a_model_service_may_not_erase_a_workspace(written: LiveService) -> None
 
 
 # --- on PostgreSQL -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def on_postgres(
-    sidecar: OpaSidecar, tmp_path: Path, postgres_conninfo: str
-) -> Iterator[LiveService]:
-    settings = service_settings(tmp_path / "var", store=postgres_conninfo)
-    with live_service(sidecar, settings) as live:
-        yield live
 
 
 def test_the_list_pages_in_session_id_order_on_postgresql(on_postgres: LiveService) -> None:
