@@ -110,15 +110,32 @@ def summary_of(key: LaneKey, stored: bytes) -> VersionSummary:
 def stored_versions(
     lanes: LaneView, scope: TenantScope, *, below: int | None = None
 ) -> Iterator[tuple[LaneKey, bytes]]:
-    """The session's stored versions, newest first (below `below` only, when given)."""
+    """The session's stored versions, newest first (below `below` only, when given).
+
+    A session's versions are one run of numbers, at most `VERSIONS_KEPT_MAX` below its
+    newest: every write drops those beyond what it keeps. The scan stops there, so it
+    never walks the deletions older versions left (LevelDB keeps them until a
+    compaction, and a scan steps over every one)."""
+    newest = newest_stored(lanes, scope)
+    if newest is None:
+        return
+    floor = version_key(scope, max(LEGACY_VERSION, number_of(newest[0]) - VERSIONS_KEPT_MAX + 1))
     stop = None if below is None else version_key(scope, below)
     yield from lanes.scan(
-        LANE, scope.tenant_id, scope.workspace_id, scope.session_id, reverse=True, stop=stop
+        LANE,
+        scope.tenant_id,
+        scope.workspace_id,
+        scope.session_id,
+        reverse=True,
+        start=floor,
+        stop=stop,
     )
 
 
 def newest_stored(lanes: LaneView, scope: TenantScope) -> tuple[LaneKey, bytes] | None:
-    return next(stored_versions(lanes, scope), None)
+    """The newest stored version: one seek from the top of the session's range."""
+    scan = lanes.scan(LANE, scope.tenant_id, scope.workspace_id, scope.session_id, reverse=True)
+    return next(iter(scan), None)
 
 
 def number_of(key: LaneKey) -> int:
@@ -179,6 +196,7 @@ class VersionLine:
     newest: int
     legacy: tuple[bytes, str] | None = None
     put: list[int] = field(default_factory=list)
+    floor: int = LEGACY_VERSION  # every number below it is dropped already, in store or batch
 
     @classmethod
     def read(
@@ -223,14 +241,27 @@ class VersionLine:
         out.append((version_key(self.scope, self.newest), encode_version(summary, record)))
         self.put.append(self.newest)
         oldest_kept = self.newest - kept + 1
-        dropped: set[int] = set()
-        if oldest_kept > 1:
-            stored = stored_versions(lanes, self.scope, below=oldest_kept)
-            dropped = {number_of(key) for key, _ in stored}
-        dropped |= {number for number in self.put if number < oldest_kept}
+        dropped = {number for number in self.put if number < oldest_kept}
+        dropped |= self._stored_below(lanes, oldest_kept)
         out += [(version_key(self.scope, number), None) for number in sorted(dropped)]
         self.put = [number for number in self.put if number >= oldest_kept]
+        self.floor = max(self.floor, oldest_kept)
         return out
+
+    def _stored_below(self, lanes: LaneView, oldest_kept: int) -> set[int]:
+        """The stored versions below `oldest_kept`, found by one read each going down from
+        it (and one more that finds none), not by a scan: the versions are one run of
+        numbers, and a scan below them would step over every deletion older writes left.
+        Numbers this batch put are not stored yet; those below `floor` are dropped already."""
+        found: set[int] = set()
+        number = oldest_kept - 1
+        while number >= self.floor:
+            if number not in self.put:
+                if lanes.get(version_key(self.scope, number)) is None:
+                    break
+                found.add(number)
+            number -= 1
+        return found
 
 
 def change(batch: LaneBatch, key: LaneKey, value: bytes | None) -> None:

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from service.policy.sidecar import OpaSidecar
 from store.record.state_record import compute_state_digest
 from tests.http.test_http_versions import STATE, body_of, entry, five_writes
-from tests.support.live import LiveService, live_service, service_settings
+from tests.support.live import LiveService
 
 SOURCE = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1"
 TARGET_STATE = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-2/state"
-
-
-@pytest.fixture
-def on_postgres(
-    sidecar: OpaSidecar, tmp_path: Path, postgres_conninfo: str
-) -> Iterator[LiveService]:
-    settings = service_settings(tmp_path / "var", store=postgres_conninfo)
-    with live_service(sidecar, settings) as live:
-        yield live
 
 
 def write_target(service: LiveService) -> str:

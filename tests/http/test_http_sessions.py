@@ -3,16 +3,14 @@ a workspace's erasure. Real HTTP, real OPA, real LevelDB (and PostgreSQL for the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from service.policy.sidecar import OpaSidecar
 from store.key_codec import TenantResourceLane
 from tests.support.factories import state_input
-from tests.support.live import LiveService, live_service, service_settings
+from tests.support.live import LiveService
 
 SESSIONS = "/v1/tenants/{t}/workspaces/{w}/sessions"
 ANCHOR = "memory:only-in-the-erased-record-5f1c9e"
@@ -117,20 +115,35 @@ def test_a_workspace_token_lists_its_sessions_a_page_at_a_time(written: LiveServ
     assert rest["next_cursor"] is None
 
 
-def test_the_list_is_in_session_id_order_whatever_the_ids_lengths(written: LiveService) -> None:
-    for session in ("chat-10", "chat-20", "c", "chat-100"):
-        write(written, session)
+def paged(service: LiveService, limit: int) -> list[str]:
+    """Every session of ws-1 as the list pages it, `limit` a page."""
     seen: list[str] = []
     cursor = ""
     while True:
-        page = written.call(
-            "GET", sessions_path() + f"?limit=2{cursor}", workspace_token(written)
-        ).json()
+        answer = service.call(
+            "GET", sessions_path() + f"?limit={limit}{cursor}", workspace_token(service)
+        )
+        assert answer.status_code == 200, answer.text
+        page = answer.json()
+        assert len(page["sessions"]) <= limit
         seen += [item["session_id"] for item in page["sessions"]]
         if page["next_cursor"] is None:
-            break
+            return seen
         cursor = f"&cursor={page['next_cursor']}"
-    assert seen == ["c", "chat-1", "chat-10", "chat-100", "chat-2", "chat-20", "chat-3"]
+
+
+def test_the_list_is_in_session_id_order_whatever_the_ids_lengths(written: LiveService) -> None:
+    for session in ("chat-10", "chat-20", "c", "chat-100"):
+        write(written, session)
+    assert paged(written, 2) == [
+        "c",
+        "chat-1",
+        "chat-10",
+        "chat-100",
+        "chat-2",
+        "chat-20",
+        "chat-3",
+    ]
 
 
 def test_the_list_shows_only_the_workspace(written: LiveService) -> None:
@@ -331,13 +344,12 @@ def test_a_model_service_may_not_erase_a_workspace(written: LiveService) -> None
 # --- on PostgreSQL -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def on_postgres(
-    sidecar: OpaSidecar, tmp_path: Path, postgres_conninfo: str
-) -> Iterator[LiveService]:
-    settings = service_settings(tmp_path / "var", store=postgres_conninfo)
-    with live_service(sidecar, settings) as live:
-        yield live
+def test_the_list_pages_in_session_id_order_on_postgresql(on_postgres: LiveService) -> None:
+    on_postgres.approve()
+    for session in ("chat-2", "chat-10", "c", "chat-1"):
+        write(on_postgres, session)
+    assert paged(on_postgres, 3) == ["c", "chat-1", "chat-10", "chat-2"]
+    assert paged(on_postgres, 1) == ["c", "chat-1", "chat-10", "chat-2"]
 
 
 def test_the_erasure_on_postgresql(on_postgres: LiveService) -> None:
