@@ -15,6 +15,7 @@ from service.approvals.index import ExpiredApprovalPruner, mark_index_complete_i
 from service.approvals.lookup import ApprovalStore
 from service.auth.session_tokens import SessionTokenIssuer
 from service.auth.tokens import TokenVerifier
+from service.config.log_witnesses import WitnessSet
 from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
 from service.config.settings import Settings
 from service.config.store import StoreTarget
@@ -23,10 +24,12 @@ from service.decisions import revisions
 from service.decisions.activation_log import ActivationLog
 from service.decisions.journal import DecisionJournal
 from service.decisions.live import LiveRevisions, instance_id
+from service.decisions.log_checkpoints import LogCheckpoints
 from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
 from service.decisions.retention import RetentionTask
 from service.decisions.scrub import DecisionScrub
+from service.decisions.witnessing import Witnessing
 from service.idle_expiry import IdleExpiry, IdleTTL
 from service.observability.metrics import ServiceMetrics
 from service.policy.client import UNKNOWN, PolicyClient
@@ -75,6 +78,9 @@ class ServiceContext:
     # Each tenant's idle TTL, and the sweep (None: SESSIONSTATE_STATE_IDLE_TTL_SECONDS is 0).
     idle_ttl: IdleTTL = field(default_factory=lambda: IdleTTL(0, None))
     expiry: IdleExpiry | None = None
+    # The log's witnesses and the job that signs notes on a clock and submits them to them.
+    witnesses: WitnessSet = field(default_factory=WitnessSet)
+    log_checkpoints: LogCheckpoints | None = None
     policy_source: PolicySnapshots | None = (
         None  # the sidecar's policy snapshot; None: external OPA
     )
@@ -162,6 +168,8 @@ class ServiceContext:
             idle_ttl=idle_ttl,
             expiry=_expiry(settings, lanes, gate, journal, idle_ttl, clock),
             public_origin=configuration.public_origin,
+            witnesses=configuration.witnesses,
+            log_checkpoints=_log_checkpoints(settings, lanes, configuration, clock, metrics),
         )
 
     def store_reachable(self) -> bool:
@@ -181,6 +189,8 @@ class ServiceContext:
             self.approval_pruner.close()
         if self.expiry is not None:
             self.expiry.close()
+        if self.log_checkpoints is not None:
+            self.log_checkpoints.close()
         self.rate_limit_log.close()  # its summaries go through the journal
         self.journal.close()
         self.live.stopped()
@@ -246,6 +256,27 @@ def _scrub(
     if interval == 0:
         return None
     return DecisionScrub(lanes, settings.data_dir, interval=interval, clock=clock, metrics=metrics)
+
+
+def _log_checkpoints(
+    settings: Settings,
+    lanes: Lanes,
+    configuration: Configuration,
+    clock: Callable[[], datetime],
+    metrics: ServiceMetrics,
+) -> LogCheckpoints:
+    """The job that signs each grown chain's note every SESSIONSTATE_LOG_CHECKPOINT_SECONDS
+    and submits it to SESSIONSTATE_LOG_WITNESSES (if any)."""
+    witnesses = configuration.witnesses
+    return LogCheckpoints(
+        lanes,
+        settings.data_dir,
+        settings.log_origin,
+        Witnessing(witnesses, metrics) if witnesses else None,
+        interval=settings.log_checkpoint_seconds,
+        clock=clock,
+        metrics=metrics,
+    )
 
 
 def _expiry(

@@ -77,6 +77,7 @@ from service.auth.token_exchange import (
     TokenExchangeResponse,
 )
 from service.decisions.query import (
+    CheckpointNoteQuery,
     CheckpointQuery,
     ConsistencyQuery,
     DecisionQuery,
@@ -150,7 +151,7 @@ OPERATIONS = [
     Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
     Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions were live when, and what each decided for the tenant: live intervals, first and last decision, counts by action, failed decisions", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
-    Operation("get", DECISIONS_CHECKPOINT, "decisions", "The tenant's latest checkpoint note (C2SP tlog-checkpoint, an Ed25519 signed note), signed when the chain grew and verified; 409 for a broken chain", None, 200, None, (*AUTHED, 409, 422), CheckpointQuery, TEXT),
+    Operation("get", DECISIONS_CHECKPOINT, "decisions", "The tenant's checkpoint note (C2SP tlog-checkpoint, an Ed25519 signed note), the latest signed when the chain grew and verified (409 for a broken chain); with witnesses, the newest the quorum cosigned (else the latest), their cosignature lines appended, and `Sessionstate-Witnessed: <cosignatures>/<quorum>`; `tree_size`: the kept note of that size (404 when none is)", None, 200, None, (*AUTHED, 404, 409, 422), CheckpointNoteQuery, TEXT),
     Operation("get", DECISIONS_LOG_KEY, "decisions", "The checkpoint notes' verifier key (`<name>+<hex id>+<base64 key>`, Go's sumdb/note form)", None, 200, None, (*AUTHED, 422), CheckpointQuery, TEXT),
     Operation("get", DECISIONS_CONSISTENCY, "decisions", "An RFC 9162 consistency proof between two tree sizes the checkpoint notes signed", None, 200, ConsistencyProofResponse, (*AUTHED, 409, 410, 422), ConsistencyQuery),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),

@@ -177,6 +177,13 @@ class Reason(StrEnum):
         404,
         "No decision with this id is in the decision log.",
     )
+    CHECKPOINT_NOTE_NOT_FOUND = (
+        "checkpoint_note_not_found",
+        404,
+        "No checkpoint note of this tree size is kept: notes are signed at the sizes the "
+        "chain had when a checkpoint was asked for or the background job ran "
+        "(`SESSIONSTATE_LOG_CHECKPOINT_SECONDS`).",
+    )
     NOT_FOUND = ("not_found", 404, "No such resource.")
     METHOD_NOT_ALLOWED = (
         "method_not_allowed",

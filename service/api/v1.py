@@ -79,6 +79,8 @@ PATH_PATTERNS = {
 # --- headers -----------------------------------------------------------------------------
 DECISION_ID_HEADER = "Sessionstate-Decision-Id"  # names the decision of an answer without a body
 NEXT_CURSOR_HEADER = "Sessionstate-Next-Cursor"  # an export page's next cursor
+# A served checkpoint note's witness cosignatures: `<cosignatures it carries>/<quorum>`.
+WITNESSED_HEADER = "Sessionstate-Witnessed"
 ETAG = "ETag"  # the stored record's state digest, quoted
 IF_MATCH = "If-Match"  # replace only this version (a quoted state digest)
 IF_NONE_MATCH = "If-None-Match"  # `*`: create only

@@ -220,6 +220,20 @@ def _b64(hash_: bytes) -> str:
     return base64.b64encode(hash_).decode("ascii")
 
 
+class WitnessedHead(_Envelope):
+    """Whether the newest checkpoint note a witness cosigned meets the quorum."""
+
+    tree_size: int | None = Field(
+        description="the size of the newest note some configured witness's kept cosignature "
+        "verifies on; null: no witness cosigned a note of this chain yet"
+    )
+    cosigned_by: list[str] = Field(
+        description="the key names of the witnesses whose cosignature of that note verifies"
+    )
+    quorum: int = Field(ge=1, description="SESSIONSTATE_LOG_WITNESS_QUORUM (default: all)")
+    met: bool = Field(description="at least `quorum` witnesses cosigned that note")
+
+
 class DecisionVerifyResponse(_Envelope):
     """`GET /v1/decisions/verify`: the chain's state, and a signed checkpoint of its head."""
 
@@ -272,6 +286,13 @@ class DecisionVerifyResponse(_Envelope):
         "record-loss`): seqs a signed head covered that are gone, which the chain accepts "
         "only because an entry of its own says so; a walk from the whole chain "
         "(full=true) lists every one",
+    )
+    witnessed: WitnessedHead | None = Field(
+        default=None,
+        description="the newest checkpoint note the witnesses (SESSIONSTATE_LOG_WITNESSES) "
+        "cosigned, and whether it meets the quorum; compare its tree_size with `entries`: "
+        "a witness cosigns only heads consistent with every one it cosigned before; null: "
+        "no witness is configured",
     )
     decision: DecisionTrace
 

@@ -28,6 +28,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGED_POLICIES = "default_policies"
 ENV_PREFIX = "SESSIONSTATE_"
 LOG_ORIGIN_PATTERN = r"^[!-*,-~]{1,200}$"  # printable ASCII but space and `+`, at most 200
+MAX_WITNESSES = 32  # SESSIONSTATE_LOG_WITNESSES holds at most this many
 IDLE_TTL_MAX = 315_360_000  # ten years: SESSIONSTATE_STATE_IDLE_TTL_SECONDS at most
 # Read by other tools of the project, not by the service: never warned about.
 OTHER_TOOLS_VARIABLES = frozenset(
@@ -101,6 +102,13 @@ class Settings(BaseSettings):
     # (`<origin>/<tenant>`) and their key's name. Printable ASCII, no space, no `+`. Unset:
     # `sessionstate.local/` and 16 hex digits of the data dir's checkpoint key.
     log_origin: str | None = Field(default=None, pattern=LOG_ORIGIN_PATTERN)
+    # How often the background job signs a note for each chain that grew since its latest
+    # one and submits it to the witnesses (service.decisions.log_checkpoints).
+    log_checkpoint_seconds: int = Field(default=60, ge=1, le=86_400)
+    # The C2SP tlog-witnesses that cosign each note: a JSON array of {"vkey", "url"}
+    # (service.config.log_witnesses); unset: none. And how many of them a head needs.
+    log_witnesses: str | None = None
+    log_witness_quorum: int | None = Field(default=None, ge=1, le=MAX_WITNESSES)
     # The decision scrub (service.decisions.scrub): each tenant's chain walked whole at
     # least this often, in the background; 0 turns it off.
     decision_scrub_seconds: int = Field(default=86_400, ge=0, le=31_536_000)

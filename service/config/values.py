@@ -1,5 +1,6 @@
 """Settings parsed into the typed values the service works with: the store, the rate
-limits, the identity provider, the JWT public key and the public origin.
+limits, the identity provider, the JWT public key, the public origin and the log's
+witnesses (`service.config.log_witnesses`).
 
 Each function reads one concern of `Settings`; a value that cannot work is a
 `ConfigurationError` that names the variable, never the value. `Configuration`
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 from service.auth.token_exchange import public_origin
 from service.auth.tokens import ProviderSettings
 from service.config.configuration_error import ConfigurationError
+from service.config.log_witnesses import WitnessSet, log_witnesses
 from service.config.settings import Settings
 from service.config.store import StoreTarget, configured_store
 from service.rate_limits import RateLimits, parse_budget
@@ -87,6 +89,7 @@ class Configuration:
     identity_provider: ProviderSettings
     jwt_public_key: bytes | None
     public_origin: str | None
+    witnesses: WitnessSet
 
     @classmethod
     def read(cls, settings: Settings) -> Configuration:
@@ -97,5 +100,6 @@ class Configuration:
             identity_provider=identity_provider(settings),
             rate_limits=rate_limits(settings),
             public_origin=configured_public_origin(settings),
+            witnesses=log_witnesses(settings),
             store=configured_store(settings),
         )

@@ -150,11 +150,23 @@ def decode_cursor(cursor: str) -> tuple[int, int, Order]:
 
 
 class CheckpointQuery(BaseModel):
-    """The query string of `GET /v1/decisions/checkpoint` and `GET /v1/decisions/log-key`."""
+    """The query string of `GET /v1/decisions/log-key` (and the checkpoint's tenant)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     tenant_id: ScopeId | None = None
+
+
+class CheckpointNoteQuery(CheckpointQuery):
+    """The query string of `GET /v1/decisions/checkpoint`."""
+
+    tree_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TREE_SIZE,
+        description="the kept note of this tree size, up to the latest note's (unset: the "
+        "newest note the witnesses' quorum cosigned, else the latest)",
+    )
 
 
 class InclusionQuery(BaseModel):

@@ -30,6 +30,7 @@ from service.api.wire import (
     DecisionListResponse,
     DecisionVerifyResponse,
     PolicyRevisionsResponse,
+    WitnessedHead,
 )
 from service.auth.tokens import Actor
 from service.decisions import revisions
@@ -42,7 +43,9 @@ from service.policy.trace import DecisionTrace
 from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import ChainCorrupt
 from store.chain.full_walk import FullWalk, last_full_walk, record_full_walk
+from store.chain.log_note import LogSigner
 from store.chain.signed_head import Verified, resumed_checkpoint
+from store.chain.witness_store import newest_cosigned
 from store.record.violations import FieldViolation
 
 bp = Blueprint("decisions", __name__)
@@ -68,6 +71,25 @@ def chain_status(tenant: str, *, full: bool = False) -> tuple[Verified, FullWalk
         return verified, walk
     # Resumed from a head the data dir's key signed: the key exists.
     return verified, last_full_walk(chain, CheckpointSigner.from_data_dir(data_dir).verifier())
+
+
+def witnessed_head(tenant: str) -> WitnessedHead | None:
+    """The newest note of the tenant's chain a configured witness cosigned, and whether the
+    quorum did; None without witnesses."""
+    ctx = context()
+    witnesses = ctx.witnesses
+    if not witnesses:
+        return None
+    signer = LogSigner.of(ctx.settings.data_dir, ctx.settings.log_origin)
+    keys = [witness.vkey for witness in witnesses.witnesses]
+    newest = newest_cosigned(ctx.lanes, signer, tenant, keys)
+    names = [] if newest is None else list(newest.cosigners)
+    return WitnessedHead(
+        tree_size=None if newest is None else newest.signed.head.size,
+        cosigned_by=names,
+        quorum=witnesses.quorum,
+        met=len(names) >= witnesses.quorum,
+    )
 
 
 def audit_decision(actor: Actor, query_tenant: str | None = None) -> tuple[DecisionTrace, str]:
@@ -131,6 +153,7 @@ def verify_decisions() -> Response:
             last_full_walk=last_walk,
             anchor=result.anchor,
             recorded_losses=list(result.recorded_losses),
+            witnessed=witnessed_head(tenant),
             decision=trace,
         )
     )

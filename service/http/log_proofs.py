@@ -24,10 +24,16 @@ from service.api.v1 import (
     DECISIONS_CHECKPOINT,
     DECISIONS_CONSISTENCY,
     DECISIONS_LOG_KEY,
+    WITNESSED_HEADER,
     flask_rule,
 )
 from service.api.wire import ConsistencyProofResponse, InclusionProofResponse
-from service.decisions.query import CheckpointQuery, ConsistencyQuery, InclusionQuery
+from service.decisions.query import (
+    CheckpointNoteQuery,
+    CheckpointQuery,
+    ConsistencyQuery,
+    InclusionQuery,
+)
 from service.http.common import authenticate, context, query_of
 from service.http.decisions import audit_decision, chain_status, decision_entry
 from service.http.problems import Problem
@@ -35,7 +41,9 @@ from service.policy.trace import DecisionTrace
 from store.chain.keys import entry_key
 from store.chain.log_note import LogSigner, SignedTreeHead, TreeUnavailable, note_of
 from store.chain.log_proofs import ProofOutOfRange, ProofPruned, consistency, inclusion
+from store.chain.note import VerifierKey
 from store.chain.signed_head import ChainUnverified
+from store.chain.witness_store import CosignedNote, cosigned, served_note
 
 bp = Blueprint("log_proofs", __name__)
 TEXT = "text/plain; charset=utf-8"
@@ -67,8 +75,11 @@ def latest_note(tenant: str) -> SignedTreeHead:
     return note_of(context().decision_log.chain(tenant), verified, log_signer())
 
 
-def _text(body: bytes | str, trace: DecisionTrace) -> Response:
-    return Response(body, content_type=TEXT, headers={DECISION_ID_HEADER: trace.decision_id})
+def _text(
+    body: bytes | str, trace: DecisionTrace, headers: dict[str, str] | None = None
+) -> Response:
+    sent = {DECISION_ID_HEADER: trace.decision_id, **(headers or {})}
+    return Response(body, content_type=TEXT, headers=sent)
 
 
 def _proof(
@@ -80,10 +91,42 @@ def _proof(
 
 @bp.get(DECISIONS_CHECKPOINT)
 def checkpoint_note() -> Response:
-    """The tenant's latest checkpoint note (C2SP tlog-checkpoint, signed note)."""
-    trace, tenant = audit_decision(authenticate(), query_of(CheckpointQuery).tenant_id)
+    """The tenant's checkpoint note (C2SP tlog-checkpoint, signed note), the latest signed
+    when the chain grew (as before). Without witnesses: that note. With witnesses
+    (`SESSIONSTATE_LOG_WITNESSES`): the newest kept note that the quorum of their
+    cosignatures verify on, those lines appended as further signature lines; while no
+    note has the quorum, the latest with the cosignatures it has so far; either way
+    `Sessionstate-Witnessed: <cosignatures served>/<quorum>`, and the background job is
+    woken to submit a note just signed. `?tree_size=N`: the kept note of that size
+    (1 to the latest's; 404 `checkpoint_note_not_found` when none is kept)."""
+    query = query_of(CheckpointNoteQuery)
+    trace, tenant = audit_decision(authenticate(), query.tenant_id)
+    ctx = context()
     with refusals(trace):
-        return _text(latest_note(tenant).note, trace)
+        newest = latest_note(tenant)
+        signer, witnesses = log_signer(), ctx.witnesses
+        keys = [witness.vkey for witness in witnesses.witnesses]
+        if query.tree_size is not None:
+            served = _kept(tenant, query.tree_size, newest.head.size, keys, trace)
+        else:
+            served = served_note(ctx.lanes, signer, tenant, newest, keys, witnesses.quorum)
+    if not witnesses:
+        return _text(served.signed.note, trace)
+    if ctx.log_checkpoints is not None and query.tree_size is None:
+        ctx.log_checkpoints.wake()  # a note just signed goes to the witnesses, not on this request
+    witnessed = f"{len(served.cosigners)}/{witnesses.quorum}"
+    return _text(served.note, trace, {WITNESSED_HEADER: witnessed})
+
+
+def _kept(
+    tenant: str, size: int, latest: int, keys: list[VerifierKey], trace: DecisionTrace
+) -> CosignedNote:
+    if size > latest:
+        raise ProofOutOfRange("the tree size must be at most the latest note's")
+    found = cosigned(context().lanes, log_signer(), tenant, size, keys)
+    if found is None:
+        raise Problem(Reason.CHECKPOINT_NOTE_NOT_FOUND, decision=trace)
+    return found
 
 
 @bp.get(DECISIONS_LOG_KEY)

@@ -8,6 +8,7 @@ from flask import Blueprint, Response
 
 from service.api.openapi import openapi_document
 from service.api.wire import Health, Readiness, StoreReadiness
+from service.decisions.witnessing import REFUSED_WARNING
 from service.http.common import context, json_response
 from service.policy.activation_hold import AWAITING_APPROVAL
 from service.policy.signed_bundle import SignedBundleSource
@@ -33,7 +34,9 @@ def readyz() -> Response:
     entries are what they are on every instance, and a reviewer must look. So is a
     tenant's decision log found behind the head the service signed for it: that
     tenant's requests answer 503 until its loss is recorded, the others' are served,
-    and taking the instance out of rotation would stop them too.
+    and taking the instance out of rotation would stop them too. So is a witness that
+    refused a chain's newest checkpoint note (`log_witness_refused`): the log may have been
+    rewritten, which a reviewer must look at, and no other instance would serve better.
     """
     ctx = context()
     probe = ctx.gate.client.probe()
@@ -76,6 +79,9 @@ def readyz() -> Response:
         warnings.append("shadow_policy_source_invalid")
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
+    checkpoints = ctx.log_checkpoints
+    if checkpoints is not None and checkpoints.witnessing and checkpoints.witnessing.refusing:
+        warnings.append(REFUSED_WARNING)  # a witness refused a chain's newest note
     behind = ctx.journal.chains_behind_signed_head()
     if behind:  # those tenants' requests fail; the others' are served
         warnings.append("decision_log_behind_signed_head")

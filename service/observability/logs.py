@@ -42,6 +42,9 @@ FIELDS = (
     "highest_serial",
     "policy_set",
     "approvals",
+    "witness",
+    "tree_size",
+    "signed",
 )
 
 

@@ -15,7 +15,7 @@ from store.backends.contract import Lanes, recovers
 
 class ServiceMetrics:
     """Requests by route and status, decisions by action and outcome, corrupt reads, lost log,
-    429s, the decision scrub, the store's health."""
+    429s, the decision scrub, the log's checkpoints and witnesses, the store's health."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -81,6 +81,35 @@ class ServiceMetrics:
         self.decision_scrub_last_success = Gauge(
             "sessionstate_decision_scrub_last_success_timestamp_seconds",
             "When a scrub round last ended with every chain it walked holding (0: not yet).",
+            registry=self.registry,
+        )
+
+        self.log_checkpoint_failures = Counter(
+            "sessionstate_log_checkpoint_failures",
+            "Checkpoint notes the background job did not sign, by reason (chain_unverified: "
+            "the chain does not verify; tree_unavailable: its Merkle tree does not hold).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.log_witness_cosignatures = Counter(
+            "sessionstate_log_witness_cosignatures",
+            "Checkpoint notes a witness cosigned (its cosignature verified and kept), by "
+            "witness key name.",
+            ["witness"],
+            registry=self.registry,
+        )
+        self.log_witness_refusals = Counter(
+            "sessionstate_log_witness_refusals",
+            "Checkpoint notes a witness refused (422, 403 or another 4xx, a 409 naming a "
+            "size above the note's, or a cosignature that does not verify), by witness key name.",
+            ["witness"],
+            registry=self.registry,
+        )
+        self.log_witness_unreachable = Counter(
+            "sessionstate_log_witness_unreachable",
+            "Submissions to a witness that got no answer (connection, timeout, 5xx), by "
+            "witness key name.",
+            ["witness"],
             registry=self.registry,
         )
 

@@ -436,6 +436,21 @@ class RetentionAnchor(_Response):
     )
 
 
+class WitnessedHead(_Response):
+    """Whether the newest checkpoint note a witness cosigned meets the quorum."""
+
+    tree_size: int | None = Field(
+        description="the size of the newest note some configured witness's kept cosignature verifies on; null: no witness cosigned a note of this chain yet"
+    )
+    cosigned_by: list[str] = Field(
+        description="the key names of the witnesses whose cosignature of that note verifies"
+    )
+    quorum: Annotated[int, Field(ge=1)] = Field(
+        description="SESSIONSTATE_LOG_WITNESS_QUORUM (default: all)"
+    )
+    met: bool = Field(description="at least `quorum` witnesses cosigned that note")
+
+
 class DecisionVerifyResponse(_Response):
     """`GET /v1/decisions/verify`: the chain's state, and a signed checkpoint of its head."""
 
@@ -472,6 +487,10 @@ class DecisionVerifyResponse(_Response):
     recorded_losses: list[RecordedLoss] = Field(
         default_factory=list,
         description="the recorded losses this walk went over (`sessionstate decisions record-loss`): seqs a signed head covered that are gone, which the chain accepts only because an entry of its own says so; a walk from the whole chain (full=true) lists every one",
+    )
+    witnessed: WitnessedHead | None = Field(
+        default=None,
+        description="the newest checkpoint note the witnesses (SESSIONSTATE_LOG_WITNESSES) cosigned, and whether it meets the quorum; compare its tree_size with `entries`: a witness cosigns only heads consistent with every one it cosigned before; null: no witness is configured",
     )
     decision: DecisionTrace
 
