@@ -101,8 +101,9 @@ def cosigned_sizes(view: LaneView, chain: str) -> list[int]:
         "",
         "",
         reverse=True,
-        start=LaneKey(TenantResourceLane.TRACE_META, chain, name=_COSIGNATURE),
-        stop=LaneKey(TenantResourceLane.TRACE_META, chain, name=b"cosih"),
+        # Names are length-prefixed in keys: the bounds are as long as a cosignature's.
+        start=LaneKey(TenantResourceLane.TRACE_META, chain, name=_COSIGNATURE + bytes(12)),
+        stop=LaneKey(TenantResourceLane.TRACE_META, chain, name=b"cosih" + bytes(12)),
     )
     sizes: list[int] = []
     for count, (key, _) in enumerate(kept):

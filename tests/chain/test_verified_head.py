@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from store.backends.contract import Lanes
-from store.canonical import canonical_digest, canonical_json
+from store.canonical import canonical_json
 from store.chain.checkpoints import CheckpointSigner
-from store.chain.entry import parse_entry
 from store.chain.evidence import EvidenceChain
 from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import anchor_key, entry_key
 from store.chain.signed_head import Verified, resumed_checkpoint, verified_head_key
+from tests.support.damage import rechained, rehashed, rewrite, stored
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 TENANT = "tenant-a"
@@ -38,30 +38,6 @@ def grown(chain: EvidenceChain, start: int, count: int) -> None:
 
 def walked(chain: EvidenceChain, data_dir: Path, *, full: bool = False) -> Verified:
     return resumed_checkpoint(chain, data_dir, datetime.now(UTC), full=full)
-
-
-def stored(chain: EvidenceChain, seq: int) -> dict[str, Any]:
-    entry = parse_entry(chain.lanes.get(entry_key(seq, chain.name)) or b"")
-    assert entry is not None
-    return entry
-
-
-def rewrite(chain: EvidenceChain, seq: int, entry: dict[str, Any]) -> None:
-    chain.lanes.put(entry_key(seq, chain.name), canonical_json(entry))
-
-
-def rehashed(entry: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    content = {k: v for k, v in entry.items() if k != "hash"} | changes
-    return content | {"hash": canonical_digest(content)}
-
-
-def rechained(chain: EvidenceChain, first: int, last: int, **changes: Any) -> None:
-    """An attacker's rewrite of first..last with every hash and link recomputed."""
-    prev = stored(chain, first)["prev_hash"]
-    for seq in range(first, last + 1):
-        entry = rehashed(stored(chain, seq) | {"prev_hash": prev}, **changes)
-        rewrite(chain, seq, entry)
-        prev = entry["hash"]
 
 
 @pytest.fixture

@@ -1,13 +1,17 @@
-"""Real LevelDB stores, damaged the way disks and crashes damage them."""
+"""Real LevelDB stores, damaged the way disks and crashes damage them; and decision chains\nrewritten the way whoever holds the data dir can rewrite them."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import plyvel
 
 from store.backends.leveldb import LevelDBLaneStore
+from store.canonical import canonical_digest, canonical_json
+from store.chain.entry import parse_entry
 from store.chain.evidence import EvidenceChain
+from store.chain.keys import entry_key
 from store.key_codec import LaneKey, TenantResourceLane
 
 CANARY = "DAMAGE-CANARY-4e1b"
@@ -59,3 +63,28 @@ def set_record_type(log_file: Path, index: int, kind: int) -> None:
     data = bytearray(log_file.read_bytes())
     data[record_offsets(bytes(data))[index] + 6] = kind
     log_file.write_bytes(bytes(data))
+
+
+def stored(chain: EvidenceChain, seq: int) -> dict[str, Any]:
+    """The chain's entry of `seq`, as stored."""
+    entry = parse_entry(chain.lanes.get(entry_key(seq, chain.name)) or b"")
+    assert entry is not None
+    return entry
+
+
+def rewrite(chain: EvidenceChain, seq: int, entry: dict[str, Any]) -> None:
+    chain.lanes.put(entry_key(seq, chain.name), canonical_json(entry))
+
+
+def rehashed(entry: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    content = {k: v for k, v in entry.items() if k != "hash"} | changes
+    return content | {"hash": canonical_digest(content)}
+
+
+def rechained(chain: EvidenceChain, first: int, last: int, **changes: Any) -> None:
+    """An attacker's rewrite of first..last with every hash and link recomputed."""
+    prev = stored(chain, first)["prev_hash"]
+    for seq in range(first, last + 1):
+        entry = rehashed(stored(chain, seq) | {"prev_hash": prev}, **changes)
+        rewrite(chain, seq, entry)
+        prev = entry["hash"]
