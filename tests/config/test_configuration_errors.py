@@ -89,6 +89,17 @@ def test_an_invalid_setting_is_one_line_naming_the_variable_and_what_it_accepts(
     assert not (tmp_path / "var").exists()
 
 
+def test_a_bad_witness_list_stops_the_start_naming_the_variable(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    value = f'[{{"vkey": "{SECRET_LOOKING}", "url": "http://127.0.0.1:1"}}]'
+    refused = _serve({"SESSIONSTATE_LOG_WITNESSES": value}, tmp_path / "var", opa_bin)
+    assert refused.returncode == 2
+    line = _one_line(refused.stderr)
+    assert line.startswith("sessionstate: SESSIONSTATE_LOG_WITNESSES witness 1: its vkey must be")
+    assert SECRET_LOOKING not in refused.stderr
+
+
 def test_unknown_variables_are_warned_about_with_the_closest_setting(
     opa_bin: str, tmp_path: Path
 ) -> None:

@@ -216,3 +216,69 @@ def test_a_witness_cosigns_notes_made_on_the_clock_and_refuses_a_rewritten_log(
             assert header == "0/1"  # the rewritten head, with no cosignature
             assert SignedNote.parse(note).signatures_of(wkey) == []
         assert witness.logs()[CHAIN_ORIGIN] == honest  # it still holds the honest head
+
+
+def test_a_quorum_of_two_is_not_met_while_one_witness_is_down(
+    sidecar: OpaSidecar, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sessionstate.decisions")
+    data_dir = tmp_path / "var"
+    logs = {CHAIN_ORIGIN: log_vkey(data_dir)}
+    with litewitness(tmp_path / "w1", logs) as up:
+        with litewitness(tmp_path / "w2", logs, name="witness.test/w2") as down:
+            pass  # stopped: its URL no longer answers
+        both = witnessed_settings(data_dir, [up, down], log_witness_quorum=2)
+        with live_service(sidecar, both) as service:
+            traffic(service, writes=1)
+            until(
+                lambda: witnessed(service)["cosigned_by"] == [up.name] or None,
+                "the running witness cosigned",
+            )
+            assert witnessed(service) | {"tree_size": 1} == {
+                "tree_size": 1,
+                "cosigned_by": [up.name],
+                "quorum": 2,
+                "met": False,
+            }
+            until(lambda: events(caplog, "log_witness_unreachable") or None, "unreachable")
+            assert events(caplog, "log_witness_refused") == []
+            assert metric(service, "sessionstate_log_witness_unreachable_total", down) >= 1
+            assert metric(service, "sessionstate_log_witness_refusals_total", down) == 0
+            note, header = served(service)  # no note has the quorum: the latest, as cosigned
+            assert header in ("0/2", "1/2")
+            ready = service.http.get(service.url + "/readyz", timeout=10).json()
+            assert "log_witness_refused" not in ready["warnings"]
+        one = witnessed_settings(data_dir, [up, down], log_witness_quorum=1)
+        with live_service(sidecar, one) as service:
+            now = witnessed(service)
+            assert (now["cosigned_by"], now["quorum"], now["met"]) == ([up.name], 1, True)
+            note, header = until(
+                lambda: ((answer := served(service))[1] == "1/1" and answer) or None,
+                "the note the one witness cosigned is served",
+            )
+            assert witness_cosignature(note, VerifierKey.parse(up.vkey)).witness == up.name
+
+
+def test_a_kept_note_is_served_by_its_size_within_bounds(
+    sidecar: OpaSidecar, tmp_path: Path
+) -> None:
+    # The clock's first round is a minute away: notes are signed only when asked for.
+    settings = service_settings(tmp_path / "var", log_origin=ORIGIN)
+    with live_service(sidecar, settings) as service:
+        traffic(service, writes=1)
+        first = get(service, "/v1/decisions/checkpoint")
+        assert first.status_code == 200 and "Sessionstate-Witnessed" not in first.headers
+        size = TreeHead.parse(SignedNote.parse(first.content).text).size
+        traffic(service, writes=1)
+        assert get(service, "/v1/decisions/checkpoint").status_code == 200
+        again = get(service, "/v1/decisions/checkpoint", tree_size=str(size))
+        assert (again.status_code, again.content) == (200, first.content)
+        for tree_size, status, reason in [
+            (str(size - 1), 404, "checkpoint_note_not_found"),
+            ("987654321", 422, "proof_out_of_range"),
+            ("0", 422, "validation_failed"),
+            ("x", 422, "validation_failed"),
+        ]:
+            answer = get(service, "/v1/decisions/checkpoint", tree_size=tree_size)
+            assert (answer.status_code, answer.json()["reason"]) == (status, reason), tree_size
+            assert "987654321" not in answer.text
