@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from store.canonical import canonical_json
 from store.chain.checkpoints import Checkpoint, CheckpointVerifier, RetentionAnchor
 from store.chain.entry import ChainCorrupt, entry_hash, parse_entry
 from store.chain.head import ChainHead
@@ -25,6 +26,7 @@ from store.chain.loss import LOSS_MEMBER, RecordedLoss, loss_of
 
 ChainProblem = Literal[
     "entry_unreadable",
+    "entry_not_canonical",
     "seq_gap",
     "seq_mismatch",
     "prev_hash_mismatch",
@@ -131,6 +133,8 @@ class Walk:
         if entry is None:
             return seq, "entry_unreadable"
         problem = link_problem(entry, seq, self.prev_hash)
+        if problem is None and not _canonical(entry, stored):
+            problem = "entry_not_canonical"
         if problem is None and self._contradicts_checkpoint(seq, entry["hash"]):
             problem = "checkpoint_mismatch"
         if problem is None and LOSS_MEMBER in entry:
@@ -214,3 +218,13 @@ class Walk:
             anchor=self.signed_anchor,
             recorded_losses=tuple(self.losses),
         )
+
+
+def _canonical(entry: dict[str, Any], stored: bytes) -> bool:
+    """Whether the stored bytes are the entry's RFC 8785 form, as the service writes it:
+    the entry's Merkle leaf is those bytes, so the same entry spelled otherwise (spaces,
+    member order, escapes) would hash to its `hash` yet not be the leaf a proof shows."""
+    try:
+        return canonical_json(entry) == stored
+    except Exception:  # never re-raised: the message may quote the content
+        return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import threading
@@ -354,6 +355,28 @@ def test_content_that_cannot_be_canonical_is_a_hash_mismatch(lanes: LevelDBLaneS
     rewrite_bytes = canonical_json(entries[1])[:-1] + b',"n":1e999}'
     lanes.put(entry_key(2), rewrite_bytes)
     assert_fails(chain, 2, "hash_mismatch")
+
+
+@pytest.mark.parametrize(
+    "respell",
+    [
+        lambda stored: stored.replace(b",", b", "),  # spaces between members
+        lambda stored: json.dumps(json.loads(stored), sort_keys=False).encode(),  # json's own
+        lambda stored: stored.replace(b'"seq"', b'"\\u0073eq"'),  # an escaped name
+        lambda stored: stored + b" ",  # a trailing space
+    ],
+    ids=["spaces", "json_dumps", "escaped_name", "trailing_space"],
+)
+def test_an_entry_respelled_but_not_changed_is_not_canonical(
+    lanes: LevelDBLaneStore, respell: Any
+) -> None:
+    """The same entry in other bytes hashes to its `hash` and links, but it is not what the
+    service wrote, nor the Merkle leaf a proof of it shows."""
+    chain, entries = filled(lanes, 3)
+    stored = canonical_json(entries[1])
+    assert respell(stored) != stored
+    lanes.put(entry_key(2), respell(stored))
+    assert_fails(chain, 2, "entry_not_canonical")
 
 
 def test_a_key_the_chain_never_writes_is_unreadable(lanes: LevelDBLaneStore) -> None:
