@@ -17,9 +17,9 @@ from service.context import ServiceContext
 from service.decisions.journal import JournalClosed
 from service.http import (
     approvals,
+    decision_proofs,
     decisions,
     fork,
-    log_proofs,
     ops,
     sessions,
     state,
@@ -47,7 +47,7 @@ def create_app(ctx: ServiceContext) -> Flask:
         sessions.bp,
         token.bp,
         approvals.bp,
-        log_proofs.bp,
+        decision_proofs.bp,
         decisions.bp,
     )
     for blueprint in (*blueprints, ops.bp, ui.bp):

@@ -45,7 +45,7 @@ from store.chain.note import VerifierKey
 from store.chain.signed_head import ChainUnverified
 from store.chain.witness_store import CosignedNote, cosigned, served_note
 
-bp = Blueprint("log_proofs", __name__)
+bp = Blueprint("decision_proofs", __name__)
 TEXT = "text/plain; charset=utf-8"
 
 
