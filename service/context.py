@@ -19,6 +19,7 @@ from service.config.log_witnesses import WitnessSet
 from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
 from service.config.settings import Settings
 from service.config.store import StoreTarget
+from service.config.timestamp_authority import TimestampAuthority
 from service.config.values import Configuration
 from service.decisions import revisions
 from service.decisions.activation_log import ActivationLog
@@ -29,6 +30,7 @@ from service.decisions.rate_limit_log import RateLimitLog
 from service.decisions.reader import DecisionLogReader
 from service.decisions.retention import RetentionTask
 from service.decisions.scrub import DecisionScrub
+from service.decisions.timestamping import Timestamping
 from service.decisions.witnessing import Witnessing
 from service.idle_expiry import IdleExpiry, IdleTTL
 from service.observability.metrics import ServiceMetrics
@@ -80,6 +82,8 @@ class ServiceContext:
     expiry: IdleExpiry | None = None
     # The log's witnesses and the job that signs notes on a clock and submits them to them.
     witnesses: WitnessSet = field(default_factory=WitnessSet)
+    # The RFC 3161 time-stamping authority of the notes (None: they are not timestamped).
+    timestamp_authority: TimestampAuthority | None = None
     log_checkpoints: LogCheckpoints | None = None
     policy_source: PolicySnapshots | None = (
         None  # the sidecar's policy snapshot; None: external OPA
@@ -169,6 +173,7 @@ class ServiceContext:
             expiry=_expiry(settings, lanes, gate, journal, idle_ttl, clock),
             public_origin=configuration.public_origin,
             witnesses=configuration.witnesses,
+            timestamp_authority=configuration.timestamp_authority,
             log_checkpoints=_log_checkpoints(settings, lanes, configuration, clock, metrics),
         )
 
@@ -266,13 +271,14 @@ def _log_checkpoints(
     metrics: ServiceMetrics,
 ) -> LogCheckpoints:
     """The job that signs each grown chain's note every SESSIONSTATE_LOG_CHECKPOINT_SECONDS
-    and submits it to SESSIONSTATE_LOG_WITNESSES (if any)."""
-    witnesses = configuration.witnesses
+    and submits it to SESSIONSTATE_LOG_WITNESSES and SESSIONSTATE_TSA_URL (if set)."""
+    witnesses, authority = configuration.witnesses, configuration.timestamp_authority
     return LogCheckpoints(
         lanes,
         settings.data_dir,
         settings.log_origin,
         Witnessing(witnesses, metrics) if witnesses else None,
+        timestamping=None if authority is None else Timestamping(authority, metrics),
         interval=settings.log_checkpoint_seconds,
         clock=clock,
         metrics=metrics,

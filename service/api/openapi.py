@@ -24,6 +24,7 @@ from service.api.v1 import (
     DECISION_INCLUSION,
     DECISIONS,
     DECISIONS_CHECKPOINT,
+    DECISIONS_CHECKPOINT_TIMESTAMP,
     DECISIONS_CONSISTENCY,
     DECISIONS_EXPORT,
     DECISIONS_LOG_KEY,
@@ -92,6 +93,7 @@ from store.record.inputs import SessionStateInput
 
 REF = "#/components/schemas/{model}"
 TEXT = "text/plain; charset=utf-8"
+TIMESTAMP_REPLY = "application/timestamp-reply"
 
 
 class Operation(NamedTuple):
@@ -151,7 +153,8 @@ OPERATIONS = [
     Operation("get", DECISIONS_VERIFY, "decisions", "Verify the hash chain; get a signed checkpoint of its head", None, 200, DecisionVerifyResponse, (*AUTHED, 422), VerifyQuery),
     Operation("get", DECISIONS_EXPORT, "decisions", "Export entries as NDJSON in OPA's decision log field names", None, 200, None, (*AUTHED, 422), DecisionQuery, "application/x-ndjson"),
     Operation("get", DECISIONS_REVISIONS, "decisions", "Which policy revisions were live when, and what each decided for the tenant: live intervals, first and last decision, counts by action, failed decisions", None, 200, PolicyRevisionsResponse, (*AUTHED, 422), RevisionsQuery),
-    Operation("get", DECISIONS_CHECKPOINT, "decisions", "The tenant's checkpoint note (C2SP tlog-checkpoint, an Ed25519 signed note), the latest signed when the chain grew and verified (409 for a broken chain); with witnesses, the newest the quorum cosigned (else the latest), their cosignature lines appended, and `Sessionstate-Witnessed: <cosignatures>/<quorum>`; `tree_size`: the kept note of that size (404 when none is)", None, 200, None, (*AUTHED, 404, 409, 422), CheckpointNoteQuery, TEXT),
+    Operation("get", DECISIONS_CHECKPOINT, "decisions", "The tenant's checkpoint note (C2SP tlog-checkpoint, an Ed25519 signed note), the latest signed when the chain grew and verified (409 for a broken chain); with witnesses, the newest the quorum cosigned (else the latest), their cosignature lines appended, and `Sessionstate-Witnessed: <cosignatures>/<quorum>`; with a TSA (`SESSIONSTATE_TSA_URL`), the newest such note a kept RFC 3161 timestamp covers (while none is, as without); `tree_size`: the kept note of that size (404 when none is)", None, 200, None, (*AUTHED, 404, 409, 422), CheckpointNoteQuery, TEXT),
+    Operation("get", DECISIONS_CHECKPOINT_TIMESTAMP, "decisions", "The RFC 3161 `TimeStampResp` (DER) a time-stamping authority (`SESSIONSTATE_TSA_URL`) answered over the signed text (origin, size and root lines) of the checkpoint note `GET /v1/decisions/checkpoint` serves now (with a TSA, the newest note timestamped); `tree_size`: the kept note of that size; 404 when no timestamp covering it is kept. Check it with `openssl ts -verify -data <signed text> -in <reply> -CAfile <the TSA's CA>`", None, 200, None, (*AUTHED, 404, 409, 422), CheckpointNoteQuery, TIMESTAMP_REPLY),
     Operation("get", DECISIONS_LOG_KEY, "decisions", "The checkpoint notes' verifier key (`<name>+<hex id>+<base64 key>`, Go's sumdb/note form)", None, 200, None, (*AUTHED, 422), CheckpointQuery, TEXT),
     Operation("get", DECISIONS_CONSISTENCY, "decisions", "An RFC 9162 consistency proof between two tree sizes the checkpoint notes signed", None, 200, ConsistencyProofResponse, (*AUTHED, 409, 410, 422), ConsistencyQuery),
     Operation("get", DECISION, "decisions", "One decision log entry", None, 200, DecisionEntryResponse, (*AUTHED, 404, 422)),
@@ -272,6 +275,11 @@ def _success(op: Operation, refs: dict[Any, Any]) -> dict[str, Any]:
         return {
             "description": f"one JSON event a line; the governing decision's id is in `{DECISION_ID_HEADER}`; with `limit`, one page, and the next page's cursor in `{NEXT_CURSOR_HEADER}` (absent on the last)",
             "content": {op.media: {"schema": {"type": "string"}}},
+        }
+    if op.media == TIMESTAMP_REPLY:
+        return {
+            "description": f"DER bytes; the governing decision's id is in `{DECISION_ID_HEADER}`",
+            "content": {op.media: {"schema": {"type": "string", "format": "binary"}}},
         }
     if op.media == TEXT:
         return {

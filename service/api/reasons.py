@@ -184,6 +184,14 @@ class Reason(StrEnum):
         "chain had when a checkpoint was asked for or the background job ran "
         "(`SESSIONSTATE_LOG_CHECKPOINT_SECONDS`).",
     )
+    CHECKPOINT_TIMESTAMP_NOT_FOUND = (
+        "checkpoint_timestamp_not_found",
+        404,
+        "No RFC 3161 timestamp is kept for this checkpoint note: the background job asks "
+        "the time-stamping authority (`SESSIONSTATE_TSA_URL`) for one for each chain's "
+        "newest note every `SESSIONSTATE_LOG_CHECKPOINT_SECONDS`, and none is asked for "
+        "when it is unset.",
+    )
     NOT_FOUND = ("not_found", 404, "No such resource.")
     METHOD_NOT_ALLOWED = (
         "method_not_allowed",

@@ -36,6 +36,7 @@ DECISIONS_VERIFY = DECISIONS + "/verify"
 DECISIONS_EXPORT = DECISIONS + "/export"
 DECISIONS_REVISIONS = DECISIONS + "/policy-revisions"
 DECISIONS_CHECKPOINT = DECISIONS + "/checkpoint"  # the tenant's latest checkpoint note
+DECISIONS_CHECKPOINT_TIMESTAMP = DECISIONS_CHECKPOINT + "/timestamp"  # its RFC 3161 reply
 DECISIONS_CONSISTENCY = DECISIONS + "/consistency"
 DECISIONS_LOG_KEY = DECISIONS + "/log-key"  # the checkpoint notes' verifier key
 DECISION = DECISIONS + "/{decision_id}"

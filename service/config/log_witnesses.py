@@ -14,11 +14,11 @@ the value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from service.config.configuration_error import ConfigurationError
+from service.config.http_url import is_http_url
 from service.config.settings import MAX_WITNESSES, Settings
 from store.chain.cosignature import COSIGNATURE_V1
 from store.chain.note import NoteError, VerifierKey
@@ -103,14 +103,7 @@ def _witness(index: int, entry: _WitnessEntry) -> LogWitness:
             f"{where}: its vkey must be a note verifier key of type 0x04 "
             f"(a tlog-cosignature v1 Ed25519 key): {error}"
         ) from None
-    try:
-        parts = urlsplit(entry.url)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-        ok = ok and not (parts.query or parts.fragment or parts.username or parts.password)
-        parts.port  # noqa: B018 - raises ValueError for a port that is no number
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_http_url(entry.url):
         raise ConfigurationError(
             f"{where}: its url must be http(s)://host[:port][/path], without query or user"
         )

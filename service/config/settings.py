@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     # (service.config.log_witnesses); unset: none. And how many of them a head needs.
     log_witnesses: str | None = None
     log_witness_quorum: int | None = Field(default=None, ge=1, le=MAX_WITNESSES)
+    # The RFC 3161 time-stamping authority each new checkpoint note is timestamped by, its
+    # http(s) URL (service.config.timestamp_authority; unset: no timestamps), and a PEM
+    # file of the CA certificates its replies' signatures must chain to (unset: the
+    # replies' status, digest and nonce are checked, their signature is not).
+    tsa_url: str | None = Field(default=None, repr=False)
+    tsa_ca_file: Path | None = None
     # The decision scrub (service.decisions.scrub): each tenant's chain walked whole at
     # least this often, in the background; 0 turns it off.
     decision_scrub_seconds: int = Field(default=86_400, ge=0, le=31_536_000)

@@ -19,6 +19,7 @@ from service.config.configuration_error import ConfigurationError
 from service.config.log_witnesses import WitnessSet, log_witnesses
 from service.config.settings import Settings
 from service.config.store import StoreTarget, configured_store
+from service.config.timestamp_authority import TimestampAuthority, timestamp_authority
 from service.rate_limits import RateLimits, parse_budget
 
 
@@ -90,6 +91,7 @@ class Configuration:
     jwt_public_key: bytes | None
     public_origin: str | None
     witnesses: WitnessSet
+    timestamp_authority: TimestampAuthority | None
 
     @classmethod
     def read(cls, settings: Settings) -> Configuration:
@@ -101,5 +103,6 @@ class Configuration:
             rate_limits=rate_limits(settings),
             public_origin=configured_public_origin(settings),
             witnesses=log_witnesses(settings),
+            timestamp_authority=timestamp_authority(settings),
             store=configured_store(settings),
         )

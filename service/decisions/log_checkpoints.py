@@ -9,8 +9,11 @@ does not verify, or whose tree does not hold, gets none: the log event
 `sessionstate_log_checkpoint_failures_total{reason}`, once per head (the same head
 is not tried again; a new entry or a recorded loss is). Then, where witnesses are
 configured, each chain's newest note goes to the witnesses that have not cosigned it
-(`service.decisions.witnessing`). `wake` runs a round now: the route does after it
-answers, so a note it signed is submitted in the background, never on the request.
+(`service.decisions.witnessing`), and, where `SESSIONSTATE_TSA_URL` is set, is
+timestamped by that RFC 3161 authority unless a kept reply covers it
+(`service.decisions.timestamping`). `wake` runs a round now: the routes do after they
+answer, so a note they signed is submitted and timestamped in the background, never on
+the request.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from service.decisions.timestamping import Timestamping
 from service.decisions.witnessing import Witnessing
 from service.observability.metrics import ServiceMetrics
 from service.runtime.periodic import PeriodicPrune
@@ -50,6 +54,7 @@ class LogCheckpoints(PeriodicPrune):
         origin: str | None,
         witnessing: Witnessing | None,
         *,
+        timestamping: Timestamping | None = None,
         interval: float,
         clock: Callable[[], datetime],
         metrics: ServiceMetrics,
@@ -59,6 +64,7 @@ class LogCheckpoints(PeriodicPrune):
         self._origin = origin
         self._signer: LogSigner | None = None  # made when a chain first needs it (the key)
         self.witnessing = witnessing
+        self.timestamping = timestamping
         self._clock = clock
         self._metrics = metrics
         self._failed: dict[str, int] = {}  # chain: the head seq no note could be signed for
@@ -76,6 +82,8 @@ class LogCheckpoints(PeriodicPrune):
         super().close()
         if self.witnessing is not None:
             self.witnessing.close()
+        if self.timestamping is not None:
+            self.timestamping.close()
 
     def signer(self) -> LogSigner:
         """The notes' signer: the data dir's checkpoint key under the origin."""
@@ -84,7 +92,8 @@ class LogCheckpoints(PeriodicPrune):
         return self._signer
 
     def round(self) -> int:
-        """Sign each grown chain's note and submit the newest notes; how many were signed."""
+        """Sign each grown chain's note, submit and timestamp the newest notes; how many were
+        signed."""
         signed = 0
         for name in tenant_chain_names(self._lanes):
             chain = EvidenceChain(self._lanes, name)
@@ -92,6 +101,8 @@ class LogCheckpoints(PeriodicPrune):
             signed += new
             if note is not None and self.witnessing is not None:
                 self.witnessing.submit(chain, note)
+            if note is not None and self.timestamping is not None:
+                self.timestamping.stamp(chain, note)
         return signed
 
     def _note(self, chain: EvidenceChain) -> tuple[SignedTreeHead | None, bool]:

@@ -158,14 +158,16 @@ class CheckpointQuery(BaseModel):
 
 
 class CheckpointNoteQuery(CheckpointQuery):
-    """The query string of `GET /v1/decisions/checkpoint`."""
+    """The query string of `GET /v1/decisions/checkpoint` and of its `/timestamp`."""
 
     tree_size: int | None = Field(
         default=None,
         ge=1,
         le=MAX_TREE_SIZE,
         description="the kept note of this tree size, up to the latest note's (unset: the "
-        "newest note the witnesses' quorum cosigned, else the latest)",
+        "newest note timestamped, with SESSIONSTATE_TSA_URL, and cosigned by the witnesses' "
+        "quorum, with witnesses; while none is, the newest the quorum cosigned, else the "
+        "latest)",
     )
 
 

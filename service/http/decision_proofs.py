@@ -6,8 +6,10 @@ Decided like the other reviewer reads (`decisions.read` on the tenant, logged). 
 note is signed only through the verify's own walk (`chain_status`, the one rule of
 `store.chain.signed_head`): a broken chain gets a problem, never a note. Proof sizes
 are bounded by the latest note's (`store.chain.log_proofs`), which is signed first
-when the chain grew since. The text answers and the proofs (only the members Go's
-tools read) name their decision in `Sessionstate-Decision-Id`.
+when the chain grew since. The note's RFC 3161 timestamp, where `SESSIONSTATE_TSA_URL`
+has the background job ask for one, is served as the authority answered it, for
+`openssl ts -verify`. The text answers, the timestamp and the proofs (only the members
+Go's tools read) name their decision in `Sessionstate-Decision-Id`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from service.api.v1 import (
     DECISION_ID_HEADER,
     DECISION_INCLUSION,
     DECISIONS_CHECKPOINT,
+    DECISIONS_CHECKPOINT_TIMESTAMP,
     DECISIONS_CONSISTENCY,
     DECISIONS_LOG_KEY,
     WITNESSED_HEADER,
@@ -43,10 +46,12 @@ from store.chain.log_note import LogSigner, SignedTreeHead, TreeUnavailable, not
 from store.chain.log_proofs import ProofOutOfRange, ProofPruned, consistency, inclusion
 from store.chain.note import VerifierKey
 from store.chain.signed_head import ChainUnverified
+from store.chain.timestamp_store import newest_timestamped, timestamp_of
 from store.chain.witness_store import CosignedNote, cosigned, served_note
 
 bp = Blueprint("decision_proofs", __name__)
 TEXT = "text/plain; charset=utf-8"
+TIMESTAMP_REPLY = "application/timestamp-reply"
 
 
 def log_signer() -> LogSigner:
@@ -97,25 +102,56 @@ def checkpoint_note() -> Response:
     cosignatures verify on, those lines appended as further signature lines; while no
     note has the quorum, the latest with the cosignatures it has so far; either way
     `Sessionstate-Witnessed: <cosignatures served>/<quorum>`, and the background job is
-    woken to submit a note just signed. `?tree_size=N`: the kept note of that size
-    (1 to the latest's; 404 `checkpoint_note_not_found` when none is kept)."""
+    woken to submit a note just signed. With a TSA (`SESSIONSTATE_TSA_URL`): the newest
+    such note that a kept timestamp covers (while none is, as above), so that
+    `/checkpoint/timestamp` serves its timestamp; the job is woken to timestamp a note
+    just signed. `?tree_size=N`: the kept note of that size (1 to the latest's; 404
+    `checkpoint_note_not_found` when none is kept)."""
     query = query_of(CheckpointNoteQuery)
     trace, tenant = audit_decision(authenticate(), query.tenant_id)
+    served = _checkpoint(tenant, query, trace)
+    witnesses = context().witnesses
+    if not witnesses:
+        return _text(served.signed.note, trace)
+    witnessed = f"{len(served.cosigners)}/{witnesses.quorum}"
+    return _text(served.note, trace, {WITNESSED_HEADER: witnessed})
+
+
+@bp.get(DECISIONS_CHECKPOINT_TIMESTAMP)
+def checkpoint_timestamp() -> Response:
+    """The RFC 3161 `TimeStampResp` (DER, `application/timestamp-reply`) kept for the
+    checkpoint note `GET /v1/decisions/checkpoint` serves now (with a TSA configured, the
+    newest note timestamped, and cosigned by the witnesses' quorum where witnesses are),
+    or with `?tree_size=N` for the kept note of that size; 404
+    `checkpoint_timestamp_not_found` when no reply covering that note is kept."""
+    query = query_of(CheckpointNoteQuery)
+    trace, tenant = audit_decision(authenticate(), query.tenant_id)
+    served = _checkpoint(tenant, query, trace)
+    reply = timestamp_of(context().lanes, tenant, served.signed)
+    if reply is None:
+        raise Problem(Reason.CHECKPOINT_TIMESTAMP_NOT_FOUND, decision=trace)
+    headers = {DECISION_ID_HEADER: trace.decision_id}
+    return Response(reply, content_type=TIMESTAMP_REPLY, headers=headers)
+
+
+def _checkpoint(tenant: str, query: CheckpointNoteQuery, trace: DecisionTrace) -> CosignedNote:
+    """The note the checkpoint routes serve: the kept note of `tree_size`, else the newest
+    timestamped (with a TSA) or cosigned by the quorum (with witnesses), else the latest;
+    the background job woken for a note just signed (not on this request)."""
     ctx = context()
     with refusals(trace):
         newest = latest_note(tenant)
         signer, witnesses = log_signer(), ctx.witnesses
         keys = [witness.vkey for witness in witnesses.witnesses]
         if query.tree_size is not None:
-            served = _kept(tenant, query.tree_size, newest.head.size, keys, trace)
-        else:
-            served = served_note(ctx.lanes, signer, tenant, newest, keys, witnesses.quorum)
-    if not witnesses:
-        return _text(served.signed.note, trace)
-    if ctx.log_checkpoints is not None and query.tree_size is None:
-        ctx.log_checkpoints.wake()  # a note just signed goes to the witnesses, not on this request
-    witnessed = f"{len(served.cosigners)}/{witnesses.quorum}"
-    return _text(served.note, trace, {WITNESSED_HEADER: witnessed})
+            return _kept(tenant, query.tree_size, newest.head.size, keys, trace)
+        if ctx.log_checkpoints is not None and (witnesses or ctx.timestamp_authority):
+            ctx.log_checkpoints.wake()
+        if ctx.timestamp_authority is not None:
+            found = newest_timestamped(ctx.lanes, signer, tenant, keys, witnesses.quorum)
+            if found is not None:
+                return found
+        return served_note(ctx.lanes, signer, tenant, newest, keys, witnesses.quorum)
 
 
 def _kept(

@@ -113,6 +113,21 @@ class ServiceMetrics:
             registry=self.registry,
         )
 
+        self.log_timestamps = Counter(
+            "sessionstate_log_timestamps",
+            "Checkpoint notes the time-stamping authority (SESSIONSTATE_TSA_URL) timestamped: "
+            "the reply checked and kept.",
+            registry=self.registry,
+        )
+        self.log_timestamp_failures = Counter(
+            "sessionstate_log_timestamp_failures",
+            "Timestamp queries that kept nothing, by reason (unreachable: no answer, a timeout "
+            "or a 5xx; refused: a 4xx or a status other than granted; invalid: a reply that "
+            "does not timestamp the note).",
+            ["reason"],
+            registry=self.registry,
+        )
+
     def watch_store(self, lanes: Lanes) -> None:
         """Export the store's health, read from it at each scrape."""
         self.registry.register(_StoreHealth(lanes))

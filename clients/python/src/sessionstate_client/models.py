@@ -374,6 +374,7 @@ class FullWalk(_Response):
     problem: (
         Literal[
             "entry_unreadable",
+            "entry_not_canonical",
             "seq_gap",
             "seq_mismatch",
             "prev_hash_mismatch",
