@@ -13,10 +13,12 @@ from pydantic import BaseModel
 
 from service.cli.arguments import positive
 from service.cli.store_access import review_lanes
+from service.config.log_witnesses import log_witnesses
 from service.config.settings import Settings
 from service.decisions import log_review, revisions
 from service.decisions import review as decision_review
-from service.decisions.evidence_bundle import VERIFIER
+from service.decisions.evidence_bundle import BundleTree
+from service.decisions.shipped_verifier import shipped_verifier
 from store.backends.contract import Lanes
 from store.canonical import canonical_json
 from store.chain.keys import chain_name, chain_names
@@ -134,11 +136,12 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print(decision_review.public_key(data_dir).decode("ascii"), end="")
     elif args.review == "verifier":
         sys.stdout.flush()
-        sys.stdout.buffer.write(VERIFIER.read_bytes())  # byte for byte what bundles ship
+        sys.stdout.buffer.write(shipped_verifier())  # byte for byte what bundles ship
     elif args.review == "checkpoint":
         print(decision_review.checkpoint(data_dir, args.tenant).model_dump_json())
     elif args.review == "bundle":
-        made = decision_review.bundle(data_dir, args.out, args.tenant, args.since, args.until)
+        tree = BundleTree(settings.log_origin, log_witnesses(settings))
+        made = decision_review.bundle(data_dir, args.out, args.tenant, args.since, args.until, tree)
         print(
             json.dumps(
                 {

@@ -1,5 +1,8 @@
 """Verify a sessionstate evidence bundle with Python's standard library and openssl alone.
 
+(In the repository this imports `store.chain.rfc9162`; the `verify.py` shipped is this
+file with that module's code in place of the import line: `service.decisions.shipped_verifier`.)
+
 This file is shipped in every bundle as `verify.py`, and `sessionstate decisions
 verifier` prints it. Run it with no sessionstate installed, on the directory the
 bundle was unpacked to (by default, the directory this file is in):
@@ -19,15 +22,27 @@ exactly this:
 4. Entries with consecutive seqs link by content (`prev_hash`); an entry at seq 1
    links to the genesis hash, and one at the head's seq has the head's hash.
 5. Every entry fits the selection the manifest states (tenant, action, time range).
-6. Every other file of the bundle (`entries.ndjson`, `checkpoint.json`,
-   `public-key.pem`, `verify.py`, `README.md`) has the sha256 the signed manifest
-   lists for it: a bundle's own `verify.py` or README that was replaced fails here.
-   Files the manifest does not list are named, not refused: no signature covers them.
+6. The chain's Merkle tree (RFC 6962 / RFC 9162), as the signed manifest's `log` states
+   it: `checkpoint.note` (a C2SP tlog-checkpoint in a signed note) is signed by the log's
+   note key `log-key.vkey`, whose Ed25519 key is the checkpoint key; its origin, tree
+   size (the signed head's seq) and root are the manifest's; each entry's leaf hash is
+   SHA-256(0x00 || its line's bytes) and its inclusion proof (`proofs.ndjson`, one a line,
+   in the order of the entries) leads to the note's root; each witness's tlog-cosignature
+   v1 on the note verifies (Ed25519 over "cosignature/v1", "time <its time>" and the note's
+   text) and how many of the listed witnesses cosigned against the quorum; when the
+   witnesses cosigned an older head (`witnessed.note`), that the note's tree extends it
+   (`consistency.json`). A bundle of a chain without a tree says why none is here.
+7. Every other file of the bundle (`entries.ndjson`, `checkpoint.json`,
+   `public-key.pem`, `verify.py`, `README.md`, and the tree's files) has the sha256 the
+   signed manifest lists for it: a bundle's own `verify.py` or README that was replaced
+   fails here. Files the manifest does not list are named, not refused: no signature
+   covers them.
 
 Entries of other tenants, or outside the selection, are not in the bundle: the
 links across them cannot be recomputed here, and rest on the manifest's signature.
 Without `--public-key`, the key shipped in the bundle is used, which proves only
-that the bundle is consistent: compare its key_id with the key you pinned.
+that the bundle is consistent: compare its key_id with the key you pinned. The
+witnesses' keys are the ones the manifest lists: compare them with the witnesses' own.
 
 Exit 0: every check held. 1: a check failed. 2: it could not check (a file is
 missing, openssl is missing or older than 3.0). Needs Python 3.8 or later.
@@ -48,10 +63,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-MANIFEST_KIND = "sessionstate.evidence_bundle.v2"
+from store.chain.rfc9162 import leaf_hash, verify_consistency, verify_inclusion
+
+MANIFEST_KIND = "sessionstate.evidence_bundle.v3"
+# Manifests of bundles made before the manifest stated the chain's Merkle tree (`log`).
+UNPROVEN_MANIFEST_KIND = "sessionstate.evidence_bundle.v2"
 # Manifests of bundles made before the manifest listed the files' sha256.
 UNHASHED_MANIFEST_KIND = "sessionstate.evidence_bundle.v1"
 SIGNED_FILES = ("entries.ndjson", "checkpoint.json", "public-key.pem", "verify.py", "README.md")
+# With the chain's Merkle tree (the manifest's `log` not `absent`), and an older witnessed note.
+LOG_FILES = ("checkpoint.note", "proofs.ndjson", "log-key.vkey")
+WITNESSED_FILES = ("witnessed.note", "consistency.json")
 MANIFEST_FILES = ("manifest.json", "manifest.sig")
 GENESIS_HASH = "sha256:" + "0" * 64
 MAX_SAFE_INTEGER = 2**53 - 1  # RFC 8785 numbers are IEEE 754 doubles
@@ -164,8 +186,8 @@ def entry_hash(entry: dict[str, Any]) -> str:
 # --- signatures, with openssl --------------------------------------------------------------
 
 
-def key_id_of(public_key_pem: bytes) -> str:
-    """`ed25519:` and 16 hex of the sha256 of the raw key, as sessionstate names keys."""
+def raw_public_key(public_key_pem: bytes) -> bytes:
+    """The 32 bytes of an Ed25519 public key in PEM (SubjectPublicKeyInfo)."""
     text = public_key_pem.decode("ascii", "replace")
     body = re.search(r"-----BEGIN PUBLIC KEY-----(.*?)-----END PUBLIC KEY-----", text, re.S)
     try:
@@ -174,7 +196,12 @@ def key_id_of(public_key_pem: bytes) -> str:
         der = b""
     if len(der) != 44 or not der.startswith(ED25519_SPKI_PREFIX):
         raise CannotCheck("the public key is not an Ed25519 public key in PEM")
-    return "ed25519:" + hashlib.sha256(der[12:]).hexdigest()[:16]
+    return der[12:]
+
+
+def key_id_of(public_key_pem: bytes) -> str:
+    """`ed25519:` and 16 hex of the sha256 of the raw key, as sessionstate names keys."""
+    return "ed25519:" + hashlib.sha256(raw_public_key(public_key_pem)).hexdigest()[:16]
 
 
 def openssl_verify(public_key: Path, payload: bytes, signature: bytes, what: str) -> None:
@@ -245,11 +272,14 @@ def check_manifest(bundle: Path, key_file: Path, checkpoint: dict[str, Any]) -> 
     parsed = parse(signed, "manifest.json")
     manifest: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
     kind = manifest.get("kind")
-    if kind not in (MANIFEST_KIND, UNHASHED_MANIFEST_KIND):
+    if kind not in (MANIFEST_KIND, UNPROVEN_MANIFEST_KIND, UNHASHED_MANIFEST_KIND):
         raise Failed(f"manifest.json is not a {MANIFEST_KIND} manifest")
-    if kind == MANIFEST_KIND and not _lists_every_file(manifest.get("sha256")):
-        raise Failed("manifest.json's sha256 does not list every file of the bundle")
     head = manifest.get("head")
+    if kind == MANIFEST_KIND:
+        check_log_member(manifest.get("log"), checkpoint["seq"])
+    files = signed_files(manifest)
+    if kind != UNHASHED_MANIFEST_KIND and not _lists_every_file(manifest.get("sha256"), files):
+        raise Failed("manifest.json's sha256 does not list every file of the bundle")
     same = (
         manifest.get("key_id") == checkpoint["key_id"]
         and manifest.get("issued_at") == checkpoint["issued_at"]
@@ -267,10 +297,15 @@ def check_manifest(bundle: Path, key_file: Path, checkpoint: dict[str, Any]) -> 
     return manifest
 
 
-def _lists_every_file(listed: Any) -> bool:
+def signed_files(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The files whose sha256 the manifest lists: the bundle's, and its tree's."""
+    return SIGNED_FILES + log_files(manifest)
+
+
+def _lists_every_file(listed: Any, names: tuple[str, ...]) -> bool:
     return (
         isinstance(listed, dict)
-        and sorted(listed) == sorted(SIGNED_FILES)
+        and sorted(listed) == sorted(names)
         and all(
             isinstance(digest, str) and _HEX_DIGEST.fullmatch(digest) for digest in listed.values()
         )
@@ -419,15 +454,16 @@ def check_files(bundle: Path, manifest: dict[str, Any]) -> str:
             "not listed in this (v1) manifest: no signature covers verify.py or README.md; "
             "run a verifier you obtained separately"
         )
-    for name in SIGNED_FILES:
+    names = signed_files(manifest)
+    for name in names:
         if hashlib.sha256(read(bundle, name)).hexdigest() != listed[name]:
             raise Failed(f"{name}: its sha256 is not the one the signed manifest lists")
     try:
         present = sorted(path.name for path in bundle.iterdir())
     except OSError:
         raise CannotCheck(f"cannot list {bundle}") from None
-    unlisted = [name for name in present if name not in (*SIGNED_FILES, *MANIFEST_FILES)]
-    said = f"{len(SIGNED_FILES)}, each with the sha256 the signed manifest lists"
+    unlisted = [name for name in present if name not in (*names, *MANIFEST_FILES)]
+    said = f"{len(names)}, each with the sha256 the signed manifest lists"
     if unlisted:
         said += "; not in the manifest, so covered by no signature: " + ", ".join(unlisted)
     return said
@@ -454,6 +490,7 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
     checkpoint = check_checkpoint(bundle, key_file, key_id)
     manifest = check_manifest(bundle, key_file, checkpoint)
     counts = check_entries(bundle, manifest, key_file, key_id)
+    tree = check_log(bundle, manifest, key_file) if manifest["kind"] == MANIFEST_KIND else []
     files = check_files(bundle, manifest)
     entries, linked, losses = counts["entries"], counts["linked"], counts["losses"]
     seqs = [item[0] for item in manifest["entries"]]
@@ -489,9 +526,251 @@ def verify(bundle: Path, pinned: Path | None) -> list[str]:
             f"{last + 1} says so, under the signed head at seq {last} (signature verified)"
             for first, last in losses
         ),
+        *(tree or ["proofs     none: this bundle was made before bundles carried Merkle proofs"]),
         f"files      {files}",
     ]
     return lines
+
+
+# --- the Merkle tree: checkpoint notes, proofs and cosignatures (C2SP, RFC 9162) ----------
+
+NOTE_SIGNATURE = "\u2014 "  # an em dash and a space start each signature line of a note
+NOTE_ED25519 = 0x01  # the log's note key: Ed25519 over the note's text
+COSIGNATURE_V1 = 0x04  # a witness's key: Ed25519 over "cosignature/v1", its time and the text
+_NOTE_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f]")
+_KEY_ID = re.compile(r"[0-9a-f]{8}")
+_TREE_SIZE = re.compile(r"0|[1-9][0-9]{0,18}")
+PROOF_FIELDS = ["hashes", "leaf_hash", "leaf_index", "tree_size"]
+CONSISTENCY_FIELDS = ["first", "hashes", "second"]
+
+
+def b64(text: Any, what: str) -> bytes:
+    """Standard, padded base64 in its one canonical form."""
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+    except (binascii.Error, ValueError):
+        raw = None
+    if raw is None or base64.b64encode(raw).decode() != text:
+        raise Failed(f"{what} is not canonical base64")
+    return raw
+
+
+def parse_vkey(text: Any, what: str, signature_type: int) -> dict[str, Any]:
+    """A note verifier key `<name>+<hex key ID>+base64(type || Ed25519 key)`, its ID checked."""
+    parts = text.split("+", 2) if isinstance(text, str) else []
+    if len(parts) != 3 or not parts[0] or _KEY_ID.fullmatch(parts[1]) is None:
+        raise Failed(f"{what} is not a note verifier key")
+    name, material = parts[0], b64(parts[2], what)
+    if len(material) != 33 or material[0] != signature_type or any(c.isspace() for c in name):
+        raise Failed(f"{what} is not an Ed25519 note key of type 0x{signature_type:02x}")
+    key_id = hashlib.sha256(name.encode() + b"\n" + material[:1] + material[1:]).digest()[:4]
+    if key_id.hex() != parts[1]:
+        raise Failed(f"{what}: its key ID does not match its name and key")
+    return {"name": name, "key_id": key_id, "public_key": material[1:], "text": text}
+
+
+def parse_note(data: bytes, what: str) -> tuple[str, list[tuple[str, bytes, bytes]]]:
+    """A signed note: its text (ending in a newline) and its (name, key ID, signature) lines."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Failed(f"{what} is not UTF-8 text") from None
+    split = text.rfind("\n\n")
+    if _NOTE_CONTROL.search(text) or split < 0:
+        raise Failed(f"{what} is not a signed note")
+    lines = text[split + 2 :].split("\n")
+    if lines[-1] != "" or len(lines) < 2:
+        raise Failed(f"{what} is not a signed note")
+    signatures = []
+    for line in lines[:-1]:
+        name, space, encoded = line[len(NOTE_SIGNATURE) :].partition(" ")
+        if not line.startswith(NOTE_SIGNATURE) or not space or not name:
+            raise Failed(f"{what} has a line that is not a note signature")
+        raw = b64(encoded, f"{what}'s signature of {name}")
+        if len(raw) < 5:
+            raise Failed(f"{what}'s signature of {name} is cut")
+        signatures.append((name, raw[:4], raw[4:]))
+    return text[: split + 1], signatures
+
+
+def tree_head(text: str, what: str) -> tuple[str, int, bytes]:
+    """A C2SP tlog-checkpoint's origin, tree size and root hash."""
+    lines = text.split("\n")
+    if len(lines) != 4 or _TREE_SIZE.fullmatch(lines[1]) is None:
+        raise Failed(f"{what} is not a checkpoint: origin, tree size and root hash")
+    root = b64(lines[2], f"{what}'s root hash")
+    if len(root) != 32:
+        raise Failed(f"{what}'s root hash is not 32 bytes")
+    return lines[0], int(lines[1]), root
+
+
+def ed25519_verify(public_key: bytes, payload: bytes, signature: bytes, what: str) -> None:
+    """`openssl_verify` with a raw Ed25519 key (a note key), written out as PEM."""
+    der = ED25519_SPKI_PREFIX + public_key
+    pem = "-----BEGIN PUBLIC KEY-----\n" + base64.b64encode(der).decode()
+    with tempfile.TemporaryDirectory() as scratch:
+        key_file = Path(scratch, "key.pem")
+        key_file.write_text(pem + "\n-----END PUBLIC KEY-----\n")
+        openssl_verify(key_file, payload, signature, what)
+
+
+def open_log_note(bundle: Path, name: str, log_key: dict[str, Any]) -> dict[str, Any]:
+    """A note of the log: its log signature verified, its head, and its other signatures."""
+    text, signatures = parse_note(read(bundle, name), name)
+    mine = [s for s in signatures if (s[0], s[1]) == (log_key["name"], log_key["key_id"])]
+    if not mine:
+        raise Failed(f"{name} carries no signature of the log key")
+    for signature in mine:
+        ed25519_verify(log_key["public_key"], text.encode(), signature[2], name)
+    origin, size, root = tree_head(text, name)
+    return {"text": text, "origin": origin, "size": size, "root": root, "lines": signatures}
+
+
+def cosigners(note: dict[str, Any], witnesses: list[dict[str, Any]], what: str) -> list[str]:
+    """The witnesses whose tlog-cosignature v1 on the note verifies; one that does not fails."""
+    names = []
+    for witness in witnesses:
+        claimed = [s for s in note["lines"] if (s[0], s[1]) == (witness["name"], witness["key_id"])]
+        for _, _, raw in claimed:
+            if len(raw) != 72:
+                raise Failed(f"{what}: {witness['name']}'s cosignature is not a v1 cosignature")
+            stamp = int.from_bytes(raw[:8], "big")
+            message = f"cosignature/v1\ntime {stamp}\n{note['text']}".encode()
+            ed25519_verify(
+                witness["public_key"], message, raw[8:], f"{what} cosigned by {witness['name']}"
+            )
+        if claimed:
+            names.append(witness["name"])
+    return names
+
+
+def check_log_member(log: Any, head_seq: int) -> None:
+    """The manifest's `log`: `absent` and why, or the tree, its keys and its witnesses."""
+    if isinstance(log, dict) and sorted(log) == ["absent"] and isinstance(log["absent"], str):
+        return
+    fields = ["origin", "quorum", "root_hash", "tree_size", "verifier_key", "witnesses"]
+    if not isinstance(log, dict) or sorted(log) != sorted([*fields, "witnessed_size"]):
+        raise Failed("manifest.json's log is not a Merkle tree's statement")
+    witnessed, witnesses = log["witnessed_size"], log["witnesses"]
+    if log["tree_size"] != head_seq or not isinstance(witnesses, list):
+        raise Failed("manifest.json's log is not of the signed head's tree")
+    if witnessed is not None and (type(witnessed) is not int or not 0 < witnessed <= head_seq):
+        raise Failed("manifest.json's log names a witnessed size beyond its tree")
+    quorum = log["quorum"]
+    if type(quorum) is not int or not (
+        0 < quorum <= len(witnesses) or quorum == len(witnesses) == 0
+    ):
+        raise Failed("manifest.json's log states no quorum of its witnesses")
+
+
+def log_files(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The files the manifest's `log` says the bundle holds."""
+    log = manifest.get("log")
+    if manifest["kind"] != MANIFEST_KIND or not isinstance(log, dict) or "absent" in log:
+        return ()
+    witnessed = log["witnessed_size"]
+    return LOG_FILES + (WITNESSED_FILES if witnessed not in (None, log["tree_size"]) else ())
+
+
+def check_log(bundle: Path, manifest: dict[str, Any], key_file: Path) -> list[str]:
+    """The note, the inclusion proofs, the witnesses' cosignatures and the quorum."""
+    log = manifest["log"]
+    if "absent" in log:
+        return [
+            f"proofs     absent: {log['absent']} (this chain has no Merkle tree that holds); "
+            "the entries rest on the hash chain and the signatures above"
+        ]
+    log_key = parse_vkey(log["verifier_key"], "the manifest's log verifier_key", NOTE_ED25519)
+    if read(bundle, "log-key.vkey") != (log["verifier_key"] + "\n").encode():
+        raise Failed("log-key.vkey is not the verifier key the manifest names")
+    if log_key["public_key"] != raw_public_key(read(key_file.parent, key_file.name)):
+        raise Failed("the log's note key is not the checkpoint key: the notes are another's")
+    note = open_log_note(bundle, "checkpoint.note", log_key)
+    same = (note["origin"], note["size"]) == (log["origin"], log["tree_size"])
+    if not same or base64.b64encode(note["root"]).decode() != log["root_hash"]:
+        raise Failed("checkpoint.note is not the tree head the manifest states")
+    proved = check_inclusion(bundle, note)
+    lines = [
+        f"log key    {log['verifier_key']}  (the checkpoint key, as a note key)",
+        f"note       {note['origin']}, tree size {note['size']} (the signed head's seq), "
+        f"root {log['root_hash']}: signature verified",
+        f"proofs     {proved} inclusion proofs: each entry's leaf is SHA-256(0x00 || its line), "
+        "its audit path verified against the note's root",
+    ]
+    return lines + check_witnesses(bundle, log, log_key, note)
+
+
+def check_inclusion(bundle: Path, note: dict[str, Any]) -> int:
+    """Each entry's inclusion proof, in the order of entries.ndjson."""
+    entries = read(bundle, "entries.ndjson").split(b"\n")[:-1]
+    proofs = read(bundle, "proofs.ndjson").split(b"\n")
+    if proofs[-1] != b"" or len(proofs) - 1 != len(entries):
+        raise Failed("proofs.ndjson does not hold one proof a line for each entry")
+    for number, line in enumerate(entries, start=1):
+        data = proofs[number - 1]
+        seq = json.loads(line)["seq"]  # check_entries parsed every line already
+        proof = parse(data, f"proofs.ndjson line {number}")
+        if not isinstance(proof, dict) or sorted(proof) != PROOF_FIELDS:
+            raise Failed(f"proofs.ndjson line {number} is not an inclusion proof")
+        hashes = proof["hashes"] if isinstance(proof["hashes"], list) else [None]
+        path = [b64(item, f"seq {seq}'s inclusion proof") for item in hashes]
+        if (proof["leaf_index"], proof["tree_size"]) != (seq - 1, note["size"]):
+            raise Failed(f"seq {seq}: its inclusion proof is not of its leaf in the note's tree")
+        if b64(proof["leaf_hash"], f"seq {seq}'s leaf hash") != leaf_hash(line):
+            raise Failed(f"seq {seq}: its proof's leaf hash is not SHA-256(0x00 || its line)")
+        if not verify_inclusion(seq - 1, note["size"], leaf_hash(line), path, note["root"]):
+            raise Failed(f"seq {seq}: its inclusion proof does not verify against the note's root")
+    return len(entries)
+
+
+def check_witnesses(
+    bundle: Path, log: dict[str, Any], log_key: dict[str, Any], note: dict[str, Any]
+) -> list[str]:
+    """Whose cosignatures the note (or the older witnessed note) carries, and the quorum."""
+    witnesses = [
+        parse_vkey(text, f"the manifest's witness {n + 1}", COSIGNATURE_V1)
+        for n, text in enumerate(log["witnesses"])
+    ]
+    if not witnesses:
+        return ["witnesses  none configured: the note is the log's own word"]
+    keys = "; keys (compare with the witnesses' own): " + ", ".join(log["witnesses"])
+    cosigned, quorum, size = (
+        cosigners(note, witnesses, "checkpoint.note"),
+        log["quorum"],
+        note["size"],
+    )
+    extends = ""
+    if log["witnessed_size"] not in (None, size):
+        older = open_log_note(bundle, "witnessed.note", log_key)
+        if (older["origin"], older["size"]) != (note["origin"], log["witnessed_size"]):
+            raise Failed("witnessed.note is not the witnessed head the manifest states")
+        check_consistency(bundle, older, note)
+        cosigned, size = cosigners(older, witnesses, "witnessed.note"), older["size"]
+        extends = (
+            f"; the note's tree extends it (consistency proof {size} to {note['size']} verified)"
+        )
+    if log["witnessed_size"] is None or not cosigned:
+        return [
+            f"witnesses  none of {len(witnesses)} has cosigned a head here (quorum {quorum}: not met){keys}"
+        ]
+    met = "met" if len(cosigned) >= quorum else "not met"
+    return [
+        f"witnesses  {len(cosigned)} of {len(witnesses)} cosigned tree size {size} "
+        f"({', '.join(cosigned)}; quorum {quorum}: {met}){extends}{keys}"
+    ]
+
+
+def check_consistency(bundle: Path, older: dict[str, Any], note: dict[str, Any]) -> None:
+    """consistency.json proves the note's tree extends the older note's."""
+    proof = parse(read(bundle, "consistency.json"), "consistency.json")
+    if not isinstance(proof, dict) or sorted(proof) != CONSISTENCY_FIELDS:
+        raise Failed("consistency.json is not a consistency proof")
+    if (proof["first"], proof["second"]) != (older["size"], note["size"]):
+        raise Failed("consistency.json is not between the witnessed note and checkpoint.note")
+    hashes = proof["hashes"] if isinstance(proof["hashes"], list) else [None]
+    path = [b64(item, "consistency.json's hashes") for item in hashes]
+    if not verify_consistency(older["size"], note["size"], older["root"], note["root"], path):
+        raise Failed("consistency.json: checkpoint.note's tree does not extend witnessed.note's")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,10 @@ and `tar -xzf` works on Linux, macOS and Windows 10+) holding one directory:
 - `checkpoint.json`: a checkpoint of the head the whole chain verified up to;
 - `manifest.json` and `manifest.sig`: the selection, that head, the `[seq, hash]`
   of every entry and the sha256 of every other file, signed with the checkpoint key;
-- `public-key.pem`, `verify.py` (`service.decisions.bundle_verifier`) and `README.md`.
+- `public-key.pem`, `verify.py` (`service.decisions.shipped_verifier`) and `README.md`;
+- the chain's Merkle evidence (`service.decisions.bundle_log_proofs`): its checkpoint
+  note with the witnesses' cosignatures, each entry's inclusion proof against it, and
+  the verifier keys, or, for a chain without a tree, the manifest's word why not.
 
 The manifest covers `verify.py` and `README.md` too, so a reviewer who runs a
 verifier obtained separately (`sessionstate decisions verifier`) sees a shipped
@@ -30,7 +33,7 @@ import hashlib
 import io
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from tempfile import SpooledTemporaryFile
@@ -39,16 +42,25 @@ from typing import IO, Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 
+from service.config.log_witnesses import WitnessSet
+from service.decisions.bundle_log_proofs import (
+    PROOFS_FILE,
+    WITNESSED_NOTE_FILE,
+    LogEvidence,
+    log_evidence,
+)
 from service.decisions.reader import DecisionLogReader
+from service.decisions.shipped_verifier import shipped_verifier
 from service.policy.input import PolicyAction
 from store.canonical import canonical_digest, canonical_json
 from store.chain.checkpoints import BUNDLE_MANIFEST_KIND, Checkpoint, CheckpointSigner
 from store.chain.entry import parse_entry
 from store.chain.head import NO_TENANT_CHAIN, SYSTEM_CHAIN, format_timestamp
-from store.chain.signed_head import ChainUnverified, verified_checkpoint
+from store.chain.log_note import LogSigner
+from store.chain.signed_head import ChainUnverified, Verified, verified_checkpoint
+from store.chain.walk import ChainVerification
 from store.scope import ScopeId
 
-VERIFIER = Path(__file__).with_name("bundle_verifier.py")
 _SPOOL_BYTES = 8 << 20  # entries beyond this go to a temporary file, not memory
 _README = Environment(
     loader=PackageLoader("service", "templates"),
@@ -114,6 +126,18 @@ def _member(entry: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class BundleTree:
+    """Whose note the bundle's checkpoint note is (`SESSIONSTATE_LOG_ORIGIN`; None: the
+    default origin) and the witnesses whose cosignatures it carries."""
+
+    origin: str | None = None
+    witnesses: WitnessSet = field(default_factory=WitnessSet)
+
+    def log_signer(self, data_dir: Path) -> LogSigner:
+        return LogSigner.of(data_dir, self.origin)
+
+
+@dataclass(frozen=True)
 class EvidenceBundle:
     """What was packed: the file name to offer, how many entries, and the checkpoint."""
 
@@ -132,47 +156,45 @@ def write_bundle(
     data_dir: Path,
     selection: BundleSelection,
     issued_at: datetime,
+    tree: BundleTree,
 ) -> EvidenceBundle:
     """Verify the tenant's whole chain, sign its head, and write the bundle of the selected
-    entries of that chain.
+    entries of that chain, with their Merkle proofs (`service.decisions.bundle_log_proofs`).
 
     Raises `ChainUnverified` (nothing written) when the chain does not verify, or when
     an entry to ship no longer hashes to its hash; `ValueError` when the selection names
     no tenant and the store holds more than one chain.
     """
     chain = bundle_chain(reader, selection)
-    result, checkpoint = verified_checkpoint(reader.chain(chain), data_dir, issued_at)
+    evidence_chain = reader.chain(chain)
+    result, checkpoint = verified_checkpoint(evidence_chain, data_dir, issued_at)
     if checkpoint is None:
         raise ChainUnverified.of(result, "evidence bundle")
+    log = log_evidence(
+        evidence_chain, Verified(result, checkpoint), tree.log_signer(data_dir), tree.witnesses
+    )
     signer = CheckpointSigner.from_data_dir(data_dir)
     verified_from = result.head_seq - result.entries - result.seqs_lost + 1
-    with SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged:
+    with (
+        SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged,
+        SpooledTemporaryFile(max_size=_SPOOL_BYTES) as proofs,
+    ):
         listed: list[list[int | str]] = []
-        entries_digest = hashlib.sha256()
         for seq, hash_, stored in _selected(reader, chain, selection, checkpoint.seq):
             staged.write(stored + b"\n")
-            entries_digest.update(stored + b"\n")
+            log.add_proof(proofs, seq, stored)
             listed.append([seq, hash_])
-        readme = _README.render(
-            tenant=f"`{chain}`",
-            selection=_describe(selection),
-            entries=len(listed),
-            first_seq=listed[0][0] if listed else None,
-            last_seq=listed[-1][0] if listed else None,
-            head_seq=checkpoint.seq,
-            head_hash=checkpoint.head_hash,
-            verified_from_seq=verified_from,
-            chain_entries=result.entries,
-            issued_at=checkpoint.issued_at,
-            key_id=signer.key_id,
-        )
+        readme = _readme(chain, selection, listed, checkpoint, result, verified_from, signer, log)
         contents = {
             "README.md": readme.encode(),
-            "verify.py": VERIFIER.read_bytes(),
+            "verify.py": shipped_verifier(),
             "checkpoint.json": checkpoint.model_dump_json().encode() + b"\n",
             "public-key.pem": signer.public_key_pem,
+            **log.files,
         }
-        digests = {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
+        streamed = {"entries.ndjson": _digest(staged)}
+        if log.absent is None:
+            streamed[PROOFS_FILE] = _digest(proofs)
         manifest = {
             "kind": BUNDLE_MANIFEST_KIND,
             "key_id": signer.key_id,
@@ -181,7 +203,11 @@ def write_bundle(
             "verified_from_seq": verified_from,
             "selection": selection.document(),
             "entries": listed,
-            "sha256": {**digests, "entries.ndjson": entries_digest.hexdigest()},
+            "log": log.manifest_member(),
+            "sha256": {
+                **{name: hashlib.sha256(data).hexdigest() for name, data in contents.items()},
+                **streamed,
+            },
         }
         signed, signature = signer.sign_manifest(manifest)
         name = f"sessionstate-evidence-{chain.lstrip('~')}-{checkpoint.seq}"
@@ -194,8 +220,47 @@ def write_bundle(
             ("manifest.sig", io.BytesIO(signature), 0o644),
             ("entries.ndjson", staged, 0o644),
         ]
+        if log.absent is None:
+            files.append((PROOFS_FILE, proofs, 0o644))
         _pack(sink, name, files, issued_at)
     return EvidenceBundle(name=name, entries=len(listed), checkpoint=checkpoint)
+
+
+def _digest(staged: IO[bytes]) -> str:
+    """The sha256 of what was staged, read back in blocks."""
+    staged.seek(0)
+    digest = hashlib.sha256()
+    while block := staged.read(1 << 16):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def _readme(
+    chain: str,
+    selection: BundleSelection,
+    listed: list[list[int | str]],
+    checkpoint: Checkpoint,
+    result: ChainVerification,
+    verified_from: int,
+    signer: CheckpointSigner,
+    log: LogEvidence,
+) -> str:
+    return _README.render(
+        tenant=f"`{chain}`",
+        selection=_describe(selection),
+        entries=len(listed),
+        first_seq=listed[0][0] if listed else None,
+        last_seq=listed[-1][0] if listed else None,
+        head_seq=checkpoint.seq,
+        head_hash=checkpoint.head_hash,
+        verified_from_seq=verified_from,
+        chain_entries=result.entries,
+        issued_at=checkpoint.issued_at,
+        key_id=signer.key_id,
+        absent=log.absent,
+        log=log.log,
+        witnessed_note=WITNESSED_NOTE_FILE in log.files,
+    )
 
 
 def bundle_chain(reader: DecisionLogReader, selection: BundleSelection) -> str:

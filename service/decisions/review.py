@@ -22,7 +22,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.config.store import StoreTarget, embedded_target
-from service.decisions.evidence_bundle import BundleSelection, EvidenceBundle, write_bundle
+from service.decisions.evidence_bundle import (
+    BundleSelection,
+    BundleTree,
+    EvidenceBundle,
+    write_bundle,
+)
 from service.decisions.log import prune_log
 from service.decisions.migration import verify_legacy_checkpoint
 from service.decisions.reader import DecisionLogReader
@@ -210,8 +215,10 @@ def bundle(
     tenant_id: str | None = None,
     since: str | None = None,
     until: str | None = None,
+    tree: BundleTree | None = None,
 ) -> EvidenceBundle:
-    """Write an evidence bundle to `out`, whole or not at all (`service.decisions.evidence_bundle`).
+    """Write an evidence bundle to `out`, whole or not at all (`service.decisions.evidence_bundle`);
+    `tree` names the log's origin and witnesses (None: the default origin, no witnesses).
 
     Refused, with `ChainUnverified`, for a chain that does not verify, as `checkpoint` is;
     with `ValueError` without a tenant when the data dir holds more than one chain.
@@ -222,7 +229,12 @@ def bundle(
         try:
             with os.fdopen(handle, "wb") as sink:
                 made = write_bundle(
-                    sink, DecisionLogReader(lanes), data_dir, selection, datetime.now(UTC)
+                    sink,
+                    DecisionLogReader(lanes),
+                    data_dir,
+                    selection,
+                    datetime.now(UTC),
+                    tree or BundleTree(),
                 )
                 sink.flush()
                 os.fsync(sink.fileno())

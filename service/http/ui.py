@@ -33,6 +33,7 @@ from service.http.decisions import audit_decision, chain_status, decision_entry
 from service.http.problems import Problem, problem_of
 from service.http.ui_bundle import bundle_download
 from service.http.ui_chart import decision_chart
+from service.http.ui_log_head import log_head
 from service.policy.errors import PolicyRefusal
 from service.policy.input import PolicyAction
 from service.rate_limits import RateLimited
@@ -170,6 +171,7 @@ def decisions() -> Response:
         page=page,
         next_url=next_url,
         bundle_url=bundle_url,
+        log_head=log_head(tenant),
         chart=chart,
         policy_revisions=revisions.revisions(lanes, tenant),
         revisions_complete=revisions.complete(lanes),

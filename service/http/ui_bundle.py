@@ -13,7 +13,7 @@ from werkzeug.wsgi import wrap_file
 
 from service.api.reasons import Reason
 from service.api.v1 import DECISION_ID_HEADER
-from service.decisions.evidence_bundle import BundleSelection, write_bundle
+from service.decisions.evidence_bundle import BundleSelection, BundleTree, write_bundle
 from service.decisions.query import DecisionQuery
 from service.http.common import context
 from service.http.problems import Problem
@@ -40,6 +40,7 @@ def bundle_download(trace: DecisionTrace, tenant: str, query: DecisionQuery) -> 
             context().settings.data_dir,
             selection,
             context().clock(),
+            BundleTree(context().settings.log_origin, context().witnesses),
         )
     except ChainUnverified:
         staged.close()

@@ -55,7 +55,8 @@ _SEED_BYTES = 32
 # checkpoints; a manifest always carries this field, so its signed bytes are never the
 # payload of a checkpoint (four or five other fields, no `kind`), nor the reverse.
 # v2: the manifest lists the sha256 of every other file of the bundle (v1 did not).
-BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v2"
+# v3: and states the chain's Merkle tree (`log`): its note, proofs and keys, or why absent.
+BUNDLE_MANIFEST_KIND = "sessionstate.evidence_bundle.v3"
 # What a retention anchor says it is: never a checkpoint's payload, nor a manifest's kind.
 RETENTION_ANCHOR_KIND: Literal["sessionstate.retention_anchor.v1"] = (
     "sessionstate.retention_anchor.v1"

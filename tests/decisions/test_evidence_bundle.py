@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 from service.auth.tokens import mint_token
 from service.cli import main
 from service.decisions import bundle_verifier as verifier
-from service.decisions.evidence_bundle import VERIFIER, BundleSelection
+from service.decisions.evidence_bundle import BundleSelection
+from service.decisions.shipped_verifier import shipped_verifier
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_json
 from store.chain.checkpoints import KEY_FILE, CheckpointSigner
@@ -257,9 +258,12 @@ def test_a_served_process_bundle_verifies_in_a_clean_directory(
     assert sorted(path.name for path in folder.iterdir()) == [
         "README.md",
         "checkpoint.json",
+        "checkpoint.note",
         "entries.ndjson",
+        "log-key.vkey",
         "manifest.json",
         "manifest.sig",
+        "proofs.ndjson",
         "public-key.pem",
         "verify.py",
     ]
@@ -286,6 +290,7 @@ def test_a_served_process_bundle_verifies_in_a_clean_directory(
     seqs = [entry["seq"] for entry in entries]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert "0 gaps cross entries not in this bundle" in done.stdout
+    assert f"proofs     {len(entries)} inclusion proofs" in done.stdout
     assert (
         served_bundle.printed["checkpoint"]["seq"]
         == json.loads((folder / "checkpoint.json").read_text())["seq"]
@@ -356,7 +361,7 @@ def test_a_replaced_verifier_is_caught_by_one_obtained_separately(
     assert fooled.returncode == 0 and fooled.stdout == "VERIFIED\n"  # what a shipped one can do
 
     own = _verifier_obtained_separately(tmp_path / "mine")
-    assert own.read_bytes() == VERIFIER.read_bytes()  # byte for byte what bundles ship
+    assert own.read_bytes() == shipped_verifier()  # byte for byte what bundles ship
     done = subprocess.run(
         [SYSTEM_PYTHON, "-I", str(own), "--public-key", str(served_bundle.public_key), str(folder)],
         cwd=tmp_path,
@@ -379,7 +384,7 @@ def test_the_manifest_lists_the_sha256_of_every_other_file(
     folder = unpack(served_bundle.archive, tmp_path / "clean")
     listed = json.loads((folder / "manifest.json").read_bytes())["sha256"]
     others = {path.name for path in folder.iterdir()} - {"manifest.json", "manifest.sig"}
-    assert set(listed) == others == {"entries.ndjson", "checkpoint.json", "public-key.pem", "verify.py", "README.md"}  # fmt: skip
+    assert set(listed) == others == {"entries.ndjson", "checkpoint.json", "public-key.pem", "verify.py", "README.md", "checkpoint.note", "proofs.ndjson", "log-key.vkey"}  # fmt: skip
     sums = subprocess.run(
         ["sha256sum", *sorted(others)],
         cwd=folder,
@@ -402,7 +407,7 @@ def test_the_manifest_lists_the_sha256_of_every_other_file(
     )
     assert done.returncode == 0, done.stderr
     assert (
-        "files      5, each with the sha256 the signed manifest lists; not in the manifest, "
+        "files      8, each with the sha256 the signed manifest lists; not in the manifest, "
         "so covered by no signature: notes.txt\n"
     ) in done.stdout
 
