@@ -256,9 +256,11 @@ def _path_parameter(name: str) -> dict[str, Any]:
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """The query model's fields as parameters; those without a default are required."""
     schema = model.model_json_schema()
+    needed = set(schema.get("required", ()))
     return [
-        {"name": name, "in": "query", "required": False, "schema": _plain(prop)}
+        {"name": name, "in": "query", "required": name in needed, "schema": _plain(prop)}
         for name, prop in schema["properties"].items()
     ]
 

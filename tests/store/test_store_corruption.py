@@ -131,7 +131,8 @@ def test_repair_reports_a_dropped_log_record_and_leaves_a_store_that_opens(
     assert drop.reason == "unknown_record_type" and drop.bytes > 0
     assert report.repair.dropped_log_bytes == drop.bytes
     assert report.dropped
-    assert report.repair.log_operations_recovered == 10  # 5 entries, the chain's marker, 4 sessions
+    # 5 entries, the chain's marker and its tree's (5 leaves, 3 inner nodes, tree_key), 4 sessions
+    assert report.repair.log_operations_recovered == 19
     assert report.records_after is not None
     assert report.records_after[TenantResourceLane.SESSION_STATE] == 4
     assert report.records_after[TenantResourceLane.TRACE_EVIDENCE] == 5
