@@ -72,7 +72,8 @@ class Reason(StrEnum):
     INVALID_VERSION = (
         "invalid_version",
         400,
-        "The version in the path is not a version number (a whole number from 1).",
+        "The version in the path is not a version number (a whole number from 1 to "
+        "9007199254740991).",
     )
     REQUEST_TIMEOUT = (
         "request_timeout",

@@ -64,7 +64,7 @@ def method_label(method: str) -> str:
 # --- ids in paths ------------------------------------------------------------------------
 APPROVAL_ID_PATTERN = r"^appr_[0-9a-f]{24}$"
 DECISION_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
-VERSION_PATTERN = r"^[1-9][0-9]{0,15}$"  # a version number, 1 to 2^53 - 1
+VERSION_PATTERN = r"^[1-9][0-9]{0,15}$"  # a version number (the route also bounds it: MAX_VERSION)
 APPROVAL_ID = re.compile(APPROVAL_ID_PATTERN)
 VERSION = re.compile(VERSION_PATTERN)
 DECISION_ID = re.compile(DECISION_ID_PATTERN)

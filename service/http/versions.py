@@ -41,6 +41,7 @@ from service.http.state import (
 from service.policy.input import PolicyHistory, PolicyRewind
 from service.policy.trace import DecisionTrace
 from store.scope import TenantScope
+from store.version_lane import MAX_VERSION
 
 bp = Blueprint("versions", __name__)
 
@@ -122,8 +123,8 @@ def not_kept(scope: TenantScope, trace: DecisionTrace) -> Problem:
 
 
 def _version_number(text: str) -> int:
-    """A version number from the path, or 400 (one above any a session reaches is not kept:
-    404 once decided)."""
-    if VERSION.fullmatch(text) is None:
+    """A version number from the path (1 to `MAX_VERSION`, the largest the decision log's
+    RFC 8785 JSON holds exactly), or 400; one a session has not reached is 404, decided."""
+    if VERSION.fullmatch(text) is None or int(text) > MAX_VERSION:
         raise Problem(Reason.INVALID_VERSION)
     return int(text)

@@ -163,7 +163,9 @@ def test_unknown_and_malformed_versions(service: LiveService) -> None:
         404,
         "session_state_version_not_found",
     )
-    for malformed in ("0", "abc", "-1", "99999999999999999"):
+    last = service.call("GET", f"{STATE}/versions/9007199254740991", service.token())
+    assert (last.status_code, last.json()["reason"]) == (404, "session_state_version_not_found")
+    for malformed in ("0", "abc", "-1", "9007199254740992", "9999999999999999", "1" + "0" * 16):
         answer = service.call("GET", f"{STATE}/versions/{malformed}", service.token())
         assert (answer.status_code, answer.json()["reason"]) == (400, "invalid_version")
 
