@@ -5,16 +5,14 @@ their erasures' allow."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from service.cli import main
 from service.policy.sidecar import OpaSidecar
 from tests.support.factories import state_input
+from tests.support.impact import impact, impact_env
 from tests.support.live import LiveService, live_service, service_settings
 from tests.support.paths import POLICY_DIR
 
@@ -65,22 +63,13 @@ def logged(sidecar: OpaSidecar, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture
 def env(monkeypatch: pytest.MonkeyPatch, logged: Path, opa_bin: str) -> Path:
-    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(logged))
-    monkeypatch.setenv("SESSIONSTATE_OPA_BIN", opa_bin)
-    monkeypatch.delenv("SESSIONSTATE_STORE", raising=False)
-    return logged
-
-
-def _impact(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
-    code = main(["policy", "impact", *argv, "--format", "json", "--examples", "100"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if code in (0, 3) else {}
+    return impact_env(monkeypatch, logged, opa_bin)
 
 
 def test_the_live_policies_replay_every_lifecycle_action_unchanged(
     env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, report = _impact(capsys, str(POLICY_DIR), "--fail-on", "any")
+    code, report = impact(capsys, str(POLICY_DIR), "--fail-on", "any")
     assert code == 0
     assert report["changed"] == 0
     for action in LIFECYCLE:
@@ -94,10 +83,10 @@ def test_a_candidate_that_takes_erasure_from_model_services_loses_exactly_theirs
     shutil.copytree(POLICY_DIR, candidate)
     erase = candidate / "sessionstate" / "erase" / "erase.rego"
     erase.write_text(erase.read_text() + NO_MODEL_SERVICE_ERASURE)
-    code, report = _impact(capsys, str(candidate), "--fail-on", "allow-lost")
+    code, report = impact(capsys, str(candidate), "--fail-on", "allow-lost")
     assert code == 3
     assert report["allow_lost"] == 2
     assert report["by_action"]["erase"]["allow_lost"] == 2
     assert all(example["action"] == "erase" for example in report["examples"])
-    _, only_forks = _impact(capsys, str(candidate), "--action", "fork")
+    _, only_forks = impact(capsys, str(candidate), "--action", "fork")
     assert (only_forks["evaluated"], only_forks["changed"]) == (1, 0)

@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -20,6 +19,7 @@ from service.policy.sidecar import OpaSidecar
 from store.backends.leveldb import LevelDBLaneStore
 from store.backends.postgres import read_only_conninfo
 from tests.support.factories import state_input
+from tests.support.impact import impact, impact_env
 from tests.support.live import LiveService, live_service, service_settings
 from tests.support.paths import POLICY_DIR
 from tests.support.served import Served
@@ -70,10 +70,7 @@ def logged(sidecar: OpaSidecar, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture
 def env(monkeypatch: pytest.MonkeyPatch, logged: Path, opa_bin: str) -> Path:
-    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(logged))
-    monkeypatch.setenv("SESSIONSTATE_OPA_BIN", opa_bin)
-    monkeypatch.delenv("SESSIONSTATE_STORE", raising=False)
-    return logged
+    return impact_env(monkeypatch, logged, opa_bin)
 
 
 @pytest.fixture(scope="module")
@@ -117,12 +114,6 @@ def _denied_for_approval_only(data_dir: Path) -> set[str]:
         }
 
 
-def _impact(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
-    code = main(["policy", "impact", *argv, "--format", "json", "--examples", "100"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if code in (0, 3) else {}
-
-
 def _tree_digest(root: Path) -> dict[str, str]:
     return {
         str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
@@ -137,7 +128,7 @@ def test_a_candidate_without_the_approval_gate_gains_allow_on_exactly_the_denied
     denied = _denied_for_approval_only(env)
     assert len(denied) == 2
     before = _tree_digest(env)
-    code, report = _impact(capsys, str(ungated))
+    code, report = impact(capsys, str(ungated))
     assert code == 0
     assert set(report) == FIELDS
     assert report["allow_gained"] == 2
@@ -161,7 +152,7 @@ def test_a_candidate_without_the_approval_gate_gains_allow_on_exactly_the_denied
 def test_fail_on_allow_gained_exits_3_when_allow_is_gained(
     env: Path, ungated: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, report = _impact(capsys, str(ungated), "--fail-on", "allow-gained")
+    code, report = impact(capsys, str(ungated), "--fail-on", "allow-gained")
     assert code == 3
     assert report["allow_gained"] == 2
 
@@ -169,7 +160,7 @@ def test_fail_on_allow_gained_exits_3_when_allow_is_gained(
 def test_the_live_policies_as_candidate_change_nothing(
     env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, report = _impact(capsys, str(POLICY_DIR), "--fail-on", "allow-gained")
+    code, report = impact(capsys, str(POLICY_DIR), "--fail-on", "allow-gained")
     assert code == 0
     assert report["changed"] == 0
     assert report["evaluated"] == report["unchanged"] > 0
@@ -179,23 +170,23 @@ def test_the_live_policies_as_candidate_change_nothing(
 def test_an_export_gives_the_same_report_as_the_store(
     env: Path, ungated: Path, export: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, from_store = _impact(capsys, str(ungated))
-    code, from_export = _impact(capsys, str(ungated), "--decisions", str(export))
+    _, from_store = impact(capsys, str(ungated))
+    code, from_export = impact(capsys, str(ungated), "--decisions", str(export))
     assert code == 0
     assert from_export == from_store
-    code, live = _impact(capsys, str(POLICY_DIR), "--decisions", str(export), "--fail-on", "any")
+    code, live = impact(capsys, str(POLICY_DIR), "--decisions", str(export), "--fail-on", "any")
     assert (code, live["changed"]) == (0, 0)
-    code, _ = _impact(capsys, str(ungated), "--decisions", str(export), "--fail-on", "allow-gained")
+    code, _ = impact(capsys, str(ungated), "--decisions", str(export), "--fail-on", "allow-gained")
     assert code == 3
 
 
 def test_filters_select_by_tenant_and_action(
     env: Path, ungated: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, report = _impact(capsys, str(ungated), "--tenant", "tenant-b", "--action", "write")
+    _, report = impact(capsys, str(ungated), "--tenant", "tenant-b", "--action", "write")
     assert (report["evaluated"], report["allow_gained"]) == (1, 1)
     assert set(report["by_tenant"]) == {"tenant-b"}
-    _, none = _impact(capsys, str(ungated), "--since", "2999-01-01T00:00:00Z")
+    _, none = impact(capsys, str(ungated), "--since", "2999-01-01T00:00:00Z")
     assert none["evaluated"] == 0
 
 
@@ -268,7 +259,7 @@ def test_inputs_of_an_older_schema_are_skipped_and_counted(
     del event["sessionstate"]["input"]["deployment"]
     older = tmp_path / "older.ndjson"
     older.write_text("\n".join([json.dumps(event), *lines[1:]]) + "\n")
-    _, report = _impact(capsys, str(POLICY_DIR), "--decisions", str(older))
+    _, report = impact(capsys, str(POLICY_DIR), "--decisions", str(older))
     assert report["skipped"] == {"total": 1, "why": {"input_schema_outdated": 1}}
     assert report["evaluated"] == len(lines) - 1
 
@@ -298,7 +289,7 @@ def test_on_postgresql_the_store_is_read_over_read_only_transactions(
     monkeypatch.setenv("SESSIONSTATE_STORE", postgres_conninfo)
     monkeypatch.setenv("SESSIONSTATE_OPA_BIN", opa_bin)
     before = _rows(postgres_conninfo)
-    code, report = _impact(capsys, str(ungated), "--fail-on", "allow-gained")
+    code, report = impact(capsys, str(ungated), "--fail-on", "allow-gained")
     assert (code, report["evaluated"], report["allow_gained"]) == (3, 2, 1)
     assert _rows(postgres_conninfo) == before
     with (
@@ -333,7 +324,7 @@ def test_a_data_only_candidate_is_analysed_like_a_rego_change(
     settings.write_text(
         json.dumps({"settings": [{"tenant_id": "tenant-a", "durable_writes": False}]})
     )
-    code, report = _impact(capsys, str(candidate), "--fail-on", "allow-lost")
+    code, report = impact(capsys, str(candidate), "--fail-on", "allow-lost")
     assert code == 3
     with _reader(env) as reader:
         allowed_writes = {
