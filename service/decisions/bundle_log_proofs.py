@@ -16,10 +16,15 @@ Beside the JSON checkpoint (`service.decisions.evidence_bundle`), a bundle ships
   it is signed, and every read of the chain is a decision on it: a bundle's head is
   most often newer than the witnessed one), `witnessed.note`, the newest note the
   quorum cosigned (else the newest any witness did), and `consistency.json`, the
-  proof that the bundle's tree extends it.
+  proof that the bundle's tree extends it;
+- when a time-stamping authority timestamped a note of the chain
+  (`store.chain.timestamp_store`), `timestamp.tsr`: its RFC 3161 `TimeStampResp`, as
+  it answered, over the signed text of the bundle's note when that note has one, else
+  over the newest older timestamped note's, shipped as `timestamped.note` with
+  `timestamp-consistency.json`, the proof that the bundle's tree extends it.
 
 The manifest's `log` member states the origin, the tree size and root, the verifier
-key, the witnesses' keys and quorum and the witnessed size; for a chain without a tree
+key, the witnesses' keys and quorum, the witnessed size and the timestamped size; for a chain without a tree
 that holds (`TreeUnavailable`), only `absent` and the reason code, and no file.
 """
 
@@ -36,6 +41,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.log_note import LogSigner, SignedTreeHead, TreeUnavailable, note_of, stored_note
 from store.chain.log_proofs import ProofPruned, consistency, inclusion
 from store.chain.signed_head import Verified
+from store.chain.timestamp_store import newest_timestamped, timestamp_of
 from store.chain.witness_store import CosignedNote, newest_cosigned, with_cosignatures
 
 NOTE_FILE = "checkpoint.note"
@@ -43,6 +49,9 @@ PROOFS_FILE = "proofs.ndjson"
 LOG_KEY_FILE = "log-key.vkey"
 WITNESSED_NOTE_FILE = "witnessed.note"
 CONSISTENCY_FILE = "consistency.json"
+TIMESTAMP_FILE = "timestamp.tsr"
+TIMESTAMPED_NOTE_FILE = "timestamped.note"
+TIMESTAMP_CONSISTENCY_FILE = "timestamp-consistency.json"
 
 
 @dataclass
@@ -99,12 +108,14 @@ def log_evidence(
             "witnesses": [str(key) for key in keys],
             "quorum": witnesses.quorum,
             "witnessed_size": size if head.cosigners else None,
+            "timestamped_size": None,
         },
         chain=chain,
         size=size,
     )
     if witnesses and len(head.cosigners) < witnesses.quorum:
         _add_witnessed(evidence, chain, log, signed, witnesses)
+    _add_timestamp(evidence, chain, log, signed)
     return evidence
 
 
@@ -134,3 +145,32 @@ def _add_witnessed(
         ConsistencyProofResponse.of(proof).model_dump_json().encode() + b"\n"
     )
     evidence.log["witnessed_size"] = first
+
+
+def _add_timestamp(
+    evidence: LogEvidence, chain: EvidenceChain, log: LogSigner, signed: SignedTreeHead
+) -> None:
+    """The kept timestamp of the bundle's note, else of the newest older timestamped note
+    with that note and the consistency proof from it."""
+    size = signed.head.size
+    reply = timestamp_of(chain.lanes, chain.name, signed)
+    if reply is not None:
+        evidence.files[TIMESTAMP_FILE] = reply
+        evidence.log["timestamped_size"] = size
+        return
+    found = newest_timestamped(chain.lanes, log, chain.name, (), 0)
+    if found is None or not 0 < found.signed.head.size < size:
+        return
+    first = found.signed.head.size
+    older = timestamp_of(chain.lanes, chain.name, found.signed)
+    try:
+        proof = consistency(chain, first, size, size)
+    except (ProofPruned, TreeUnavailable):
+        return  # the timestamped tree is below what retention kept: no proof to ship
+    assert older is not None  # newest_timestamped found it covering that note
+    evidence.files[TIMESTAMP_FILE] = older
+    evidence.files[TIMESTAMPED_NOTE_FILE] = found.note
+    evidence.files[TIMESTAMP_CONSISTENCY_FILE] = (
+        ConsistencyProofResponse.of(proof).model_dump_json().encode() + b"\n"
+    )
+    evidence.log["timestamped_size"] = first

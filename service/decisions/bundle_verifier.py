@@ -7,7 +7,7 @@ This file is shipped in every bundle as `verify.py`, and `sessionstate decisions
 verifier` prints it. Run it with no sessionstate installed, on the directory the
 bundle was unpacked to (by default, the directory this file is in):
 
-    python3 -I verify.py [--public-key YOUR-PINNED-KEY.pem] [BUNDLE_DIR]
+    python3 -I verify.py [--public-key YOUR-PINNED-KEY.pem] [--tsa-ca TSA-CA.pem] [BUNDLE_DIR]
 
 A verifier shipped inside the bundle it checks can be replaced with the bundle:
 run one you obtained separately, on the bundle's directory. It checks, and says,
@@ -31,7 +31,11 @@ exactly this:
    v1 on the note verifies (Ed25519 over "cosignature/v1", "time <its time>" and the note's
    text) and how many of the listed witnesses cosigned against the quorum; when the
    witnesses cosigned an older head (`witnessed.note`), that the note's tree extends it
-   (`consistency.json`). A bundle of a chain without a tree says why none is here.
+   (`consistency.json`). When a time-stamping authority timestamped a note of the chain,
+   that `timestamp.tsr` names the SHA-256 of the signed text of the note it is over
+   (`checkpoint.note`, or an older `timestamped.note` the note's tree extends, by
+   `timestamp-consistency.json`), and with `--tsa-ca` that `openssl ts -verify` accepts
+   it under that CA. A bundle of a chain without a tree says why none is here.
 7. Every other file of the bundle (`entries.ndjson`, `checkpoint.json`,
    `public-key.pem`, `verify.py`, `README.md`, and the tree's files) has the sha256 the
    signed manifest lists for it: a bundle's own `verify.py` or README that was replaced
@@ -74,6 +78,11 @@ SIGNED_FILES = ("entries.ndjson", "checkpoint.json", "public-key.pem", "verify.p
 # With the chain's Merkle tree (the manifest's `log` not `absent`), and an older witnessed note.
 LOG_FILES = ("checkpoint.note", "proofs.ndjson", "log-key.vkey")
 WITNESSED_FILES = ("witnessed.note", "consistency.json")
+# With a kept timestamp: of the note itself, or of an older note the note's tree extends.
+TIMESTAMP_FILES = ("timestamp.tsr",)
+TIMESTAMPED_FILES = ("timestamped.note", "timestamp-consistency.json")
+# The DER of an OCTET STRING of 32 bytes: how a reply's message imprint holds the digest.
+_IMPRINT_PREFIX = bytes([0x04, 0x20])
 MANIFEST_FILES = ("manifest.json", "manifest.sig")
 GENESIS_HASH = "sha256:" + "0" * 64
 MAX_SAFE_INTEGER = 2**53 - 1  # RFC 8785 numbers are IEEE 754 doubles
@@ -483,14 +492,16 @@ def compare(found: list[list[Any]], listed: list[list[Any]]) -> None:
         raise Failed(f"seq {have[0]}: its hash is not the one the manifest lists")
 
 
-def verify(bundle: Path, pinned: Path | None) -> list[str]:
+def verify(bundle: Path, pinned: Path | None, tsa_ca: Path | None = None) -> list[str]:
     """Every check, in order; what was shown, as lines. Raises Failed or CannotCheck."""
     key_file = pinned if pinned is not None else bundle / "public-key.pem"
     key_id = key_id_of(read(key_file.parent, key_file.name))
     checkpoint = check_checkpoint(bundle, key_file, key_id)
     manifest = check_manifest(bundle, key_file, checkpoint)
     counts = check_entries(bundle, manifest, key_file, key_id)
-    tree = check_log(bundle, manifest, key_file) if manifest["kind"] == MANIFEST_KIND else []
+    tree = (
+        check_log(bundle, manifest, key_file, tsa_ca) if manifest["kind"] == MANIFEST_KIND else []
+    )
     files = check_files(bundle, manifest)
     entries, linked, losses = counts["entries"], counts["linked"], counts["losses"]
     seqs = [item[0] for item in manifest["entries"]]
@@ -649,13 +660,16 @@ def check_log_member(log: Any, head_seq: int) -> None:
     if isinstance(log, dict) and sorted(log) == ["absent"] and isinstance(log["absent"], str):
         return
     fields = ["origin", "quorum", "root_hash", "tree_size", "verifier_key", "witnesses"]
-    if not isinstance(log, dict) or sorted(log) != sorted([*fields, "witnessed_size"]):
+    sizes = ["timestamped_size", "witnessed_size"]
+    if not isinstance(log, dict) or sorted(log) != sorted([*fields, *sizes]):
         raise Failed("manifest.json's log is not a Merkle tree's statement")
-    witnessed, witnesses = log["witnessed_size"], log["witnesses"]
+    witnesses = log["witnesses"]
     if log["tree_size"] != head_seq or not isinstance(witnesses, list):
         raise Failed("manifest.json's log is not of the signed head's tree")
-    if witnessed is not None and (type(witnessed) is not int or not 0 < witnessed <= head_seq):
-        raise Failed("manifest.json's log names a witnessed size beyond its tree")
+    for name in sizes:
+        size = log[name]
+        if size is not None and (type(size) is not int or not 0 < size <= head_seq):
+            raise Failed(f"manifest.json's log names a {name.split('_')[0]} size beyond its tree")
     quorum = log["quorum"]
     if type(quorum) is not int or not (
         0 < quorum <= len(witnesses) or quorum == len(witnesses) == 0
@@ -668,12 +682,20 @@ def log_files(manifest: dict[str, Any]) -> tuple[str, ...]:
     log = manifest.get("log")
     if manifest["kind"] != MANIFEST_KIND or not isinstance(log, dict) or "absent" in log:
         return ()
-    witnessed = log["witnessed_size"]
-    return LOG_FILES + (WITNESSED_FILES if witnessed not in (None, log["tree_size"]) else ())
+    witnessed, stamped = log["witnessed_size"], log["timestamped_size"]
+    return (
+        LOG_FILES
+        + (WITNESSED_FILES if witnessed not in (None, log["tree_size"]) else ())
+        + (TIMESTAMP_FILES if stamped is not None else ())
+        + (TIMESTAMPED_FILES if stamped not in (None, log["tree_size"]) else ())
+    )
 
 
-def check_log(bundle: Path, manifest: dict[str, Any], key_file: Path) -> list[str]:
-    """The note, the inclusion proofs, the witnesses' cosignatures and the quorum."""
+def check_log(
+    bundle: Path, manifest: dict[str, Any], key_file: Path, tsa_ca: Path | None = None
+) -> list[str]:
+    """The note, the inclusion proofs, the witnesses' cosignatures and the quorum, and the
+    timestamp."""
     log = manifest["log"]
     if "absent" in log:
         return [
@@ -697,7 +719,8 @@ def check_log(bundle: Path, manifest: dict[str, Any], key_file: Path) -> list[st
         f"proofs     {proved} inclusion proofs: each entry's leaf is SHA-256(0x00 || its line), "
         "its audit path verified against the note's root",
     ]
-    return lines + check_witnesses(bundle, log, log_key, note)
+    lines += check_witnesses(bundle, log, log_key, note)
+    return lines + check_timestamp(bundle, log, log_key, note, tsa_ca)
 
 
 def check_inclusion(bundle: Path, note: dict[str, Any]) -> int:
@@ -760,17 +783,72 @@ def check_witnesses(
     ]
 
 
-def check_consistency(bundle: Path, older: dict[str, Any], note: dict[str, Any]) -> None:
-    """consistency.json proves the note's tree extends the older note's."""
-    proof = parse(read(bundle, "consistency.json"), "consistency.json")
+def check_consistency(
+    bundle: Path,
+    older: dict[str, Any],
+    note: dict[str, Any],
+    name: str = "consistency.json",
+    older_name: str = "witnessed.note",
+) -> None:
+    """`name` proves the note's tree extends the older note's (`older_name`)."""
+    proof = parse(read(bundle, name), name)
     if not isinstance(proof, dict) or sorted(proof) != CONSISTENCY_FIELDS:
-        raise Failed("consistency.json is not a consistency proof")
+        raise Failed(f"{name} is not a consistency proof")
     if (proof["first"], proof["second"]) != (older["size"], note["size"]):
-        raise Failed("consistency.json is not between the witnessed note and checkpoint.note")
+        raise Failed(f"{name} is not between {older_name} and checkpoint.note")
     hashes = proof["hashes"] if isinstance(proof["hashes"], list) else [None]
-    path = [b64(item, "consistency.json's hashes") for item in hashes]
+    path = [b64(item, f"{name}'s hashes") for item in hashes]
     if not verify_consistency(older["size"], note["size"], older["root"], note["root"], path):
-        raise Failed("consistency.json: checkpoint.note's tree does not extend witnessed.note's")
+        raise Failed(f"{name}: checkpoint.note's tree does not extend {older_name}'s")
+
+
+def check_timestamp(
+    bundle: Path,
+    log: dict[str, Any],
+    log_key: dict[str, Any],
+    note: dict[str, Any],
+    tsa_ca: Path | None,
+) -> list[str]:
+    """`timestamp.tsr` is over the signed text of the note (or of the older timestamped
+    note the note's tree extends); with `tsa_ca`, `openssl ts -verify` accepts it."""
+    stamped = log["timestamped_size"]
+    if stamped is None:
+        return ["timestamp  none: no time-stamping authority timestamped a note of this chain"]
+    name, stamped_note, extends = "checkpoint.note", note, ""
+    if stamped != note["size"]:
+        name = "timestamped.note"
+        stamped_note = open_log_note(bundle, name, log_key)
+        if (stamped_note["origin"], stamped_note["size"]) != (note["origin"], stamped):
+            raise Failed("timestamped.note is not the timestamped head the manifest states")
+        check_consistency(bundle, stamped_note, note, "timestamp-consistency.json", name)
+        extends = f"; the note's tree extends it (consistency proof {stamped} to {note['size']})"
+    reply = read(bundle, "timestamp.tsr")
+    text = stamped_note["text"].encode()
+    if _IMPRINT_PREFIX + hashlib.sha256(text).digest() not in reply:
+        raise Failed(f"timestamp.tsr does not name the SHA-256 of {name}'s signed text")
+    checked = "; its signature not checked: pass --tsa-ca with the TSA's CA certificate"
+    if tsa_ca is not None:
+        openssl_ts_verify(reply, text, tsa_ca)
+        checked = f"; openssl ts -verify: OK under {tsa_ca.name}"
+    return [f"timestamp  over {name}'s signed text (tree size {stamped}){extends}{checked}"]
+
+
+def openssl_ts_verify(reply: bytes, text: bytes, tsa_ca: Path) -> None:
+    """`openssl ts -verify -data` of the text, the reply and the TSA's CA."""
+    if not tsa_ca.is_file():
+        raise CannotCheck(f"no TSA CA certificate at {tsa_ca}")
+    with tempfile.TemporaryDirectory() as scratch:
+        data, tsr = Path(scratch, "signed.txt"), Path(scratch, "timestamp.tsr")
+        data.write_bytes(text)
+        tsr.write_bytes(reply)
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise CannotCheck("openssl is not on PATH, so the timestamp cannot be checked here")
+        command = [openssl, "ts", "-verify", "-data", str(data), "-in", str(tsr)]
+        command += ["-CAfile", str(tsa_ca)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603
+    if done.returncode != 0:
+        raise Failed("timestamp.tsr: openssl ts -verify does not accept it under the TSA's CA")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -785,9 +863,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--public-key", type=Path, help="the checkpoint key's PEM you pinned (else the bundle's)"
     )
+    parser.add_argument(
+        "--tsa-ca", type=Path, help="the time-stamping authority's CA certificate (PEM)"
+    )
     args = parser.parse_args(argv)
     try:
-        lines = verify(args.bundle, args.public_key)
+        lines = verify(args.bundle, args.public_key, args.tsa_ca)
     except Failed as failure:
         print(f"FAILED: {failure}", file=sys.stderr)
         return 1

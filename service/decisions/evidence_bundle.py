@@ -45,6 +45,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, model_validator
 from service.config.log_witnesses import WitnessSet
 from service.decisions.bundle_log_proofs import (
     PROOFS_FILE,
+    TIMESTAMPED_NOTE_FILE,
     WITNESSED_NOTE_FILE,
     LogEvidence,
     log_evidence,
@@ -260,6 +261,7 @@ def _readme(
         absent=log.absent,
         log=log.log,
         witnessed_note=WITNESSED_NOTE_FILE in log.files,
+        timestamped_note=TIMESTAMPED_NOTE_FILE in log.files,
     )
 
 

@@ -150,6 +150,8 @@ def test_a_bundle_carries_the_note_and_each_entrys_inclusion_proof(
     assert f"note       {CHAIN_ORIGIN}, tree size {head} (the signed head's seq)" in said
     assert f"proofs     {len(entries)} inclusion proofs" in said
     assert "witnesses  none configured: the note is the log's own word" in said
+    assert log["timestamped_size"] is None and not (folder / "timestamp.tsr").exists()
+    assert "timestamp  none: no time-stamping authority timestamped a note" in said
     assert "files      8, each with the sha256 the signed manifest lists" in said
     # Go's sumdb/note and transparency-dev/merkle accept a proof taken from the bundle.
     proof = (folder / "proofs.ndjson").read_bytes().splitlines()[1]
