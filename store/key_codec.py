@@ -40,8 +40,26 @@ class LaneKey:
     name: bytes = b""
 
     def encode(self) -> bytes:
-        return lane_prefix(self.lane) + _components(
-            self.tenant.encode(), self.workspace.encode(), self.session.encode(), self.name
+        tenant, workspace, session = (
+            self.tenant.encode(),
+            self.workspace.encode(),
+            self.session.encode(),
+        )
+        name = self.name
+        if max(len(tenant), len(workspace), len(session), len(name)) > MAX_COMPONENT_BYTES:
+            raise ValueError("key component longer than 255 bytes")
+        return b"".join(  # the hot path of every read and write: no loop, no bytearray
+            (
+                _LANE_PREFIXES[self.lane],
+                _LENGTHS[len(tenant)],
+                tenant,
+                _LENGTHS[len(workspace)],
+                workspace,
+                _LENGTHS[len(session)],
+                session,
+                _LENGTHS[len(name)],
+                name,
+            )
         )
 
     def digest(self) -> str:
@@ -51,6 +69,10 @@ class LaneKey:
 
 def lane_prefix(lane: TenantResourceLane) -> bytes:
     return lane.value.encode("ascii") + b"\x00"
+
+
+_LANE_PREFIXES = {lane: lane_prefix(lane) for lane in TenantResourceLane}
+_LENGTHS = [bytes([size]) for size in range(MAX_COMPONENT_BYTES + 1)]
 
 
 def scope_prefix(lane: TenantResourceLane, *scope: str) -> bytes:

@@ -50,7 +50,7 @@ What the operations promise:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -118,6 +118,11 @@ class LaneView(Protocol):
     """A lane store read, never written: what a review or an impact run needs."""
 
     def get(self, key: LaneKey) -> bytes | None: ...
+
+    def get_many(self, keys: Sequence[LaneKey]) -> list[bytes | None]:
+        """The values of keys, in their order (None: absent), read in one pass: one reader
+        on an embedded engine, one statement a tenant on a server."""
+        ...
 
     def scan(
         self,

@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from itertools import takewhile
 from pathlib import Path
@@ -219,6 +219,11 @@ class LevelDBLaneStore:
         with self._reading() as db:
             value: bytes | None = db.get(key.encode())
             return value
+
+    def get_many(self, keys: Sequence[LaneKey]) -> list[bytes | None]:
+        encoded = [key.encode() for key in keys]
+        with self._reading() as db:
+            return [db.get(raw) for raw in encoded]
 
     def scan(
         self,

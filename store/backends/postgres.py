@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar, TypeVar
@@ -295,6 +295,21 @@ class PostgresLaneStore:
             return None if row is None else _bytes(row[0])
 
         return self._read(fetch)
+
+    def get_many(self, keys: Sequence[LaneKey]) -> list[bytes | None]:
+        by_tenant: dict[str, list[bytes]] = {}
+        for key in keys:
+            by_tenant.setdefault(key_tenant(key), []).append(key.encode())
+
+        def fetch(conn: Connection) -> dict[tuple[str, bytes], bytes]:
+            found: dict[tuple[str, bytes], bytes] = {}
+            for tenant, raws in by_tenant.items():  # one tenant per statement (Citus routes it)
+                for raw, value in conn.execute(_GET_MANY, (tenant, raws)).fetchall():
+                    found[(tenant, _bytes(raw))] = _bytes(value)
+            return found
+
+        found = self._read(fetch) if keys else {}
+        return [found.get((key_tenant(key), key.encode())) for key in keys]
 
     def scan(
         self,

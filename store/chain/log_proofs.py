@@ -3,7 +3,8 @@
 What the routes and the offline commands hand a reviewer, beside a checkpoint note
 (`store.chain.log_note`): the audit path of one entry's leaf (leaf seq - 1) in the
 tree of a size, and the proof that the tree of one size extends that of a smaller
-one, both in RFC 9162 order, read from the stored nodes (O(log n) reads). Sizes are
+one, both in RFC 9162 order, read from the stored nodes (O(log n) of them, fetched in
+one pass: `StoredTree.read_through`). Sizes are
 bounded by the latest note's: 1 <= tree_size <= it, the leaf below tree_size,
 1 <= first <= second <= it (`ProofOutOfRange` otherwise). A consistency proof from a
 size below the chain's first kept entry needs nodes retention deleted
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from store.chain.evidence import EvidenceChain
 from store.chain.log_note import TreeUnavailable
-from store.chain.merkle_tree import consistency_proof, entry_leaf, inclusion_proof
+from store.chain.merkle_tree import NodeAt, consistency_proof, entry_leaf, inclusion_proof
 from store.chain.tree_store import StoredTree, TreeNodeMissing
 
 
@@ -50,7 +51,7 @@ def inclusion(
     """The audit path of entry seq (its stored bytes: `stored`) in the tree of tree_size."""
     if not seq <= tree_size <= latest:
         raise ProofOutOfRange("the tree size must hold the entry and be at most the latest note's")
-    hashes = _read(chain, lambda tree: inclusion_proof(seq - 1, tree_size, tree.node_at))
+    hashes = _read(chain, lambda node_at: inclusion_proof(seq - 1, tree_size, node_at))
     return InclusionProof(seq - 1, tree_size, entry_leaf(stored), hashes)
 
 
@@ -60,15 +61,16 @@ def consistency(chain: EvidenceChain, first: int, second: int, latest: int) -> C
         raise ProofOutOfRange("the sizes must be 1 <= first <= second <= the latest note's")
     if first < chain.anchor().seq:
         raise ProofPruned("retention deleted the tree nodes of that size")
-    hashes = _read(chain, lambda tree: consistency_proof(first, second, tree.node_at))
+    hashes = _read(chain, lambda node_at: consistency_proof(first, second, node_at))
     return ConsistencyProof(first, second, hashes)
 
 
-def _read(chain: EvidenceChain, make: Callable[[StoredTree], list[bytes]]) -> list[bytes]:
+def _read(chain: EvidenceChain, make: Callable[[NodeAt], list[bytes]]) -> list[bytes]:
+    """The proof `make` computes from the chain's stored nodes, read in one pass."""
     tree = StoredTree(chain.lanes, chain.name)
     if not tree.present():
         raise TreeUnavailable()
     try:
-        return make(tree)
+        return tree.read_through(make)
     except TreeNodeMissing:
         raise TreeUnavailable() from None

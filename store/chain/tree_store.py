@@ -12,13 +12,16 @@ a tree, or it is waiting for the upgrade, and no proof is served for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from store.backends.contract import LaneBatch, LaneView
 from store.chain.keys import node_key, tree_key
 from store.chain.merkle_retention import prunable
-from store.chain.merkle_tree import NodeId, appended_all, entry_leaf
+from store.chain.merkle_tree import NodeAt, NodeId, appended_all, entry_leaf
 from store.chain.rfc9162 import HASH_SIZE
+
+T = TypeVar("T")
 
 
 class TreeNodeMissing(LookupError):
@@ -48,10 +51,37 @@ class StoredTree:
             raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
         return stored
 
+    def read_through(self, make: Callable[[NodeAt], T]) -> T:
+        """`make(node_at)` with every node it reads fetched from the store in one pass: the
+        tree's algorithms read nodes that follow from the sizes alone, never from a hash,
+        so a first run with placeholder hashes names them, one `get_many` reads them, and
+        a second run over what was read makes the answer (a proof's O(log n) nodes, in one
+        reader or one statement instead of one each)."""
+        wanted: list[NodeId] = []
+
+        def naming(level: int, index: int) -> bytes:
+            wanted.append(NodeId(level, index))
+            return bytes(HASH_SIZE)
+
+        make(naming)
+        if not wanted:  # e.g. a leaf appended to a tree of even size: nothing to read
+            return make(_no_node)
+        values = self._view.get_many([node_key(self.chain, node) for node in wanted])
+        read = dict(zip(wanted, values, strict=True))
+
+        def node_at(level: int, index: int) -> bytes:
+            stored = read.get(NodeId(level, index))
+            if stored is None or len(stored) != HASH_SIZE:
+                raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
+            return stored
+
+        return make(node_at)
+
     def appended(self, size: int, stored_entries: Iterable[bytes]) -> dict[NodeId, bytes]:
         """The nodes entries add to a tree of `size` leaves, from their stored bytes, reading
-        only the old frontier from the store (`merkle_tree.appended_all`)."""
-        return appended_all(size, (entry_leaf(stored) for stored in stored_entries), self.node_at)
+        only the old frontier from the store (`merkle_tree.appended_all`), in one pass."""
+        leaves = [entry_leaf(stored) for stored in stored_entries]
+        return self.read_through(lambda node_at: appended_all(size, leaves, node_at))
 
     def put(self, batch: LaneBatch, nodes: Mapping[NodeId, bytes]) -> None:
         for node, hash_ in nodes.items():
@@ -63,3 +93,7 @@ class StoredTree:
         for level, start, stop in prunable(kept_from_before, kept_from):
             for index in range(start, stop):
                 batch.delete(node_key(self.chain, NodeId(level, index)))
+
+
+def _no_node(level: int, index: int) -> bytes:
+    raise AssertionError("a second run read a node the first did not")  # pragma: no cover

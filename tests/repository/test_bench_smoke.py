@@ -31,6 +31,7 @@ SMALL_RUNS = {
     "service_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
     "impact_bench.py": ["--entries", "50"],
     "merkle_bench.py": ["--sizes", "100", "300", "--proofs", "20"],
+    "merkle_store_bench.py": ["--entries", "50", "--batch", "1", "8", "--repeat", "1", "--sizes", "100", "300", "--proofs", "20"],
 }  # fmt: skip
 PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
     "service_bench.py": [

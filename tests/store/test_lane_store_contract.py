@@ -68,6 +68,16 @@ def test_a_missing_key_reads_as_none(lanes: Lanes) -> None:
     assert lanes.get(key()) is None
 
 
+def test_get_many_reads_keys_of_any_tenant_in_their_order(lanes: Lanes) -> None:
+    wanted = [key(name=b"b"), key("tenant-b", name=b"a"), key(name=b"none"), key(name=b"a")]
+    lanes.put(wanted[0], b"B")
+    lanes.put(wanted[1], b"other tenant's")
+    lanes.put(wanted[3], b"")
+    assert lanes.get_many(wanted) == [b"B", b"other tenant's", None, b""]
+    assert lanes.get_many([wanted[0], wanted[0]]) == [b"B", b"B"]
+    assert lanes.get_many([]) == []
+
+
 def test_a_put_replaces_and_a_delete_removes(lanes: Lanes) -> None:
     lanes.put(key(), b"first")
     lanes.put(key(), b"second")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from store.backends.contract import Lanes
@@ -23,6 +23,10 @@ class CountingLanes:
     def get(self, key: LaneKey) -> bytes | None:
         self.got += 1
         return self._lanes.get(key)
+
+    def get_many(self, keys: Sequence[LaneKey]) -> list[bytes | None]:
+        self.got += len(keys)
+        return self._lanes.get_many(keys)
 
     def scan(
         self, lane: TenantResourceLane, *scope_: str, **options: Any
