@@ -45,6 +45,7 @@ FIELDS = (
     "witness",
     "tree_size",
     "signed",
+    "why",  # which check a timestamp failed (log_timestamp_failed): a code, never a body
 )
 
 
