@@ -101,7 +101,11 @@ class Settings(BaseSettings):
     # The decision log's checkpoint notes (store.chain.log_note): the origin their lines name
     # (`<origin>/<tenant>`) and their key's name. Printable ASCII, no space, no `+`. Unset:
     # `sessionstate.local/` and 16 hex digits of the data dir's checkpoint key.
-    log_origin: str | None = Field(default=None, pattern=LOG_ORIGIN_PATTERN)
+    log_origin: str | None = Field(
+        default=None,
+        pattern=LOG_ORIGIN_PATTERN,
+        json_schema_extra={"accepts": "printable ASCII without space or `+`, 1 to 200 characters"},
+    )
     # How often the background job signs a note for each chain that grew since its latest
     # one and submits it to the witnesses (service.decisions.log_checkpoints).
     log_checkpoint_seconds: int = Field(default=60, ge=1, le=86_400)
@@ -222,6 +226,9 @@ def accepted_values(field_name: str) -> str:
         text = " or ".join(f"`{choice}`" for choice in get_args(field.annotation))
     else:
         text = "text"
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("accepts"), str):
+        text = str(extra["accepts"])  # a rule the type does not say
     return text + (", or unset" if optional else "")
 
 

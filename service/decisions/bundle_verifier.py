@@ -213,7 +213,9 @@ def key_id_of(public_key_pem: bytes) -> str:
     return "ed25519:" + hashlib.sha256(raw_public_key(public_key_pem)).hexdigest()[:16]
 
 
-def openssl_verify(public_key: Path, payload: bytes, signature: bytes, what: str) -> None:
+def openssl_verify(
+    public_key: Path, payload: bytes, signature: bytes, what: str, whose: str = "the public key"
+) -> None:
     """Check an Ed25519 signature with `openssl pkeyutl -verify -rawin` (OpenSSL 3.0+)."""
     openssl = shutil.which("openssl")
     if openssl is None:
@@ -228,7 +230,7 @@ def openssl_verify(public_key: Path, payload: bytes, signature: bytes, what: str
     if "Signature Verified Successfully" in done.stdout:
         return
     if "Signature Verification Failure" in done.stdout:
-        raise Failed(f"{what}: the signature does not verify with the public key")
+        raise Failed(f"{what}: the signature does not verify with {whose}")
     said = (done.stderr.strip().splitlines() or ["no output"])[0]
     raise CannotCheck(f"openssl could not check {what} (OpenSSL 3.0 or later is needed): {said}")
 
@@ -615,14 +617,16 @@ def tree_head(text: str, what: str) -> tuple[str, int, bytes]:
     return lines[0], int(lines[1]), root
 
 
-def ed25519_verify(public_key: bytes, payload: bytes, signature: bytes, what: str) -> None:
+def ed25519_verify(
+    public_key: bytes, payload: bytes, signature: bytes, what: str, whose: str = "the public key"
+) -> None:
     """`openssl_verify` with a raw Ed25519 key (a note key), written out as PEM."""
     der = ED25519_SPKI_PREFIX + public_key
     pem = "-----BEGIN PUBLIC KEY-----\n" + base64.b64encode(der).decode()
     with tempfile.TemporaryDirectory() as scratch:
         key_file = Path(scratch, "key.pem")
         key_file.write_text(pem + "\n-----END PUBLIC KEY-----\n")
-        openssl_verify(key_file, payload, signature, what)
+        openssl_verify(key_file, payload, signature, what, whose)
 
 
 def open_log_note(bundle: Path, name: str, log_key: dict[str, Any]) -> dict[str, Any]:
@@ -648,7 +652,11 @@ def cosigners(note: dict[str, Any], witnesses: list[dict[str, Any]], what: str) 
             stamp = int.from_bytes(raw[:8], "big")
             message = f"cosignature/v1\ntime {stamp}\n{note['text']}".encode()
             ed25519_verify(
-                witness["public_key"], message, raw[8:], f"{what} cosigned by {witness['name']}"
+                witness["public_key"],
+                message,
+                raw[8:],
+                f"{what} cosigned by {witness['name']}",
+                "the witness's key",
             )
         if claimed:
             names.append(witness["name"])
