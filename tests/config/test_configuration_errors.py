@@ -74,6 +74,8 @@ def _one_line(stderr: str) -> str:
         ("SESSIONSTATE_WATCH_POLICIES", "sometimes", "true or false"),
         ("SESSIONSTATE_DECISION_RETENTION_DAYS", "-5", "a whole number from 1 to 36500, or unset"),
         ("SESSIONSTATE_DECISION_SCRUB_SECONDS", "-1", "a whole number from 0 to 31536000"),
+        ("SESSIONSTATE_LOG_ORIGIN", "has space", "printable ASCII without space or `+`, 1 to 200"),
+        ("SESSIONSTATE_LOG_ORIGIN", "a+b", "printable ASCII without space or `+`, 1 to 200"),
     ],
 )
 def test_an_invalid_setting_is_one_line_naming_the_variable_and_what_it_accepts(
