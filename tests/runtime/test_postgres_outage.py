@@ -133,6 +133,7 @@ def test_postgresql_stopped_and_started_under_load(
         unexpected = set(ledger.statuses) - {
             "acknowledged",
             "store_unavailable",
+            "store_outcome_unknown",  # a commit the stop cut off: it may have landed (503)
             "precondition_failed",
         }
         assert not unexpected, ledger.statuses
