@@ -66,6 +66,7 @@ from store.backends.contract import (
     StoreUnwritable,
     StoreUpgradeRefused,
 )
+from store.backends.postgres_failures import StoreFailure, connect_failure, diagnosed
 from store.backends.postgres_schema import LANES_TABLE, NO_TENANT, PROBE_TABLE
 from store.key_codec import (
     LaneKey,
@@ -228,6 +229,14 @@ class PostgresLaneStore:
         self.hold_timeouts = 0  # `exclusive` holds not had within the timeout (held nothing)
         try:
             self._read(postgres_schema.check)
+        except StoreOffline:
+            self._pool.close()
+            failure = diagnosed(conninfo, timeout)
+            if failure is StoreFailure.UNREACHABLE:
+                raise
+            raise StoreOffline(
+                f"the PostgreSQL store at {self.shown(conninfo)} {failure.value}"
+            ) from None
         except BaseException:
             self._pool.close()
             raise
@@ -261,9 +270,15 @@ class PostgresLaneStore:
         """Create or upgrade the tables and record the version."""
         try:
             done = postgres_schema.upgrade(location)
-        except psycopg.OperationalError:
-            raise StoreOffline(
-                f"cannot reach the PostgreSQL store at {cls.shown(location)}"
+        except (psycopg.OperationalError, pg_errors.ReadOnlySqlTransaction) as error:
+            failure = connect_failure(error)
+            if failure is StoreFailure.UNREACHABLE:
+                raise StoreOffline(
+                    f"cannot reach the PostgreSQL store at {cls.shown(location)}"
+                ) from None
+            refused = StoreUpgradeRefused if failure is StoreFailure.READ_ONLY else StoreOffline
+            raise refused(
+                f"the PostgreSQL store at {cls.shown(location)} {failure.value}"
             ) from None
         except psycopg.Error as error:  # e.g. no right to create tables: the state, not the text
             raise StoreUpgradeRefused(
