@@ -51,6 +51,7 @@ from store.chain.log_proofs import consistency, inclusion
 from store.chain.merkle_tree import entry_leaf, root
 from store.chain.rfc9162 import verify_consistency, verify_inclusion
 from store.chain.tree_store import StoredTree
+from tests.support.counting_lanes import CountingLanes
 
 CHAIN = "tenant-a"
 APPEND_GOAL, PROOF_GOAL = 1.2, 1.5
@@ -103,27 +104,6 @@ def append_figures(tmp: Path, args: argparse.Namespace) -> list[tuple[int, float
     return rows
 
 
-class CountingLanes:
-    """The store's view, counting the keys a proof reads and the passes it reads them in
-    (a `get` is a pass of one key)."""
-
-    def __init__(self, lanes: LevelDBLaneStore) -> None:
-        self._lanes = lanes
-        self.keys = 0
-        self.passes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._lanes, name)
-
-    def get(self, key: Any) -> bytes | None:
-        self.keys, self.passes = self.keys + 1, self.passes + 1
-        return self._lanes.get(key)
-
-    def get_many(self, keys: Any) -> list[bytes | None]:
-        self.keys, self.passes = self.keys + len(keys), self.passes + 1
-        return self._lanes.get_many(keys)
-
-
 def fake_entry(seq: int) -> bytes:
     return b'{"seq":%d}' % seq
 
@@ -151,13 +131,13 @@ def settle(lanes: LevelDBLaneStore) -> None:
 
 def timed(counting: CountingLanes, asks: list[Callable[[], object]]) -> Figures:
     """Mean wall and CPU microseconds of one ask, and the mean keys read and passes."""
-    counting.keys = counting.passes = 0
+    counting.got = counting.passes = 0
     wall, cpu = time.perf_counter(), time.thread_time()
     for ask in asks:
         ask()
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     count = len(asks)
-    return 1e6 * wall / count, 1e6 * cpu / count, counting.keys / count, counting.passes / count
+    return 1e6 * wall / count, 1e6 * cpu / count, counting.got / count, counting.passes / count
 
 
 def proofs_at(

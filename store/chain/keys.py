@@ -14,11 +14,12 @@ the tree covers every leaf of the chain. The name `""`
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
-from store.backends.contract import Lanes
+from store.backends.contract import Lanes, LaneView
 from store.chain.head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
 from store.chain.merkle_tree import NodeId, node_name
-from store.key_codec import LaneKey, TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane, successor
 
 LEGACY_CHAIN = ""  # the single global chain of versions before per-tenant chains
 SEQ_BYTES = 8  # an entry's key name: its seq, big-endian
@@ -57,6 +58,26 @@ def marker_key(chain: str) -> LaneKey:
 def node_key(chain: str, node: NodeId) -> LaneKey:
     """Where node `node` of the chain's Merkle tree is kept (`merkle_tree.node_name`)."""
     return LaneKey(TenantResourceLane.MERKLE_NODE, chain, name=node_name(node))
+
+
+def meta_newest_first(
+    view: LaneView, chain: str, prefix: bytes, suffix_bytes: int
+) -> Iterator[tuple[LaneKey, bytes]]:
+    """The chain's `trace_meta` keys named `prefix` then `suffix_bytes` more bytes (a size,
+    big-endian, then what else the name holds), largest name first: one seek. Names are
+    length-prefixed in keys, so the bounds are as long as the names."""
+    lane = TenantResourceLane.TRACE_META
+    stop = successor(prefix)
+    assert stop is not None  # a prefix of letters
+    return view.scan(
+        lane,
+        chain,
+        "",
+        "",
+        reverse=True,
+        start=LaneKey(lane, chain, name=prefix + bytes(suffix_bytes)),
+        stop=LaneKey(lane, chain, name=stop + bytes(suffix_bytes)),
+    )
 
 
 def tree_key(chain: str) -> LaneKey:

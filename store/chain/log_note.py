@@ -31,6 +31,7 @@ from pathlib import Path
 from store.backends.contract import LaneView
 from store.chain.checkpoints import CheckpointSigner
 from store.chain.evidence import EvidenceChain
+from store.chain.keys import meta_newest_first
 from store.chain.merkle_tree import appended_all, entry_leaf, root
 from store.chain.note import NoteError, NoteSigner, VerifierKey, open_note
 from store.chain.rfc9162 import EMPTY_ROOT
@@ -107,16 +108,7 @@ def stored_note(view: LaneView, log: LogSigner, chain: str, size: int) -> Signed
 def latest_note(view: LaneView, log: LogSigner, chain: str) -> SignedTreeHead | None:
     """The kept note of the largest size that opens under the log's key (one seek, then as
     many reads as notes of another key or origin sort above it)."""
-    kept = view.scan(
-        TenantResourceLane.TRACE_META,
-        chain,
-        "",
-        "",
-        reverse=True,
-        start=note_key(chain, 0),
-        stop=LaneKey(TenantResourceLane.TRACE_META, chain, name=b"notf" + bytes(_SIZE_BYTES)),
-    )
-    for _, value in kept:
+    for _, value in meta_newest_first(view, chain, _NOTE, _SIZE_BYTES):
         opened = _opened(value, log, chain)
         if opened is not None:
             return opened

@@ -20,6 +20,7 @@ from cryptography import x509
 from rfc3161_client import PKIStatus, TimeStampResponse, decode_timestamp_response
 
 from store.backends.contract import Lanes, LaneView
+from store.chain.keys import meta_newest_first
 from store.chain.log_note import LogSigner, SignedTreeHead
 from store.chain.note import VerifierKey
 from store.chain.witness_store import SIZES_LOOKED_AT, CosignedNote, cosigned
@@ -81,16 +82,7 @@ def timestamp_of(view: LaneView, chain: str, signed: SignedTreeHead) -> bytes | 
 
 def timestamped_sizes(view: LaneView, chain: str) -> list[int]:
     """The sizes a timestamp is kept for, newest first (at most SIZES_LOOKED_AT)."""
-    kept = view.scan(
-        TenantResourceLane.TRACE_META,
-        chain,
-        "",
-        "",
-        reverse=True,
-        # Names are length-prefixed in keys: the bounds are as long as a timestamp's.
-        start=LaneKey(TenantResourceLane.TRACE_META, chain, name=_TIMESTAMP + bytes(_SIZE_BYTES)),
-        stop=LaneKey(TenantResourceLane.TRACE_META, chain, name=b"tss" + bytes(_SIZE_BYTES)),
-    )
+    kept = meta_newest_first(view, chain, _TIMESTAMP, _SIZE_BYTES)
     sizes: list[int] = []
     for key, _ in kept:
         if len(sizes) >= SIZES_LOOKED_AT:

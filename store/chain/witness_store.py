@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from store.backends.contract import Lanes, LaneView
 from store.chain.cosignature import verify_cosignature
+from store.chain.keys import meta_newest_first
 from store.chain.log_note import LogSigner, SignedTreeHead, stored_note
 from store.chain.note import NoteError, VerifierKey, decode_note, parse_signature_lines
 from store.key_codec import LaneKey, TenantResourceLane
@@ -95,16 +96,7 @@ def with_cosignatures(
 def cosigned_sizes(view: LaneView, chain: str) -> list[int]:
     """The sizes some witness's cosignature is kept for, newest first (at most
     SIZES_LOOKED_AT keys read)."""
-    kept = view.scan(
-        TenantResourceLane.TRACE_META,
-        chain,
-        "",
-        "",
-        reverse=True,
-        # Names are length-prefixed in keys: the bounds are as long as a cosignature's.
-        start=LaneKey(TenantResourceLane.TRACE_META, chain, name=_COSIGNATURE + bytes(12)),
-        stop=LaneKey(TenantResourceLane.TRACE_META, chain, name=b"cosih" + bytes(12)),
-    )
+    kept = meta_newest_first(view, chain, _COSIGNATURE, 12)
     sizes: list[int] = []
     for count, (key, _) in enumerate(kept):
         if count >= SIZES_LOOKED_AT:

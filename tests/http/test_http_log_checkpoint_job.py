@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 from service.policy.sidecar import OpaSidecar
-from store.chain.keys import entry_key
 from store.chain.log_note import LogSigner, latest_note
 from store.chain.timestamp_store import timestamped_sizes
 from store.chain.witness_store import cosigned_sizes
-from tests.http.test_http_log_proofs import TENANT, get, traffic
+from tests.http.test_http_log_proofs import TENANT, edit_entry, get, traffic
 from tests.http.test_http_log_witnesses import (
     ORIGIN,
     events,
@@ -82,12 +81,7 @@ def test_the_job_signs_submits_and_timestamps_no_note_of_a_broken_chain(
             size = until(lambda: all_caught_up(service), "a note signed, cosigned, stamped")
             queries = tsa.queries
             traffic(service, writes=1)  # entries after the note, one of them then edited
-            lanes = service.context.lanes
-            key = entry_key(size + 2, TENANT)
-            stored = lanes.get(key)
-            assert stored is not None
-            with lanes.batch(sync=True) as batch:
-                batch.put(key, stored.replace(b'"status":', b'"status":1'))
+            edit_entry(service, size + 2)
 
             until(lambda: failures(service) >= 1 or None, "the broken chain counted")
             watched_from = failures(service)

@@ -229,16 +229,22 @@ def test_proof_sizes_outside_the_notes_are_refused_without_echo(service: LiveSer
     assert (unknown.status_code, unknown.json()["reason"]) == (404, "decision_not_found")
 
 
-def test_a_broken_chain_gets_no_note(service: LiveService) -> None:
-    traffic(service, writes=1)
-    size = opened(checkpoint(service), log_key(service)).size
-    traffic(service, writes=1)  # entries after the note, one of them then edited
+def edit_entry(service: LiveService, seq: int) -> None:
+    """Edit entry seq of the tenant's chain in the store, as whoever holds it could (its
+    hash no longer matches: the chain breaks there)."""
     lanes = service.context.lanes
-    key = entry_key(size + 2, TENANT)
+    key = entry_key(seq, TENANT)
     stored = lanes.get(key)
     assert stored is not None
     with lanes.batch(sync=True) as batch:
         batch.put(key, stored.replace(b'"status":', b'"status":1'))
+
+
+def test_a_broken_chain_gets_no_note(service: LiveService) -> None:
+    traffic(service, writes=1)
+    size = opened(checkpoint(service), log_key(service)).size
+    traffic(service, writes=1)  # entries after the note, one of them then edited
+    edit_entry(service, size + 2)
     answer = get(service, "/v1/decisions/checkpoint")
     assert (answer.status_code, answer.json()["reason"]) == (409, "chain_unverified")
     assert b"\xe2\x80\x94" not in answer.content  # no signature line of a note
