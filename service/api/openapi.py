@@ -37,7 +37,7 @@ from service.api.v1 import (
     JWKS,
     METRICS,
     NEXT_CURSOR_HEADER,
-    PATH_PATTERNS,
+    PATH_SCHEMAS,
     READYZ,
     REPLAY_PREVIEW,
     RETRY_AFTER,
@@ -251,7 +251,7 @@ def _path_parameter(name: str) -> dict[str, Any]:
         "name": name,
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "pattern": PATH_PATTERNS[name]},
+        "schema": dict(PATH_SCHEMAS[name]),
     }
 
 

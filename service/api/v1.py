@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from service.policy.input import PolicyAction
 from store.scope import SCOPE_ID_PATTERN
+from store.version_lane import MAX_VERSION
 
 # --- paths -------------------------------------------------------------------------------
 SESSION = "/v1/tenants/{tenant_id}/workspaces/{workspace_id}/sessions/{session_id}"
@@ -75,6 +76,12 @@ PATH_PATTERNS = {
     "approval_id": APPROVAL_ID_PATTERN,
     "decision_id": DECISION_ID_PATTERN,
     "version": VERSION_PATTERN,
+}
+# Each path parameter's JSON Schema: its pattern, or for a version the number it spells
+# (1 to `MAX_VERSION`; the route refuses leading zeros as its pattern does).
+PATH_SCHEMAS: Mapping[str, Mapping[str, object]] = {
+    **{name: {"type": "string", "pattern": pattern} for name, pattern in PATH_PATTERNS.items()},
+    "version": {"type": "integer", "minimum": 1, "maximum": MAX_VERSION},
 }
 
 # --- headers -----------------------------------------------------------------------------

@@ -61,13 +61,24 @@ def test_every_described_operation_is_served() -> None:
     assert document_operations() <= app_routes()
 
 
-def test_operations_name_their_path_parameters_with_the_contract_s_patterns() -> None:
+def test_operations_name_their_path_parameters_with_the_contract_s_schemas() -> None:
     for op in OPERATIONS:
         names = contract.parameters(op.path)
-        assert set(names) <= set(contract.PATH_PATTERNS), op.path
+        assert set(names) <= set(contract.PATH_SCHEMAS), op.path
         described = openapi_document()["paths"][op.path][op.method]["parameters"]
-        patterns = {p["name"]: p["schema"]["pattern"] for p in described if p["in"] == "path"}
-        assert patterns == {name: contract.PATH_PATTERNS[name] for name in names}
+        schemas = {p["name"]: p["schema"] for p in described if p["in"] == "path"}
+        assert schemas == {name: contract.PATH_SCHEMAS[name] for name in names}
+
+
+def test_a_version_in_a_path_is_bounded_as_the_route_bounds_it() -> None:
+    """The document states the largest version the route takes (2^53 - 1), so a client
+    or a fuzzer reading it never sends a valid-looking version the route refuses."""
+    assert contract.PATH_SCHEMAS["version"] == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 2**53 - 1,
+    }
+    assert contract.VERSION.fullmatch(str(2**53 - 1)) is not None
 
 
 def test_opa_serves_exactly_the_packages_that_decide_an_action() -> None:
