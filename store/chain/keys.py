@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from store.backends.contract import Lanes, LaneView
 from store.chain.head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
 from store.chain.merkle_tree import NodeId, node_name
+from store.chain.tree_tiles import TileId, tile_name
 from store.key_codec import LaneKey, TenantResourceLane, successor
 
 LEGACY_CHAIN = ""  # the single global chain of versions before per-tenant chains
@@ -78,6 +79,12 @@ def meta_newest_first(
         start=LaneKey(lane, chain, name=prefix + bytes(suffix_bytes)),
         stop=LaneKey(lane, chain, name=stop + bytes(suffix_bytes)),
     )
+
+
+def tile_key(chain: str, tile: TileId) -> LaneKey:
+    """Where a complete tile of the chain's Merkle tree is kept (`tree_tiles.tile_name`),
+    beside its nodes."""
+    return LaneKey(TenantResourceLane.MERKLE_NODE, chain, name=tile_name(tile))
 
 
 def tree_key(chain: str) -> LaneKey:

@@ -51,7 +51,7 @@ def inclusion(
     """The audit path of entry seq (its stored bytes: `stored`) in the tree of tree_size."""
     if not seq <= tree_size <= latest:
         raise ProofOutOfRange("the tree size must hold the entry and be at most the latest note's")
-    hashes = _read(chain, lambda node_at: inclusion_proof(seq - 1, tree_size, node_at))
+    hashes = _read(chain, lambda node_at: inclusion_proof(seq - 1, tree_size, node_at), latest)
     return InclusionProof(seq - 1, tree_size, entry_leaf(stored), hashes)
 
 
@@ -61,16 +61,17 @@ def consistency(chain: EvidenceChain, first: int, second: int, latest: int) -> C
         raise ProofOutOfRange("the sizes must be 1 <= first <= second <= the latest note's")
     if first < chain.anchor().seq:
         raise ProofPruned("retention deleted the tree nodes of that size")
-    hashes = _read(chain, lambda node_at: consistency_proof(first, second, node_at))
+    hashes = _read(chain, lambda node_at: consistency_proof(first, second, node_at), latest)
     return ConsistencyProof(first, second, hashes)
 
 
-def _read(chain: EvidenceChain, make: Callable[[NodeAt], list[bytes]]) -> list[bytes]:
-    """The proof `make` computes from the chain's stored nodes, read in one pass."""
+def _read(chain: EvidenceChain, make: Callable[[NodeAt], list[bytes]], latest: int) -> list[bytes]:
+    """The proof `make` computes from the chain's stored nodes, read in one pass (the tiles
+    complete in the tree of the latest note's size as tiles)."""
     tree = StoredTree(chain.lanes, chain.name)
     if not tree.present():
         raise TreeUnavailable()
     try:
-        return tree.read_through(make)
+        return tree.read_through(make, holds=latest)
     except TreeNodeMissing:
         raise TreeUnavailable() from None

@@ -21,15 +21,11 @@ batch that writes their entries. The costs, in nodes, for a tree of n leaves:
   covers a ragged right edge, one read per complete subtree of it: at most
   2*log2(n) + 1 reads in all, and no hashing beyond folding that one hash.
 
-Why single nodes, not 256-hash tiles: on the stores here one read is one key
-(a LevelDB get, a PostgreSQL row), and a proof reads each node it needs once,
-2*log2(n) small gets (about 40 at a million leaves), each a fixed 32 bytes that
-is final once written. Tiles would cut the gets to a few but make each one
-8 KiB, and a tile is not final until its 256th hash: a journal batch (often one
-entry) would rewrite, or as tlog-tiles does add a new partial copy of, the
-growing tile at every tile level, up to 8 KiB per append where a node costs
-32 bytes. A tlog-tiles tile can still be served from nodes: it is 256
-consecutive indexes of one level, one range scan of `node_name` keys.
+Single nodes, and complete tiles beside them: an append writes its few 32-byte
+nodes (a tile is not final until its last leaf, and rewriting a growing one would
+cost up to 16 KiB an append), and the append that completes a tile also writes it
+whole, once (`store.chain.tree_tiles`), so that a proof reads one value for each 8
+levels a complete tile covers instead of one key a node.
 """
 
 from __future__ import annotations

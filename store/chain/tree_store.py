@@ -16,10 +16,19 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from store.backends.contract import LaneBatch, LaneView
-from store.chain.keys import node_key, tree_key
+from store.chain.keys import node_key, tile_key, tree_key
 from store.chain.merkle_retention import prunable
 from store.chain.merkle_tree import NodeAt, NodeId, appended_all, entry_leaf
 from store.chain.rfc9162 import HASH_SIZE
+from store.chain.tree_tiles import (
+    TILE_BYTES,
+    TileId,
+    complete,
+    completed_by,
+    nodes_of,
+    offset_in,
+    tile_of,
+)
 
 T = TypeVar("T")
 
@@ -51,12 +60,14 @@ class StoredTree:
             raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
         return stored
 
-    def read_through(self, make: Callable[[NodeAt], T]) -> T:
+    def read_through(self, make: Callable[[NodeAt], T], holds: int = 0) -> T:
         """`make(node_at)` with every node it reads fetched from the store in one pass: the
         tree's algorithms read nodes that follow from the sizes alone, never from a hash,
         so a first run with placeholder hashes names them, one `get_many` reads them, and
         a second run over what was read makes the answer (a proof's O(log n) nodes, in one
-        reader or one statement instead of one each)."""
+        reader or one statement instead of one each). Nodes of the tiles complete in a tree
+        of `holds` leaves (`store.chain.tree_tiles`) are read as their tiles, one value for
+        each; a tile that is not stored, as its nodes, in a second pass."""
         wanted: list[NodeId] = []
 
         def naming(level: int, index: int) -> bytes:
@@ -66,8 +77,7 @@ class StoredTree:
         make(naming)
         if not wanted:  # e.g. a leaf appended to a tree of even size: nothing to read
             return make(_no_node)
-        values = self._view.get_many([node_key(self.chain, node) for node in wanted])
-        read = dict(zip(wanted, values, strict=True))
+        read = self._read_nodes(set(wanted), holds)
 
         def node_at(level: int, index: int) -> bytes:
             stored = read.get(NodeId(level, index))
@@ -77,6 +87,31 @@ class StoredTree:
 
         return make(node_at)
 
+    def _read_nodes(self, wanted: set[NodeId], holds: int) -> dict[NodeId, bytes | None]:
+        """The wanted nodes: from their complete tiles and the other nodes in one pass,
+        then the nodes of tiles that were not stored."""
+        tiles = {tile_of(node) for node in wanted if complete(tile_of(node), holds)}
+        loose = [node for node in wanted if tile_of(node) not in tiles]
+        tile_list = sorted(tiles)
+        keys = [tile_key(self.chain, tile) for tile in tile_list]
+        values = self._view.get_many(keys + [node_key(self.chain, node) for node in loose])
+        read: dict[NodeId, bytes | None] = dict(zip(loose, values[len(keys) :], strict=True))
+        stored = dict(zip(tile_list, values[: len(keys)], strict=True))
+        missing = []
+        for node in wanted:
+            if node in read:
+                continue
+            tile = stored[tile_of(node)]
+            if tile is None or len(tile) != TILE_BYTES:
+                missing.append(node)
+                continue
+            at = offset_in(node)
+            read[node] = tile[at : at + HASH_SIZE]
+        if missing:
+            again = self._view.get_many([node_key(self.chain, node) for node in missing])
+            read.update(zip(missing, again, strict=True))
+        return read
+
     def appended(self, size: int, stored_entries: Iterable[bytes]) -> dict[NodeId, bytes]:
         """The nodes entries add to a tree of `size` leaves, from their stored bytes, reading
         only the old frontier from the store (`merkle_tree.appended_all`), in one pass."""
@@ -84,8 +119,26 @@ class StoredTree:
         return self.read_through(lambda node_at: appended_all(size, leaves, node_at))
 
     def put(self, batch: LaneBatch, nodes: Mapping[NodeId, bytes]) -> None:
+        """Put the nodes in batch, and each tile they complete, whole."""
         for node, hash_ in nodes.items():
             batch.put(node_key(self.chain, node), hash_)
+        for tile in {tile for node in nodes if (tile := completed_by(node)) is not None}:
+            batch.put(tile_key(self.chain, tile), self._tile_value(tile, nodes))
+
+    def _tile_value(self, tile: TileId, new: Mapping[NodeId, bytes]) -> bytes:
+        """The tile's nodes, from the batch's new ones and the stored ones, in one pass."""
+        members = list(nodes_of(tile))
+        older = [node for node in members if node not in new]
+        stored = dict(
+            zip(older, self._view.get_many([node_key(self.chain, n) for n in older]), strict=True)
+        )
+        parts = []
+        for node in members:
+            hash_ = new.get(node) or stored.get(node)
+            if hash_ is None or len(hash_) != HASH_SIZE:
+                raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
+            parts.append(hash_)
+        return b"".join(parts)
 
     def prune(self, batch: LaneBatch, kept_from_before: int, kept_from: int) -> None:
         """Delete, in batch, the nodes no proof needs once the first kept leaf moves from

@@ -1,0 +1,79 @@
+"""Complete tiles of a chain's Merkle tree: 8 levels of nodes in one value, written once.
+
+A proof reads about two nodes a level (`store.chain.merkle_tree`), each its own key: at
+a million leaves some 27 keys in as many scattered blocks. A tile (as C2SP tlog-tiles
+groups them: tile level T covers node levels 8T to 8T+7, tile N of it the nodes over
+leaves [N * 256**(T+1), (N+1) * 256**(T+1))) holds the 510 nodes of those levels under
+one key, so that a proof reads one value for each 8 levels a complete tile covers, and
+nodes only along the ragged right edge.
+
+A tile is written once, whole, in the batch whose append completes it (the batch that
+writes its top nodes; once every 256 leaves at tile level 0, every 65,536 at level 1):
+it is final, never rewritten, so an append costs what it did between those. Nodes stay
+stored beside tiles: appends read the frontier from them, retention keeps the few a
+proof still needs, and a tile that is not there (a tree built before tiles, a tile
+retention deleted) is read as its nodes.
+
+A tile's value: its nodes level by level, bottom first, each level in index order,
+32 bytes each (256 + 128 + ... + 2 = 510 of them, 16,320 bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from store.chain.merkle_tree import INDEX_BYTES, NodeId
+from store.chain.rfc9162 import HASH_SIZE
+
+HEIGHT = 8  # node levels a tile covers
+WIDTH = 1 << HEIGHT  # nodes at a tile's bottom level
+NODES = 2 * WIDTH - 2  # nodes a tile holds: every level but the one its top pair makes
+TILE_BYTES = NODES * HASH_SIZE
+_TILE = b"t"
+
+
+class TileId(NamedTuple):
+    level: int  # tile level: node levels HEIGHT * level to HEIGHT * level + HEIGHT - 1
+    position: int
+
+
+def tile_name(tile: TileId) -> bytes:
+    """A tile's key name beside the nodes': `t`, its level, its index (10 bytes, where a
+    node's name is 9: no tile name is a node's)."""
+    return _TILE + bytes([tile.level]) + tile.position.to_bytes(INDEX_BYTES, "big")
+
+
+def tile_of(node: NodeId) -> TileId:
+    """The tile that holds the node."""
+    within = node.level % HEIGHT
+    return TileId(node.level // HEIGHT, node.position >> (HEIGHT - within))
+
+
+def offset_in(node: NodeId) -> int:
+    """Where the node's 32 bytes start in its tile's value."""
+    within = node.level % HEIGHT
+    before = 2 * WIDTH - (2 * WIDTH >> within)  # the nodes of the lower levels of the tile
+    first = tile_of(node).position * (WIDTH >> within)  # the tile's first index at this level
+    return (before + node.position - first) * HASH_SIZE
+
+
+def complete(tile: TileId, size: int) -> bool:
+    """Whether a tree of `size` leaves holds every node of the tile."""
+    return size >= (tile.position + 1) << (HEIGHT * (tile.level + 1))
+
+
+def nodes_of(tile: TileId) -> Iterator[NodeId]:
+    """The tile's nodes in the order its value holds them."""
+    for within in range(HEIGHT):
+        count = WIDTH >> within
+        level = tile.level * HEIGHT + within
+        for position in range(tile.position * count, (tile.position + 1) * count):
+            yield NodeId(level, position)
+
+
+def completed_by(node: NodeId) -> TileId | None:
+    """The tile that writing `node` completes: the right one of its top pair."""
+    if node.level % HEIGHT != HEIGHT - 1 or node.position % 2 == 0:
+        return None
+    return tile_of(node)

@@ -1,0 +1,81 @@
+"""Complete tiles of a chain's Merkle tree (store/chain/tree_tiles.py), on a real LevelDB:
+written once by the append that completes them, holding exactly their nodes, and read
+by proofs in their nodes' place; a tile that is not stored is read as its nodes."""
+
+from __future__ import annotations
+
+import random
+
+from store.backends.leveldb import LevelDBLaneStore
+from store.chain.evidence import EvidenceChain
+from store.chain.keys import tile_key, tree_key
+from store.chain.log_proofs import consistency, inclusion
+from store.chain.merkle_tree import NodeId, entry_leaf, root
+from store.chain.rfc9162 import verify_consistency, verify_inclusion
+from store.chain.tree_store import StoredTree
+from store.chain.tree_tiles import NODES, TileId, complete, nodes_of, offset_in, tile_of
+from tests.support.counting_lanes import CountingLanes
+
+CHAIN = "tenant-a"
+
+
+def fake(seq: int) -> bytes:
+    return b'{"seq":%d}' % seq
+
+
+def grown(lanes: LevelDBLaneStore, size: int, rng: random.Random) -> StoredTree:
+    """A tree of `size` fake leaves, appended in batches of 1 to 300 as the journal would."""
+    with lanes.batch(sync=True) as batch:
+        batch.put(tree_key(CHAIN), b"")
+    tree, at = StoredTree(lanes, CHAIN), 0
+    while at < size:
+        count = min(rng.randint(1, 300), size - at)
+        nodes = tree.appended(at, (fake(seq) for seq in range(at + 1, at + count + 1)))
+        with lanes.batch(sync=False) as batch:
+            tree.put(batch, nodes)
+        at += count
+    return tree
+
+
+def test_a_tiles_nodes_are_placed_level_by_level() -> None:
+    tile = TileId(1, 3)
+    members = list(nodes_of(tile))
+    assert len(members) == NODES == 510
+    assert [offset_in(node) for node in members] == [32 * n for n in range(NODES)]
+    assert all(tile_of(node) == tile for node in members)
+    assert members[0] == NodeId(8, 3 * 256) and members[-1] == NodeId(15, 7)
+    assert not complete(tile, 4 * 65536 - 1) and complete(tile, 4 * 65536)
+
+
+def test_complete_tiles_hold_their_nodes_and_proofs_read_them(lanes: LevelDBLaneStore) -> None:
+    rng = random.Random(30)
+    tree = grown(lanes, 70_000, rng)
+    for tile in (TileId(0, 0), TileId(0, 272), TileId(1, 0)):
+        stored = lanes.get(tile_key(CHAIN, tile))
+        assert stored == b"".join(tree.node_at(*node) for node in nodes_of(tile))
+    assert lanes.get(tile_key(CHAIN, TileId(0, 273))) is None  # not complete yet
+    assert lanes.get(tile_key(CHAIN, TileId(1, 1))) is None
+    counting = CountingLanes(lanes)
+    chain = EvidenceChain(counting, CHAIN)  # type: ignore[arg-type]
+    for _ in range(200):
+        size = rng.randint(2, 70_000)
+        seq = rng.randint(1, size)
+        head = root(size, tree.node_at)
+        counting.got = 0
+        proof = inclusion(chain, seq, fake(seq), size, 70_000)
+        assert counting.got < len(proof.hashes) + 1 or size < 256  # tiles, not each node
+        assert verify_inclusion(seq - 1, size, entry_leaf(fake(seq)), proof.hashes, head)
+        extends = consistency(chain, seq, size, 70_000)
+        assert verify_consistency(seq, size, root(seq, tree.node_at), head, extends.hashes)
+
+
+def test_a_tile_not_stored_is_read_as_its_nodes(lanes: LevelDBLaneStore) -> None:
+    tree = grown(lanes, 600, random.Random(1))
+    with lanes.batch(sync=True) as batch:  # as a tree built before tiles
+        batch.delete(tile_key(CHAIN, TileId(0, 0)))
+        batch.delete(tile_key(CHAIN, TileId(0, 1)))
+    chain = EvidenceChain(lanes, CHAIN)
+    for seq in (1, 255, 256, 257, 512, 600):
+        proof = inclusion(chain, seq, fake(seq), 600, 600)
+        head = root(600, tree.node_at)
+        assert verify_inclusion(seq - 1, 600, entry_leaf(fake(seq)), proof.hashes, head)
