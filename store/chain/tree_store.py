@@ -28,6 +28,7 @@ from store.chain.tree_tiles import (
     nodes_of,
     offset_in,
     tile_of,
+    tiles_below,
 )
 
 T = TypeVar("T")
@@ -142,10 +143,13 @@ class StoredTree:
 
     def prune(self, batch: LaneBatch, kept_from_before: int, kept_from: int) -> None:
         """Delete, in batch, the nodes no proof needs once the first kept leaf moves from
-        kept_from_before to kept_from (`merkle_retention.prunable`)."""
+        kept_from_before to kept_from (`merkle_retention.prunable`), and the tiles wholly
+        below kept_from (the few of their nodes a proof still needs stay as nodes)."""
         for level, start, stop in prunable(kept_from_before, kept_from):
             for index in range(start, stop):
                 batch.delete(node_key(self.chain, NodeId(level, index)))
+        for tile in tiles_below(kept_from_before, kept_from):  # read as their nodes from now
+            batch.delete(tile_key(self.chain, tile))
 
 
 def _no_node(level: int, index: int) -> bytes:

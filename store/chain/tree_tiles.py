@@ -77,3 +77,13 @@ def completed_by(node: NodeId) -> TileId | None:
     if node.level % HEIGHT != HEIGHT - 1 or node.position % 2 == 0:
         return None
     return tile_of(node)
+
+
+def tiles_below(kept_from_before: int, kept_from: int) -> Iterator[TileId]:
+    """The tiles wholly below leaf kept_from but not wholly below kept_from_before: those
+    retention deletes when the first kept leaf moves from one to the other."""
+    level = 0
+    while (span := 1 << (HEIGHT * (level + 1))) <= kept_from:
+        for position in range(kept_from_before // span, kept_from // span):
+            yield TileId(level, position)
+        level += 1

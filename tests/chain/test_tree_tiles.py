@@ -13,7 +13,15 @@ from store.chain.log_proofs import consistency, inclusion
 from store.chain.merkle_tree import NodeId, entry_leaf, root
 from store.chain.rfc9162 import verify_consistency, verify_inclusion
 from store.chain.tree_store import StoredTree
-from store.chain.tree_tiles import NODES, TileId, complete, nodes_of, offset_in, tile_of
+from store.chain.tree_tiles import (
+    NODES,
+    TileId,
+    complete,
+    nodes_of,
+    offset_in,
+    tile_of,
+    tiles_below,
+)
 from tests.support.counting_lanes import CountingLanes
 
 CHAIN = "tenant-a"
@@ -79,3 +87,22 @@ def test_a_tile_not_stored_is_read_as_its_nodes(lanes: LevelDBLaneStore) -> None
         proof = inclusion(chain, seq, fake(seq), 600, 600)
         head = root(600, tree.node_at)
         assert verify_inclusion(seq - 1, 600, entry_leaf(fake(seq)), proof.hashes, head)
+
+
+def test_retention_deletes_the_tiles_below_the_first_kept_leaf(lanes: LevelDBLaneStore) -> None:
+    tree = grown(lanes, 70_000, random.Random(7))
+    heads = {size: root(size, tree.node_at) for size in (66_000, 70_000)}
+    for before, after in ((0, 600), (600, 65_600)):
+        with lanes.batch(sync=True) as batch:
+            tree.prune(batch, before, after)
+        assert list(tiles_below(before, after))
+        for tile in tiles_below(before, after):
+            assert lanes.get(tile_key(CHAIN, tile)) is None
+    assert lanes.get(tile_key(CHAIN, TileId(0, 256))) is not None  # leaves 65,536 to 65,791
+    chain = EvidenceChain(lanes, CHAIN)
+    for seq in (65_601, 65_792, 66_000, 69_999):
+        for size in heads:
+            if seq <= size:
+                proof = inclusion(chain, seq, fake(seq), size, 70_000)
+                leaf = entry_leaf(fake(seq))
+                assert verify_inclusion(seq - 1, size, leaf, proof.hashes, heads[size])
