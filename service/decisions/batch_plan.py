@@ -27,6 +27,7 @@ from store.backends.contract import LaneBatch, Lanes
 from store.chain.append import ChainExtension
 from store.chain.entry import SealedEntry
 from store.chain.head import ChainHead
+from store.chain.tree_frontier import TreeFrontier
 from store.key_codec import LaneKey
 from store.session_data import Erasure
 from store.session_state import StoredVersion
@@ -111,6 +112,11 @@ class BatchPlan:
         """Each chain's head once the batch is committed."""
         return {name: chain.head for name, chain in self.chains.items()}
 
+    @property
+    def frontiers(self) -> dict[str, TreeFrontier | None]:
+        """Each chain's tree frontier once the batch is committed (None: not known)."""
+        return {name: chain.frontier for name, chain in self.chains.items()}
+
     def add_to(self, batch: LaneBatch) -> None:
         """Every write of the plan, and what its commit expects, in one store batch."""
         self.records.add_to(batch)
@@ -125,11 +131,13 @@ def plan_batch(
     *,
     lanes: Lanes,
     head: Callable[[str], ChainHead],
+    frontier: Callable[[str], TreeFrontier | None] = lambda name: None,
     recorded_at: str,
     summaries: SummaryCache,
 ) -> BatchPlan:
     """Decide each write against the state as the batch leaves it, and seal each entry,
-    dated `recorded_at`, onto its chain after `head(chain)` (read once per chain)."""
+    dated `recorded_at`, onto its chain after `head(chain)` (read once per chain), with the
+    tree's frontier the caller kept after that head, `frontier(chain)`, if any."""
     records = RecordWrites(lanes)
     changes = KeyChanges()
     chains: dict[str, ChainExtension] = {}
@@ -153,7 +161,8 @@ def plan_batch(
             records.erase(item.erase.scope, erasure)
         changes.extend(item.puts)
         if body.chain not in chains:
-            chains[body.chain] = ChainExtension(body.chain, head(body.chain), lanes)
+            start = head(body.chain)
+            chains[body.chain] = ChainExtension(body.chain, start, lanes, frontier(body.chain))
         (sealed,) = chains[body.chain].seal(
             [body.sealable(outcome, recorded_at)], encoded_members=[body.encoded_members]
         )

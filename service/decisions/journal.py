@@ -346,6 +346,7 @@ class DecisionJournal:
             batch,
             lanes=self._lanes,
             head=self.head,
+            frontier=self._heads.frontier,
             recorded_at=format_timestamp(self._clock()),
             summaries=self._summaries,
         )
@@ -365,7 +366,7 @@ class DecisionJournal:
         return self._plan(batch)
 
     def _acknowledge(self, batch: list[QueuedEntry], plan: BatchPlan) -> None:
-        self._heads.committed(plan.heads)
+        self._heads.committed(plan.heads, plan.frontiers)
         with self._guard:
             self._summaries.written(plan.summaries)
             self.batches += 1

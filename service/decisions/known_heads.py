@@ -7,6 +7,10 @@ signed head the service remembers for it (`store.chain.signed_head.SignedHeads`)
 chain whose stored entries no longer reach it is never kept as known, so it is
 read again next time; it is logged once as `decision_log_behind_signed_head`,
 and counted until a read finds it caught up.
+
+Beside each head the journal committed it keeps the tree's frontier after it
+(`store.chain.tree_frontier`), so that the next append reads nothing of the tree;
+a head read from the store has none, and a read or `forget` drops it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from store.backends.contract import Lanes
 from store.chain.evidence import EvidenceChain
 from store.chain.head import ChainHead
 from store.chain.signed_head import SignedHeads
+from store.chain.tree_frontier import TreeFrontier
 
 log = logging.getLogger("sessionstate.journal")
 
@@ -29,6 +34,7 @@ class KnownHeads:
         self._lanes = lanes
         self._signed_heads = signed_heads
         self._heads: dict[str, ChainHead] = {}
+        self._frontiers: dict[str, TreeFrontier] = {}  # after the head in _heads, if any
         self._behind: set[str] = set()  # chains behind their signed head, as last read
         self._guard = threading.Lock()
 
@@ -46,6 +52,7 @@ class KnownHeads:
         behind = self._signed_heads is not None and self._signed_heads.behind(chain)
         with self._guard:
             newly = behind and name not in self._behind
+            self._frontiers.pop(name, None)
             if behind:
                 self._behind.add(name)
                 self._heads.pop(name, None)
@@ -56,14 +63,27 @@ class KnownHeads:
             log.error("decision_log_behind_signed_head", extra={"chain": name})
         return None if behind else head
 
-    def committed(self, heads: dict[str, ChainHead]) -> None:
+    def frontier(self, name: str) -> TreeFrontier | None:
+        """The tree's frontier after the head known for chain `name`, if the journal kept it."""
+        with self._guard:
+            return self._frontiers.get(name)
+
+    def committed(
+        self, heads: dict[str, ChainHead], frontiers: dict[str, TreeFrontier | None]
+    ) -> None:
         with self._guard:
             self._heads.update(heads)
+            for name, frontier in frontiers.items():
+                if frontier is None:
+                    self._frontiers.pop(name, None)
+                else:
+                    self._frontiers[name] = frontier
 
     def forget(self) -> None:
         """Read every head again: a write of unknown outcome may have landed."""
         with self._guard:
             self._heads.clear()
+            self._frontiers.clear()
 
     @property
     def behind(self) -> int:

@@ -19,6 +19,9 @@ that builds the tree meanwhile and an append cannot miss each other's leaves.
 A frontier node that is not stored (damage) drops the tree (its `tree_key`
 goes, logged as `decision_log_tree_dropped`) rather than refuse the entries:
 proofs for the chain are refused from then on, never served from a wrong tree.
+A writer that keeps appending (the journal) passes the frontier it kept after
+its last commit (`store.chain.tree_frontier`), and the append reads nothing of
+the tree.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from store.canonical import Encoded
 from store.chain.entry import SealedEntry, seal
 from store.chain.head import ChainHead
 from store.chain.keys import entry_key, marker_key, tree_key
+from store.chain.tree_frontier import TreeFrontier, advanced
 from store.chain.tree_store import StoredTree, TreeNodeMissing
 
 log = logging.getLogger("sessionstate.decisions")
@@ -39,14 +43,20 @@ log = logging.getLogger("sessionstate.decisions")
 
 class ChainExtension:
     """Entries sealed onto chain `chain` after `start`, not written yet; `head` is the chain's
-    head once they are. `view` is the store the chain's tree is read from."""
+    head once they are. `view` is the store the chain's tree is read from, unless `known`
+    (the frontier a writer kept after committing `start`) says it. Once added to a batch,
+    `frontier` is the tree's after `head`, for the writer to keep if the batch commits."""
 
-    def __init__(self, chain: str, start: ChainHead, view: LaneView) -> None:
+    def __init__(
+        self, chain: str, start: ChainHead, view: LaneView, known: TreeFrontier | None = None
+    ) -> None:
         self.chain = chain
         self.start = start
         self._tree = StoredTree(view, chain)
+        self._known = known if known is not None and known.usable_after(start) else None
         self.head = start
         self.entries: list[SealedEntry] = []
+        self.frontier: TreeFrontier | None = None
 
     def seal(
         self,
@@ -74,17 +84,21 @@ class ChainExtension:
         self._add_nodes(batch)
 
     def _add_nodes(self, batch: LaneBatch) -> None:
-        marker = self._tree.marker()
+        marker = self._tree.marker() if self._known is None else self._known.marker
         batch.expect(tree_key(self.chain), marker)
         if self.start.seq == 0 and marker is None:  # the chain's first entries: a tree
             marker = b""
             batch.put(tree_key(self.chain), marker)
         if marker is None:
+            self.frontier = TreeFrontier(self.head, None, {})
             return
+        before = self._tree.edge(self.start.seq) if self._known is None else self._known.nodes
         try:
-            nodes = self._tree.appended(self.start.seq, (e.value for e in self.entries))
+            nodes = self._tree.appended(self.start.seq, (e.value for e in self.entries), before)
         except TreeNodeMissing:
             log.error("decision_log_tree_dropped", extra={"chain": self.chain})
             batch.delete(tree_key(self.chain))
+            self.frontier = TreeFrontier(self.head, None, {})
             return
         self._tree.put(batch, nodes)
+        self.frontier = advanced(before, self.head, marker, nodes)

@@ -33,6 +33,7 @@ from store.chain.entry import ChainCorrupt, holds, parse_entry
 from store.chain.head import GENESIS, HASH_PATTERN, NO_TENANT_CHAIN, ChainHead, parse_timestamp
 from store.chain.keys import LAST_SEQ, LEGACY_CHAIN, SEQ_BYTES, anchor_key, entry_key
 from store.chain.loss import RecordedLoss, indexed_seqs, loss_of, losses_index_key
+from store.chain.tree_frontier import TreeFrontier
 from store.chain.tree_store import StoredTree
 from store.chain.walk import ChainVerification, Walk, link_problem
 from store.key_codec import TenantResourceLane
@@ -90,11 +91,15 @@ class EvidenceChain:
             raise ChainCorrupt("the retention anchor does not read")
         return start_of(anchor)
 
-    def extension(self, after: ChainHead | None = None) -> ChainExtension:
+    def extension(
+        self, after: ChainHead | None = None, known: TreeFrontier | None = None
+    ) -> ChainExtension:
         """Entries to seal onto this chain after `after` (its stored head when None), for a
         batch of the caller's (`ChainExtension.add_to`). A caller that caches the head
-        serialises its own writes; the batch's expectation keeps other writers out."""
-        return ChainExtension(self.name, self.head() if after is None else after, self._lanes)
+        serialises its own writes, and may pass the tree's frontier it kept (`known`); the
+        batch's expectations keep other writers out."""
+        start = self.head() if after is None else after
+        return ChainExtension(self.name, start, self._lanes, known)
 
     def append(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Seal bodies after the stored head and write them in one synced batch; serialised

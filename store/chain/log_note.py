@@ -15,7 +15,8 @@ head), so a broken chain never gets one. Its size is that head's seq. The tree
 it vouches for is checked too: the nodes the entries walked since the last
 note add are computed again from their stored bytes, on the last note's tree
 (whose root must still be the one that note signed), and must be the stored
-ones; else `TreeUnavailable` and no note. Every note signed is kept, under
+ones; else the tree is dropped, as an append drops one it finds damaged
+(`db upgrade` builds it again), and `TreeUnavailable` and no note. Every note signed is kept, under
 the chain in `trace_meta` (`note_key`: by size), so the latest is one seek and
 an older size can be served again.
 """
@@ -37,7 +38,7 @@ from store.chain.note import NoteError, NoteSigner, VerifierKey, open_note
 from store.chain.rfc9162 import EMPTY_ROOT
 from store.chain.signed_head import ChainUnverified, Verified, resumed_checkpoint
 from store.chain.tlog_checkpoint import TreeHead
-from store.chain.tree_store import StoredTree, TreeNodeMissing
+from store.chain.tree_store import StoredTree, TreeNodeMissing, drop_tree
 from store.key_codec import LaneKey, TenantResourceLane
 
 DEFAULT_ORIGIN_PREFIX = "sessionstate.local/"
@@ -155,27 +156,40 @@ def note_of(chain: EvidenceChain, verified: Verified, log: LogSigner) -> SignedT
 def checked_root(chain: EvidenceChain, latest: SignedTreeHead | None, size: int) -> bytes:
     """The stored tree's root of `size` leaves, once the nodes the entries after the last
     note (or after the retention anchor) add are those their stored bytes give, on a tree
-    whose root at the last note's size is still the one signed."""
+    whose root at the last note's size is still the one signed. A tree that does not hold
+    is dropped (`drop_tree`: `db upgrade` builds it again) and `TreeUnavailable`."""
     if size == 0:
         return EMPTY_ROOT
     tree = StoredTree(chain.lanes, chain.name)
     if not tree.present():
         raise TreeUnavailable()
     kept_from = chain.anchor().seq
-    since = kept_from if latest is None else max(latest.head.size, kept_from)
     try:
-        signed_before = latest is not None and since == latest.head.size and since > 0
-        if signed_before and latest and root(since, tree.node_at) != latest.head.root_hash:
-            raise TreeUnavailable()
-        leaves = _leaves(chain, tree, since, size)
-        while part := list(itertools.islice(leaves, _CHECK_BATCH)):
-            computed = appended_all(since, part, tree.node_at)
-            if any(tree.node_at(*node) != hash_ for node, hash_ in computed.items()):
-                raise TreeUnavailable()
-            since += len(part)
-        return root(size, tree.node_at)
+        if _holds(chain, tree, latest, kept_from, size):
+            return root(size, tree.node_at)
     except TreeNodeMissing:
-        raise TreeUnavailable() from None
+        if chain.anchor().seq != kept_from:  # retention pruned meanwhile: not damage
+            raise TreeUnavailable() from None
+    drop_tree(chain.lanes, chain.name)
+    raise TreeUnavailable()
+
+
+def _holds(
+    chain: EvidenceChain, tree: StoredTree, latest: SignedTreeHead | None, kept_from: int, size: int
+) -> bool:
+    """Whether the stored tree still has the last note's root, and the nodes of the entries
+    after it (up to `size`) are those their stored bytes give. Raises `TreeNodeMissing`."""
+    since = kept_from if latest is None else max(latest.head.size, kept_from)
+    signed_before = latest is not None and since == latest.head.size and since > 0
+    if signed_before and latest and root(since, tree.node_at) != latest.head.root_hash:
+        return False
+    leaves = _leaves(chain, tree, since, size)
+    while part := list(itertools.islice(leaves, _CHECK_BATCH)):
+        computed = appended_all(since, part, tree.node_at)
+        if any(tree.node_at(*node) != hash_ for node, hash_ in computed.items()):
+            return False
+        since += len(part)
+    return True
 
 
 def _leaves(chain: EvidenceChain, tree: StoredTree, since: int, size: int) -> Iterator[bytes]:

@@ -12,14 +12,16 @@ a tree, or it is waiting for the upgrade, and no proof is served for it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from store.backends.contract import LaneBatch, LaneView
+from store.backends.contract import LaneBatch, Lanes, LaneView
 from store.chain.keys import node_key, tile_key, tree_key
 from store.chain.merkle_retention import prunable
 from store.chain.merkle_tree import NodeAt, NodeId, appended_all, entry_leaf
 from store.chain.rfc9162 import HASH_SIZE
+from store.chain.tree_frontier import edge
 from store.chain.tree_tiles import (
     TILE_BYTES,
     TileId,
@@ -32,6 +34,7 @@ from store.chain.tree_tiles import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("sessionstate.decisions")
 
 
 class TreeNodeMissing(LookupError):
@@ -113,11 +116,40 @@ class StoredTree:
             read.update(zip(missing, again, strict=True))
         return read
 
-    def appended(self, size: int, stored_entries: Iterable[bytes]) -> dict[NodeId, bytes]:
-        """The nodes entries add to a tree of `size` leaves, from their stored bytes, reading
-        only the old frontier from the store (`merkle_tree.appended_all`), in one pass."""
+    def appended(
+        self,
+        size: int,
+        stored_entries: Iterable[bytes],
+        edge_nodes: Mapping[NodeId, bytes] | None = None,
+    ) -> dict[NodeId, bytes]:
+        """The nodes entries add to a tree of `size` leaves, from their stored bytes and the
+        tree's old edge (`merkle_tree.appended_all`): `edge_nodes` when the caller knows
+        them (`store.chain.tree_frontier`), else only what it needs, read in one pass."""
         leaves = [entry_leaf(stored) for stored in stored_entries]
-        return self.read_through(lambda node_at: appended_all(size, leaves, node_at))
+        if edge_nodes is None:
+            return self.read_through(lambda node_at: appended_all(size, leaves, node_at))
+        known = edge_nodes
+
+        def node_at(level: int, index: int) -> bytes:
+            found = known.get(NodeId(level, index))
+            if found is None:
+                raise TreeNodeMissing("a node of the decision log's Merkle tree is not known")
+            return found
+
+        return appended_all(size, leaves, node_at)
+
+    def edge(self, size: int) -> dict[NodeId, bytes]:
+        """The stored roots of the complete subtrees a tree of `size` leaves is made of
+        (`tree_frontier.edge`), in one pass; a node not stored is left out."""
+        names = edge(size)
+        if not names:
+            return {}
+        values = self._view.get_many([node_key(self.chain, node) for node in names])
+        return {
+            node: value
+            for node, value in zip(names, values, strict=True)
+            if value is not None and len(value) == HASH_SIZE
+        }
 
     def put(self, batch: LaneBatch, nodes: Mapping[NodeId, bytes]) -> None:
         """Put the nodes in batch, and each tile they complete, whole."""
@@ -154,3 +186,11 @@ class StoredTree:
 
 def _no_node(level: int, index: int) -> bytes:
     raise AssertionError("a second run read a node the first did not")  # pragma: no cover
+
+
+def drop_tree(lanes: Lanes, chain: str) -> None:
+    """Delete the chain's `tree_key` (logged as `decision_log_tree_dropped`): a tree found
+    not to hold serves no proof from then on, and `db upgrade` builds it again."""
+    log.error("decision_log_tree_dropped", extra={"chain": chain})
+    with lanes.batch(sync=True) as batch:
+        batch.delete(tree_key(chain))

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,14 @@ from service.decisions.revisions import SummaryCache
 from store.backends.leveldb import LevelDBLaneStore
 from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS
+from store.chain.keys import LAST_SEQ, tree_key
+from store.chain.merkle_tree import root
+from store.chain.tree_store import StoredTree
 from store.digests import DigestKey
-from store.key_codec import TenantResourceLane
+from store.key_codec import LaneKey, TenantResourceLane
 from store.session_state import Precondition, SessionStateStore
 from store.session_versions import SessionVersions
+from tests.support import rfc6962_reference as reference
 from tests.support.factories import decision_entry_body, record, scope
 
 KEY = DigestKey(b"k" * 32)
@@ -235,6 +239,51 @@ def test_a_new_journal_extends_the_chain_it_finds(lanes: LevelDBLaneStore) -> No
         assert second.record(body(2), status=200)["seq"] == 2
     finally:
         second.close()
+
+
+class TreeReads:
+    """A lane store that records which keys of the chain's tree its reads asked for."""
+
+    def __init__(self, lanes: LevelDBLaneStore) -> None:
+        self._lanes = lanes
+        self.tree_keys: list[LaneKey] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lanes, name)
+
+    def _seen(self, keys: Sequence[LaneKey]) -> None:
+        self.tree_keys += [k for k in keys if k.lane is TenantResourceLane.MERKLE_NODE]
+        self.tree_keys += [k for k in keys if k == tree_key("tenant-a")]
+
+    def get(self, key: LaneKey) -> bytes | None:
+        self._seen([key])
+        return self._lanes.get(key)
+
+    def get_many(self, keys: Sequence[LaneKey]) -> list[bytes | None]:
+        self._seen(keys)
+        return self._lanes.get_many(keys)
+
+
+def test_the_journal_appends_on_the_tree_frontier_it_kept(lanes: LevelDBLaneStore) -> None:
+    """After its first commit to a chain the journal reads nothing of its tree; after losing
+    a race to another writer it reads the tree again, and the tree stays the entries'."""
+    reads = TreeReads(lanes)
+    journal = DecisionJournal(reads, clock=lambda: CLOCK)  # type: ignore[arg-type]
+    try:
+        journal.record(body(1), status=200)
+        reads.tree_keys.clear()
+        for n in range(2, 40):
+            journal.record(body(n), status=200)
+        assert reads.tree_keys == []
+        EvidenceChain(lanes, "tenant-a").append([{"recorded_at": "2026-11-30T12:00:00.000000Z"}])
+        journal.record(body(40), status=200)  # lost the race once: read the head, the tree
+        assert tree_key("tenant-a") in reads.tree_keys
+    finally:
+        journal.close()
+    chain = EvidenceChain(lanes, "tenant-a")
+    assert chain.verify().ok and chain.head().seq == 41
+    stored = [value for _, value in chain.stored_entries(until_seq=LAST_SEQ)]
+    assert root(41, StoredTree(lanes, "tenant-a").node_at) == reference.mth(stored)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,10 +19,11 @@ from service.decisions.log import prune_log
 from service.policy.sidecar import OpaSidecar
 from store.canonical import canonical_json
 from store.chain.checkpoints import CheckpointSigner
-from store.chain.keys import entry_key, tree_key
+from store.chain.keys import entry_key, node_key, tree_key
 from store.chain.note import VerifierKey, open_note
 from store.chain.rfc9162 import verify_consistency, verify_inclusion
 from store.chain.tlog_checkpoint import TreeHead
+from store.chain.tree_frontier import edge
 from store.key_codec import TenantResourceLane
 from tests.support.factories import state_input
 from tests.support.go_tools import run_go_tool
@@ -294,6 +296,43 @@ def test_db_upgrade_builds_the_tree_of_a_chain_written_without_one(
     assert capsys.readouterr().out.strip() == vkey
     assert main(["decisions", "consistency", "--first", "1", "--second", size]) == 0
     assert json.loads(capsys.readouterr().out)["second"] == proof["tree_size"]
+
+
+def test_a_damaged_node_drops_the_tree_at_the_next_note_and_db_upgrade_rebuilds_it(
+    sidecar: OpaSidecar,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The journal appends on the tree's frontier it kept, so it never reads the node damaged
+    under it; the next note recomputes the tree, finds it, drops the tree, and signs
+    nothing; `db upgrade` then builds the tree again from the entries."""
+    caplog.set_level(logging.ERROR, logger="sessionstate.decisions")
+    settings = service_settings(tmp_path / "var")
+    with live_service(sidecar, settings) as service:
+        traffic(service)
+        signed = opened(checkpoint(service), log_key(service)).size
+        lanes = service.context.lanes
+        with lanes.batch(sync=True) as batch:  # one node of the signed tree's edge, changed
+            batch.put(node_key(TENANT, edge(signed)[-1]), bytes(32))
+        traffic(service, writes=2)  # appended on the kept frontier: nothing refused
+        answer = get(service, "/v1/decisions/checkpoint")
+        assert (answer.status_code, answer.json()["reason"]) == (
+            409,
+            "decision_log_tree_unavailable",
+        )
+        assert lanes.get(tree_key(TENANT)) is None
+        assert "decision_log_tree_dropped" in [r.getMessage() for r in caplog.records]
+        traffic(service, writes=1)  # appended without a tree, as before trees
+    monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(settings.data_dir))
+    assert main(["db", "upgrade"]) == 0
+    assert json.loads(capsys.readouterr().out)["trees_built"] == [TENANT]
+    with live_service(sidecar, settings) as service:
+        vkey = log_key(service)
+        note = checkpoint(service)
+        assert opened(note, vkey).size > signed
+        check_inclusion(service, tmp_path, vkey, note, first_write(service))
 
 
 def test_a_chain_pruned_before_its_tree_is_unbuildable(
