@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from functools import lru_cache
 
 from store.backends.contract import Lanes, LaneView
 from store.chain.head import CHAIN_NAME_PATTERN, NO_TENANT_CHAIN, SYSTEM_CHAIN
@@ -87,6 +88,7 @@ def tile_key(chain: str, tile: TileId) -> LaneKey:
     return LaneKey(TenantResourceLane.MERKLE_NODE, chain, name=tile_name(tile))
 
 
+@lru_cache(maxsize=4096)  # read or expected by every append: one per chain, immutable
 def tree_key(chain: str) -> LaneKey:
     """Says the chain's Merkle tree holds a leaf for every entry from seq 1 on: written with
     the chain's first entries, or by `sessionstate db upgrade` once it built the tree."""

@@ -16,7 +16,9 @@ it vouches for is checked too: the nodes the entries walked since the last
 note add are computed again from their stored bytes, on the last note's tree
 (whose root must still be the one that note signed), and must be the stored
 ones; else the tree is dropped, as an append drops one it finds damaged
-(`db upgrade` builds it again), and `TreeUnavailable` and no note. Every note signed is kept, under
+(`db upgrade` builds it again), and `TreeUnavailable` and no note. The tiles
+those nodes complete are written then (`store.chain.tree_tiles`), so that the
+proofs against the note read them. Every note signed is kept, under
 the chain in `trace_meta` (`note_key`: by size), so the latest is one seek and
 an older size can be served again.
 """
@@ -39,6 +41,7 @@ from store.chain.rfc9162 import EMPTY_ROOT
 from store.chain.signed_head import ChainUnverified, Verified, resumed_checkpoint
 from store.chain.tlog_checkpoint import TreeHead
 from store.chain.tree_store import StoredTree, TreeNodeMissing, drop_tree
+from store.chain.tree_tiles import TileId, completed_tiles
 from store.key_codec import LaneKey, TenantResourceLane
 
 DEFAULT_ORIGIN_PREFIX = "sessionstate.local/"
@@ -164,8 +167,11 @@ def checked_root(chain: EvidenceChain, latest: SignedTreeHead | None, size: int)
     if not tree.present():
         raise TreeUnavailable()
     kept_from = chain.anchor().seq
+    completed: set[TileId] = set()
     try:
-        if _holds(chain, tree, latest, kept_from, size):
+        if _holds(chain, tree, latest, kept_from, size, completed):
+            with chain.lanes.batch(sync=False) as batch:  # lost in a crash: read as nodes
+                tree.put_tiles(batch, completed)
             return root(size, tree.node_at)
     except TreeNodeMissing:
         if chain.anchor().seq != kept_from:  # retention pruned meanwhile: not damage
@@ -175,10 +181,16 @@ def checked_root(chain: EvidenceChain, latest: SignedTreeHead | None, size: int)
 
 
 def _holds(
-    chain: EvidenceChain, tree: StoredTree, latest: SignedTreeHead | None, kept_from: int, size: int
+    chain: EvidenceChain,
+    tree: StoredTree,
+    latest: SignedTreeHead | None,
+    kept_from: int,
+    size: int,
+    completed: set[TileId],
 ) -> bool:
     """Whether the stored tree still has the last note's root, and the nodes of the entries
-    after it (up to `size`) are those their stored bytes give. Raises `TreeNodeMissing`."""
+    after it (up to `size`) are those their stored bytes give; the tiles those nodes
+    complete are added to `completed`. Raises `TreeNodeMissing`."""
     since = kept_from if latest is None else max(latest.head.size, kept_from)
     signed_before = latest is not None and since == latest.head.size and since > 0
     if signed_before and latest and root(since, tree.node_at) != latest.head.root_hash:
@@ -188,6 +200,7 @@ def _holds(
         computed = appended_all(since, part, tree.node_at)
         if any(tree.node_at(*node) != hash_ for node, hash_ in computed.items()):
             return False
+        completed |= completed_tiles(computed)
         since += len(part)
     return True
 

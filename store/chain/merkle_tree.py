@@ -23,9 +23,9 @@ batch that writes their entries. The costs, in nodes, for a tree of n leaves:
 
 Single nodes, and complete tiles beside them: an append writes its few 32-byte
 nodes (a tile is not final until its last leaf, and rewriting a growing one would
-cost up to 16 KiB an append), and the append that completes a tile also writes it
-whole, once (`store.chain.tree_tiles`), so that a proof reads one value for each 8
-levels a complete tile covers instead of one key a node.
+cost up to 16 KiB an append); a complete tile is written whole, once, when the note
+that covers it is signed (`store.chain.tree_tiles`), so that a proof reads one value
+for each 8 levels a complete tile covers instead of one key a node.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from store.backends.contract import ExpectationFailed, Lanes
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import LAST_SEQ, entry_key, tree_key
 from store.chain.tree_store import StoredTree
+from store.chain.tree_tiles import completed_tiles
 
 BUILD_BATCH = 1000  # entries whose nodes one batch writes
 _ATTEMPTS = 100  # declare-whole batches lost to appends before the upgrade gives up
@@ -78,5 +79,6 @@ def _grow(lanes: Lanes, chain: EvidenceChain, tree: StoredTree, size: int) -> in
         nodes = tree.appended(size, (value for _, value in part))
         with lanes.batch(sync=True) as batch:
             tree.put(batch, nodes)
+            tree.put_tiles(batch, completed_tiles(nodes), nodes)
         size += len(part)
     return size

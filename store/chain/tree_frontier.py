@@ -54,10 +54,13 @@ def advanced(
 ) -> TreeFrontier | None:
     """The frontier after `head`, from the edge before it and the nodes an append added;
     None when one of the edge's nodes is in neither (it is then read from the store)."""
-    nodes = {}
-    for node in edge(head.seq) if marker is not None else ():
-        hash_ = added.get(node) or before.get(node)
-        if hash_ is None:
-            return None
-        nodes[node] = hash_
-    return TreeFrontier(head, marker, nodes)
+    if marker is None:
+        return TreeFrontier(head, None, {})
+    size = head.seq
+    nodes = {
+        node: hash_
+        for part in (before, added)
+        for node, hash_ in part.items()
+        if size >> node.level & 1 and node.position == (size >> node.level) - 1
+    }
+    return TreeFrontier(head, marker, nodes) if len(nodes) == size.bit_count() else None

@@ -26,7 +26,6 @@ from store.chain.tree_tiles import (
     TILE_BYTES,
     TileId,
     complete,
-    completed_by,
     nodes_of,
     offset_in,
     tile_of,
@@ -35,6 +34,7 @@ from store.chain.tree_tiles import (
 
 T = TypeVar("T")
 log = logging.getLogger("sessionstate.decisions")
+_PLACEHOLDER = bytes(HASH_SIZE)  # what a naming run reads in place of each node
 
 
 class TreeNodeMissing(LookupError):
@@ -72,45 +72,47 @@ class StoredTree:
         reader or one statement instead of one each). Nodes of the tiles complete in a tree
         of `holds` leaves (`store.chain.tree_tiles`) are read as their tiles, one value for
         each; a tile that is not stored, as its nodes, in a second pass."""
-        wanted: list[NodeId] = []
+        wanted: set[tuple[int, int]] = set()  # (level, index): NodeId's fields, its hash
 
         def naming(level: int, index: int) -> bytes:
-            wanted.append(NodeId(level, index))
-            return bytes(HASH_SIZE)
+            wanted.add((level, index))
+            return _PLACEHOLDER
 
         make(naming)
         if not wanted:  # e.g. a leaf appended to a tree of even size: nothing to read
             return make(_no_node)
-        read = self._read_nodes(set(wanted), holds)
+        read = self._read_nodes({NodeId(*pair) for pair in wanted}, holds)
 
         def node_at(level: int, index: int) -> bytes:
-            stored = read.get(NodeId(level, index))
+            stored = read.get((level, index))
             if stored is None or len(stored) != HASH_SIZE:
                 raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
             return stored
 
         return make(node_at)
 
-    def _read_nodes(self, wanted: set[NodeId], holds: int) -> dict[NodeId, bytes | None]:
+    def _read_nodes(self, wanted: set[NodeId], holds: int) -> dict[tuple[int, int], bytes | None]:
         """The wanted nodes: from their complete tiles and the other nodes in one pass,
         then the nodes of tiles that were not stored."""
-        tiles = {tile_of(node) for node in wanted if complete(tile_of(node), holds)}
-        loose = [node for node in wanted if tile_of(node) not in tiles]
-        tile_list = sorted(tiles)
-        keys = [tile_key(self.chain, tile) for tile in tile_list]
+        tile_for = {node: tile_of(node) for node in wanted}
+        tiles = sorted({tile for tile in tile_for.values() if complete(tile, holds)})
+        tiled = set(tiles)
+        loose = [node for node, tile in tile_for.items() if tile not in tiled]
+        keys = [tile_key(self.chain, tile) for tile in tiles]
         values = self._view.get_many(keys + [node_key(self.chain, node) for node in loose])
-        read: dict[NodeId, bytes | None] = dict(zip(loose, values[len(keys) :], strict=True))
-        stored = dict(zip(tile_list, values[: len(keys)], strict=True))
+        read: dict[tuple[int, int], bytes | None] = {}
+        read.update(zip(loose, values[len(keys) :], strict=True))
+        stored = dict(zip(tiles, values[: len(keys)], strict=True))
         missing = []
-        for node in wanted:
-            if node in read:
+        for node, tile in tile_for.items():
+            if tile not in tiled:
                 continue
-            tile = stored[tile_of(node)]
-            if tile is None or len(tile) != TILE_BYTES:
+            value = stored[tile]
+            if value is None or len(value) != TILE_BYTES:
                 missing.append(node)
                 continue
-            at = offset_in(node)
-            read[node] = tile[at : at + HASH_SIZE]
+            at = offset_in(node, tile)
+            read[node] = value[at : at + HASH_SIZE]
         if missing:
             again = self._view.get_many([node_key(self.chain, node) for node in missing])
             read.update(zip(missing, again, strict=True))
@@ -152,26 +154,27 @@ class StoredTree:
         }
 
     def put(self, batch: LaneBatch, nodes: Mapping[NodeId, bytes]) -> None:
-        """Put the nodes in batch, and each tile they complete, whole."""
         for node, hash_ in nodes.items():
             batch.put(node_key(self.chain, node), hash_)
-        for tile in {tile for node in nodes if (tile := completed_by(node)) is not None}:
-            batch.put(tile_key(self.chain, tile), self._tile_value(tile, nodes))
 
-    def _tile_value(self, tile: TileId, new: Mapping[NodeId, bytes]) -> bytes:
-        """The tile's nodes, from the batch's new ones and the stored ones, in one pass."""
-        members = list(nodes_of(tile))
+    def put_tiles(
+        self, batch: LaneBatch, tiles: Iterable[TileId], new: Mapping[NodeId, bytes] | None = None
+    ) -> None:
+        """Put each complete tile, whole: its nodes from `new` (those batch puts) and the
+        store, read in one pass. Raises `TreeNodeMissing` and puts none when one is not."""
+        tiles, new = sorted(tiles), new or {}
+        members = [node for tile in tiles for node in nodes_of(tile)]
         older = [node for node in members if node not in new]
-        stored = dict(
-            zip(older, self._view.get_many([node_key(self.chain, n) for n in older]), strict=True)
-        )
-        parts = []
-        for node in members:
-            hash_ = new.get(node) or stored.get(node)
-            if hash_ is None or len(hash_) != HASH_SIZE:
+        keys = [node_key(self.chain, node) for node in older]
+        read = dict(zip(older, self._view.get_many(keys) if keys else [], strict=True))
+        values = []
+        for tile in tiles:
+            parts = [new.get(node) or read.get(node) for node in nodes_of(tile)]
+            if any(part is None or len(part) != HASH_SIZE for part in parts):
                 raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
-            parts.append(hash_)
-        return b"".join(parts)
+            values.append(b"".join(part for part in parts if part is not None))
+        for tile, value in zip(tiles, values, strict=True):
+            batch.put(tile_key(self.chain, tile), value)
 
     def prune(self, batch: LaneBatch, kept_from_before: int, kept_from: int) -> None:
         """Delete, in batch, the nodes no proof needs once the first kept leaf moves from

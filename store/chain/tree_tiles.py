@@ -7,12 +7,15 @@ leaves [N * 256**(T+1), (N+1) * 256**(T+1))) holds the 510 nodes of those levels
 one key, so that a proof reads one value for each 8 levels a complete tile covers, and
 nodes only along the ragged right edge.
 
-A tile is written once, whole, in the batch whose append completes it (the batch that
-writes its top nodes; once every 256 leaves at tile level 0, every 65,536 at level 1):
-it is final, never rewritten, so an append costs what it did between those. Nodes stay
-stored beside tiles: appends read the frontier from them, retention keeps the few a
-proof still needs, and a tile that is not there (a tree built before tiles, a tile
-retention deleted) is read as its nodes.
+A tile is written once, whole, when the nodes it holds are known to be the ones their
+entries give: by the signing of the checkpoint note that first covers its last leaf,
+which recomputes the nodes added since the last note anyway
+(`store.chain.log_note.checked_root`), and by `db upgrade` as it builds a tree. So an
+append writes only its few nodes, and a proof, asked against a signed note, finds the
+tiles complete in that note's tree. It is final, never rewritten. Nodes stay stored
+beside tiles: appends and signing read them, retention keeps the few a proof still
+needs, and a tile that is not there (a tree whose notes were signed before tiles, a
+signing cut short, a tile retention deleted) is read as its nodes.
 
 A tile's value: its nodes level by level, bottom first, each level in index order,
 32 bytes each (256 + 128 + ... + 2 = 510 of them, 16,320 bytes).
@@ -20,7 +23,7 @@ A tile's value: its nodes level by level, bottom first, each level in index orde
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from store.chain.merkle_tree import INDEX_BYTES, NodeId
@@ -50,11 +53,11 @@ def tile_of(node: NodeId) -> TileId:
     return TileId(node.level // HEIGHT, node.position >> (HEIGHT - within))
 
 
-def offset_in(node: NodeId) -> int:
-    """Where the node's 32 bytes start in its tile's value."""
+def offset_in(node: NodeId, tile: TileId) -> int:
+    """Where the node's 32 bytes start in the value of its tile (`tile_of(node)`)."""
     within = node.level % HEIGHT
     before = 2 * WIDTH - (2 * WIDTH >> within)  # the nodes of the lower levels of the tile
-    first = tile_of(node).position * (WIDTH >> within)  # the tile's first index at this level
+    first = tile.position * (WIDTH >> within)  # the tile's first index at this level
     return (before + node.position - first) * HASH_SIZE
 
 
@@ -63,12 +66,18 @@ def complete(tile: TileId, size: int) -> bool:
     return size >= (tile.position + 1) << (HEIGHT * (tile.level + 1))
 
 
-def nodes_of(tile: TileId) -> Iterator[NodeId]:
-    """The tile's nodes in the order its value holds them."""
+def levels_of(tile: TileId) -> Iterator[tuple[int, int, int]]:
+    """The tile's node levels in the order its value holds them, bottom first: (node level,
+    first index, index after the last)."""
     for within in range(HEIGHT):
         count = WIDTH >> within
-        level = tile.level * HEIGHT + within
-        for position in range(tile.position * count, (tile.position + 1) * count):
+        yield tile.level * HEIGHT + within, tile.position * count, (tile.position + 1) * count
+
+
+def nodes_of(tile: TileId) -> Iterator[NodeId]:
+    """The tile's nodes in the order its value holds them."""
+    for level, first, stop in levels_of(tile):
+        for position in range(first, stop):
             yield NodeId(level, position)
 
 
@@ -77,6 +86,11 @@ def completed_by(node: NodeId) -> TileId | None:
     if node.level % HEIGHT != HEIGHT - 1 or node.position % 2 == 0:
         return None
     return tile_of(node)
+
+
+def completed_tiles(nodes: Iterable[NodeId]) -> set[TileId]:
+    """The tiles that writing `nodes` completes."""
+    return {tile for node in nodes if (tile := completed_by(node)) is not None}
 
 
 def tiles_below(kept_from_before: int, kept_from: int) -> Iterator[TileId]:

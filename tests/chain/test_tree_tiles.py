@@ -5,10 +5,16 @@ by proofs in their nodes' place; a tile that is not stored is read as its nodes.
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
+from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
 from store.chain.evidence import EvidenceChain
+from store.chain.head import format_timestamp
 from store.chain.keys import tile_key, tree_key
+from store.chain.log_note import LogSigner, current_note
 from store.chain.log_proofs import consistency, inclusion
 from store.chain.merkle_tree import NodeId, entry_leaf, root
 from store.chain.rfc9162 import verify_consistency, verify_inclusion
@@ -17,6 +23,7 @@ from store.chain.tree_tiles import (
     NODES,
     TileId,
     complete,
+    completed_tiles,
     nodes_of,
     offset_in,
     tile_of,
@@ -27,11 +34,16 @@ from tests.support.counting_lanes import CountingLanes
 CHAIN = "tenant-a"
 
 
+def body(n: int) -> dict[str, Any]:
+    moment = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=n)
+    return {"recorded_at": format_timestamp(moment), "decision": f"d{n}"}
+
+
 def fake(seq: int) -> bytes:
     return b'{"seq":%d}' % seq
 
 
-def grown(lanes: LevelDBLaneStore, size: int, rng: random.Random) -> StoredTree:
+def grown(lanes: Lanes, size: int, rng: random.Random) -> StoredTree:
     """A tree of `size` fake leaves, appended in batches of 1 to 300 as the journal would."""
     with lanes.batch(sync=True) as batch:
         batch.put(tree_key(CHAIN), b"")
@@ -41,6 +53,7 @@ def grown(lanes: LevelDBLaneStore, size: int, rng: random.Random) -> StoredTree:
         nodes = tree.appended(at, (fake(seq) for seq in range(at + 1, at + count + 1)))
         with lanes.batch(sync=False) as batch:
             tree.put(batch, nodes)
+            tree.put_tiles(batch, completed_tiles(nodes), nodes)  # as the note's signing does
         at += count
     return tree
 
@@ -49,7 +62,7 @@ def test_a_tiles_nodes_are_placed_level_by_level() -> None:
     tile = TileId(1, 3)
     members = list(nodes_of(tile))
     assert len(members) == NODES == 510
-    assert [offset_in(node) for node in members] == [32 * n for n in range(NODES)]
+    assert [offset_in(node, tile_of(node)) for node in members] == [32 * n for n in range(NODES)]
     assert all(tile_of(node) == tile for node in members)
     assert members[0] == NodeId(8, 3 * 256) and members[-1] == NodeId(15, 7)
     assert not complete(tile, 4 * 65536 - 1) and complete(tile, 4 * 65536)
@@ -75,6 +88,36 @@ def test_complete_tiles_hold_their_nodes_and_proofs_read_them(lanes: LevelDBLane
         assert verify_inclusion(seq - 1, size, entry_leaf(fake(seq)), proof.hashes, head)
         extends = consistency(chain, seq, size, 70_000)
         assert verify_consistency(seq, size, root(seq, tree.node_at), head, extends.hashes)
+
+
+def test_signing_a_note_writes_the_tiles_its_tree_completed_on_both_backends(
+    lanes_on_both: Lanes, tmp_path: Path
+) -> None:
+    """Appends write nodes only; the note's signing, which checks the nodes added since the
+    last note, writes the tiles they complete, and proofs against the note read them."""
+    chain = EvidenceChain(lanes_on_both, CHAIN)
+    log, now = LogSigner.of(tmp_path, None), datetime.now(UTC)
+    tree = StoredTree(lanes_on_both, CHAIN)
+    for size in (300, 700):
+        while (at := chain.head().seq) < size:
+            chain.append([body(n) for n in range(at + 1, min(at + 37, size) + 1)])
+        assert lanes_on_both.get(tile_key(CHAIN, TileId(0, size // 256 - 1))) is None
+        note = current_note(chain, tmp_path, log, now)
+        assert note.head.size == size
+        for tile in [TileId(0, n) for n in range(size // 256)]:
+            stored = lanes_on_both.get(tile_key(CHAIN, tile))
+            assert stored == b"".join(tree.node_at(*node) for node in nodes_of(tile))
+    assert lanes_on_both.get(tile_key(CHAIN, TileId(0, 2))) is None  # not complete
+    counting = CountingLanes(lanes_on_both)
+    proving = EvidenceChain(counting, CHAIN)  # type: ignore[arg-type]
+    stored = dict(chain.stored_entries(until_seq=700))
+    for seq in (1, 255, 256, 300, 511, 512, 700):
+        counting.got = 0
+        proof = inclusion(proving, seq, stored[seq], 700, 700)
+        if seq <= 512:  # in a complete tile: read as it, not node by node
+            assert counting.got < len(proof.hashes), seq
+        leaf = entry_leaf(stored[seq])
+        assert verify_inclusion(seq - 1, 700, leaf, proof.hashes, note.head.root_hash)
 
 
 def test_a_tile_not_stored_is_read_as_its_nodes(lanes: LevelDBLaneStore) -> None:
