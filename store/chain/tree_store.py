@@ -161,20 +161,17 @@ class StoredTree:
         self, batch: LaneBatch, tiles: Iterable[TileId], new: Mapping[NodeId, bytes] | None = None
     ) -> None:
         """Put each complete tile, whole: its nodes from `new` (those batch puts) and the
-        store, read in one pass. Raises `TreeNodeMissing` and puts none when one is not."""
+        store, read in one pass. A tile one of whose nodes is not there (retention deleted
+        the lower ones of a tile it cut) is not put: its nodes serve in its place."""
         tiles, new = sorted(tiles), new or {}
         members = [node for tile in tiles for node in nodes_of(tile)]
         older = [node for node in members if node not in new]
         keys = [node_key(self.chain, node) for node in older]
         read = dict(zip(older, self._view.get_many(keys) if keys else [], strict=True))
-        values = []
         for tile in tiles:
-            parts = [new.get(node) or read.get(node) for node in nodes_of(tile)]
-            if any(part is None or len(part) != HASH_SIZE for part in parts):
-                raise TreeNodeMissing("a node of the decision log's Merkle tree is not stored")
-            values.append(b"".join(part for part in parts if part is not None))
-        for tile, value in zip(tiles, values, strict=True):
-            batch.put(tile_key(self.chain, tile), value)
+            parts = [new.get(node) or read.get(node) or b"" for node in nodes_of(tile)]
+            if all(len(part) == HASH_SIZE for part in parts):
+                batch.put(tile_key(self.chain, tile), b"".join(parts))
 
     def prune(self, batch: LaneBatch, kept_from_before: int, kept_from: int) -> None:
         """Delete, in batch, the nodes no proof needs once the first kept leaf moves from

@@ -11,6 +11,7 @@ from typing import Any
 
 from store.backends.contract import Lanes
 from store.backends.leveldb import LevelDBLaneStore
+from store.chain.checkpoints import CheckpointSigner
 from store.chain.evidence import EvidenceChain
 from store.chain.head import format_timestamp
 from store.chain.keys import tile_key, tree_key
@@ -149,3 +150,23 @@ def test_retention_deletes_the_tiles_below_the_first_kept_leaf(lanes: LevelDBLan
                 proof = inclusion(chain, seq, fake(seq), size, 70_000)
                 leaf = entry_leaf(fake(seq))
                 assert verify_inclusion(seq - 1, size, leaf, proof.hashes, heads[size])
+
+
+def test_a_note_first_signed_after_retention_skips_the_tile_retention_cut(
+    lanes: LevelDBLaneStore, tmp_path: Path
+) -> None:
+    """Retention pruned inside a tile before any note: the first note's signing cannot build
+    that tile (its lower nodes are gone), and signs anyway; proofs read the kept nodes."""
+    chain = EvidenceChain(lanes, CHAIN)
+    chain.append([body(n) for n in range(1, 701)])
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    signer = CheckpointSigner.from_data_dir(tmp_path)
+    assert chain.prune(start + timedelta(seconds=300), signer, start + timedelta(days=1)) > 256
+    note = current_note(chain, tmp_path, LogSigner.of(tmp_path, None), datetime.now(UTC))
+    assert note.head.size == 700 and StoredTree(lanes, CHAIN).present()
+    assert lanes.get(tile_key(CHAIN, TileId(0, 1))) is None  # cut by retention: not written
+    stored = dict(chain.stored_entries(until_seq=700))
+    for seq in (chain.anchor().seq + 1, 512, 700):
+        proof = inclusion(chain, seq, stored[seq], 700, 700)
+        leaf = entry_leaf(stored[seq])
+        assert verify_inclusion(seq - 1, 700, leaf, proof.hashes, note.head.root_hash)
