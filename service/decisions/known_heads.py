@@ -10,7 +10,8 @@ and counted until a read finds it caught up.
 
 Beside each head the journal committed it keeps the tree's frontier after it
 (`store.chain.tree_frontier`), so that the next append reads nothing of the tree;
-a head read from the store has none, and a read or `forget` drops it.
+a head read from the store has none, and a read or `forget` drops it. At most
+`FRONTIERS_KEPT` are kept, those of the chains committed to most recently.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from store.chain.signed_head import SignedHeads
 from store.chain.tree_frontier import TreeFrontier
 
 log = logging.getLogger("sessionstate.journal")
+# Frontiers kept at most (about 2.8 KiB each at a million entries): the chains appended to
+# most recently; one that was let go costs its next append one read.
+FRONTIERS_KEPT = 4096
 
 
 class KnownHeads:
@@ -74,10 +78,11 @@ class KnownHeads:
         with self._guard:
             self._heads.update(heads)
             for name, frontier in frontiers.items():
-                if frontier is None:
-                    self._frontiers.pop(name, None)
-                else:
+                self._frontiers.pop(name, None)  # re-inserted last: the newest
+                if frontier is not None:
                     self._frontiers[name] = frontier
+            while len(self._frontiers) > FRONTIERS_KEPT:  # the longest unused goes first
+                del self._frontiers[next(iter(self._frontiers))]
 
     def forget(self) -> None:
         """Read every head again: a write of unknown outcome may have landed."""

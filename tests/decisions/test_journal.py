@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from service.decisions import known_heads
 from service.decisions.batch_plan import QueuedEntry, plan_batch
 from service.decisions.journal import DecisionJournal, JournalClosed, JournalStoreUnavailable
 from service.decisions.log import DecisionEntryBody
@@ -29,6 +30,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS
 from store.chain.keys import LAST_SEQ, tree_key
 from store.chain.merkle_tree import root
+from store.chain.tree_frontier import TreeFrontier
 from store.chain.tree_store import StoredTree
 from store.digests import DigestKey
 from store.key_codec import LaneKey, TenantResourceLane
@@ -239,6 +241,19 @@ def test_a_new_journal_extends_the_chain_it_finds(lanes: LevelDBLaneStore) -> No
         assert second.record(body(2), status=200)["seq"] == 2
     finally:
         second.close()
+
+
+def test_known_heads_keep_the_frontiers_of_the_chains_committed_to_last(
+    lanes: LevelDBLaneStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(known_heads, "FRONTIERS_KEPT", 2)
+    heads = known_heads.KnownHeads(lanes, None)
+    frontier = {name: TreeFrontier(GENESIS, None, {}) for name in "abc"}
+    for name in "abca":
+        heads.committed({name: GENESIS}, {name: frontier[name]})
+    assert [heads.frontier(name) is not None for name in "abc"] == [True, False, True]
+    heads.committed({"c": GENESIS}, {"c": None})
+    assert heads.frontier("c") is None
 
 
 class TreeReads:
