@@ -15,8 +15,15 @@ from service.approvals.index import ExpiredApprovalPruner, mark_index_complete_i
 from service.approvals.lookup import ApprovalStore
 from service.auth.session_tokens import SessionTokenIssuer
 from service.auth.tokens import TokenVerifier
+from service.config.configuration_error import ConfigurationError
+from service.config.key_ids import hold_key_ids
 from service.config.log_witnesses import WitnessSet
-from service.config.secret_values import digest_key, jwt_secret, session_token_issuer
+from service.config.secret_values import (
+    digest_key,
+    jwt_secret,
+    secrets_home,
+    session_token_issuer,
+)
 from service.config.settings import Settings
 from service.config.store import StoreTarget
 from service.config.timestamp_authority import TimestampAuthority
@@ -43,6 +50,7 @@ from service.replay import SessionReplayPlanner
 from store.backends.contract import Lanes, drops_log_tail, reachable, takes_writes
 from store.chain.signed_head import SignedHeads
 from store.digests import DigestKey
+from store.secrets import SecretsHome
 from store.session_state import SessionStateStore
 from store.session_versions import SessionVersions
 
@@ -65,6 +73,7 @@ class ServiceContext:
     gate: PolicyGate
     verifier: TokenVerifier
     digest_key: DigestKey
+    secrets: SecretsHome  # where the deployment's keys are (the checkpoint key's, for signing)
     metrics: ServiceMetrics
     clock: Callable[[], datetime]
     journal: DecisionJournal
@@ -113,6 +122,11 @@ class ServiceContext:
         metrics = ServiceMetrics()
         store = configuration.store
         lanes = _opened_lanes(store, metrics, policy_source)
+        try:  # one deployment identity: keys the store was not first written with are refused
+            hold_key_ids(lanes, settings)
+        except ConfigurationError:
+            lanes.close()
+            raise
         client = PolicyClient(
             opa_url,
             opa_token,
@@ -150,6 +164,7 @@ class ServiceContext:
             gate=gate,
             verifier=token_verifier(configuration, session_tokens),
             digest_key=digest_key(settings),
+            secrets=configuration.secrets,
             metrics=metrics,
             clock=clock,
             journal=journal,
@@ -231,7 +246,7 @@ def _opened_journal(
         clock=clock,
         on_reopened=lambda reopened: report_dropped_log_bytes(reopened, metrics),
         live_revision=live.current,
-        signed_heads=SignedHeads(settings.data_dir),
+        signed_heads=SignedHeads(secrets_home(settings)),
     )
     journal.read_every_head()
     if not mark_index_complete_if_empty(lanes):
@@ -250,7 +265,7 @@ def _retention(
     days = settings.decision_retention_days
     if days is None:
         return None
-    return RetentionTask(lanes, days, data_dir=settings.data_dir, clock=clock)
+    return RetentionTask(lanes, days, secrets=secrets_home(settings), clock=clock)
 
 
 def _scrub(
@@ -260,7 +275,9 @@ def _scrub(
     interval = settings.decision_scrub_seconds
     if interval == 0:
         return None
-    return DecisionScrub(lanes, settings.data_dir, interval=interval, clock=clock, metrics=metrics)
+    return DecisionScrub(
+        lanes, secrets_home(settings), interval=interval, clock=clock, metrics=metrics
+    )
 
 
 def _log_checkpoints(
@@ -275,7 +292,7 @@ def _log_checkpoints(
     witnesses, authority = configuration.witnesses, configuration.timestamp_authority
     return LogCheckpoints(
         lanes,
-        settings.data_dir,
+        secrets_home(settings),
         settings.log_origin,
         Witnessing(witnesses, metrics) if witnesses else None,
         timestamping=None if authority is None else Timestamping(authority, metrics),

@@ -1,4 +1,5 @@
-"""Secrets as text: generated once into the data dir, or given in the environment.
+"""Secrets as text: generated once into the data dir, provisioned once for a whole
+deployment (`SecretsHome`), or given in the environment.
 
 One format for both places. A secret written as `hex:` and hexadecimal digits
 is the bytes those digits spell; that is how the data dir stores a generated
@@ -16,6 +17,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 SECRETS_DIR = "secrets"
@@ -44,22 +46,67 @@ def decode_secret(text: str) -> bytes:
 
 
 def local_secret(data_dir: Path, name: str, *, nbytes: int = 32) -> bytes:
-    """Read the named secret, creating it on first use (`local_key_file`: mode 0600, whole)."""
-    stored = local_key_file(
-        data_dir,
-        name,
-        lambda: (encode_secret(secrets.token_bytes(nbytes)) + "\n").encode("ascii"),
-    )
-    return _decode(stored.decode("ascii"))
+    """Read the data dir's named secret, creating it on first use (mode 0600, whole)."""
+    return SecretsHome.local(data_dir).secret(name, nbytes=nbytes)
 
 
 def stored_secret(data_dir: Path, name: str) -> bytes | None:
     """The named secret if the data dir holds it; never creates one."""
-    path = data_dir / SECRETS_DIR / name
-    try:
-        return _read(path)
-    except FileNotFoundError:
-        return None
+    return SecretsHome.local(data_dir).stored(name)
+
+
+class SecretMissing(Exception):
+    """A provisioned secrets folder lacks a file (or cannot be read): named, never shown."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"holds no readable {name}")
+        self.name = name
+
+
+@dataclass(frozen=True)
+class SecretsHome:
+    """Where a deployment's secrets are: the folder an operator provisioned once for every
+    replica (`provisioned`: read, never written into; a missing file is `SecretMissing`),
+    or a data dir's own `secrets/`, where each is generated on first use (`local`)."""
+
+    folder: Path
+    provisioned: bool
+
+    @classmethod
+    def local(cls, data_dir: Path) -> SecretsHome:
+        return cls(data_dir / SECRETS_DIR, provisioned=False)
+
+    @classmethod
+    def provisioned_at(cls, folder: Path) -> SecretsHome:
+        return cls(folder, provisioned=True)
+
+    def secret(self, name: str, *, nbytes: int = 32) -> bytes:
+        """The named secret's bytes; generated on first use in a data dir."""
+        return _decode(
+            self.key_file(
+                name, lambda: (encode_secret(secrets.token_bytes(nbytes)) + "\n").encode("ascii")
+            ).decode("ascii")
+        )
+
+    def key_file(self, name: str, make: Callable[[], bytes]) -> bytes:
+        """The named file's bytes (a PEM private key, a secret's text); in a data dir made by
+        `make` on first use (`local_key_file`)."""
+        if not self.provisioned:
+            return local_key_file(self.folder, name, make)
+        try:
+            return (self.folder / name).read_bytes()
+        except OSError:
+            raise SecretMissing(name) from None
+
+    def holds(self, name: str) -> bool:
+        return (self.folder / name).exists()
+
+    def stored(self, name: str) -> bytes | None:
+        """The named secret if the folder holds it; never creates one."""
+        try:
+            return _read(self.folder / name)
+        except FileNotFoundError:
+            return None
 
 
 def _read(path: Path) -> bytes:
@@ -67,21 +114,18 @@ def _read(path: Path) -> bytes:
 
 
 def _decode(stored: str) -> bytes:
-    """A data dir file's text: `hex:…`, or bare hex as written before the prefix; both hex."""
+    """A secrets file's text: `hex:…`, or bare hex as written before the prefix; both hex."""
     return bytes.fromhex(stored.strip().removeprefix(HEX_PREFIX))
 
 
-def local_key_file(
-    data_dir: Path, name: str, make: Callable[[], bytes], *, under: str = SECRETS_DIR
-) -> bytes:
-    """The named file's bytes (a PEM private key, a secret's text), made by `make` on first use
-    (in the data dir's folder `under`, its secrets folder by default).
+def local_key_file(folder: Path, name: str, make: Callable[[], bytes]) -> bytes:
+    """The named file's bytes in `folder` (a data dir's, made mode 0700), made by `make` on
+    first use.
 
     Written whole to a temporary file and linked into place (mode 0600): processes
     that start together on one data dir (`serve --workers N`) all read the one key
     the first link made, never a half-written one.
     """
-    folder = data_dir / under
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / name
     if path.exists():

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.auth.tokens import Actor
 from store.scope import TenantScope
-from store.secrets import local_key_file
+from store.secrets import SecretsHome
 
 SIGNING_KEY_NAME = "token-signing-key.pem"
 ALGORITHM = "ES256"
@@ -109,12 +109,13 @@ class SigningKey:
         return f"SigningKey(kid={self.kid!r})"
 
 
-def signing_key(data_dir: Path, key_file: Path | None) -> SigningKey:
-    """The configured key file's key, or the data dir's (generated on first use)."""
+def signing_key(secrets: SecretsHome, key_file: Path | None) -> SigningKey:
+    """The configured key file's key, or the deployment's (provisioned, or generated into the
+    data dir on first use)."""
     pem = (
         key_file.read_bytes()
         if key_file is not None
-        else local_key_file(data_dir, SIGNING_KEY_NAME, SigningKey.generated)
+        else secrets.key_file(SIGNING_KEY_NAME, SigningKey.generated)
     )
     return SigningKey(pem)
 

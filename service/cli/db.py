@@ -16,6 +16,8 @@ from service.approvals.index import index_approvals, mark_index_complete_if_empt
 from service.approvals.lookup import ApprovalStore
 from service.cli.store_access import holding_data_dir
 from service.config.configuration_error import ConfigurationError
+from service.config.key_ids import hold_key_ids
+from service.config.secret_values import secrets_home
 from service.config.settings import Settings
 from service.config.store import VARIABLE, StoreTarget, configured_store
 from service.decisions import review as decision_review
@@ -27,6 +29,7 @@ from store.chain.head import format_timestamp
 from store.chain.keys import chain_names
 from store.chain.tree_build import TreeBuild, build_tree
 from store.embedded.repair import repair
+from store.secrets import SecretsHome
 from store.session_dating import date_undated_sessions
 
 NAME = "db"
@@ -67,18 +70,21 @@ def _upgrade(settings: Settings) -> int:
     steps: dict[str, Any] = {}
     if store.present:  # PostgreSQL: written by a preview before chains were per tenant?
         with _upgrading_lanes(settings, store) as lanes:
-            steps = _upgrade_lanes(lanes, settings.data_dir)
+            key_ids = hold_key_ids(lanes, settings)  # before anything is signed with them
+            steps = {**_upgrade_lanes(lanes, secrets_home(settings)), "key_ids": key_ids}
     did = {
         "chains_migrated": None,
         "approvals_indexed": None,
         "revisions_summarised": None,
         "sessions_dated": None,
         "trees_built": None,
+        "key_ids": None,
         "anchors_signed": {},
         "anchors_unverified": {},
         **steps,
     }
     unbuildable = did.pop("trees_unbuildable", [])  # said every run: not a change
+    key_ids = did.pop("key_ids")  # said every run, as recorded (or found): not a change
     changed = done.changed or any(value not in (None, {}) for value in did.values())
     print(
         json.dumps(
@@ -90,6 +96,7 @@ def _upgrade(settings: Settings) -> int:
                 "changed": changed,
                 **did,
                 "trees_unbuildable": unbuildable,
+                "key_ids": None if key_ids is None else key_ids.model_dump(),
             }
         )
     )
@@ -120,7 +127,7 @@ def _upgrade_schema(store: StoreTarget) -> StoreUpgrade:
     return StoreUpgrade(store.kind, store.target, done.found, done.now)
 
 
-def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
+def _upgrade_lanes(lanes: Lanes, secrets: SecretsHome) -> dict[str, Any]:
     """Move an old global chain onto per-tenant chains, index approvals stored before the
     approval index existed, summarise the policy revisions of decisions logged before the
     summaries existed, date records stored before sessions had a meta key, so that idle
@@ -137,7 +144,7 @@ def _upgrade_lanes(lanes: Lanes, data_dir: Path) -> dict[str, Any]:
     if not (mark_index_complete_if_empty(lanes) or ApprovalStore(lanes).index_complete()):
         indexed = index_approvals(lanes, now)
     summarised = None if revisions.complete(lanes) else revisions.rebuild(lanes)
-    walks = sign_unsigned_anchors(lanes, data_dir, now)
+    walks = sign_unsigned_anchors(lanes, secrets, now)
     dated = date_undated_sessions(lanes, format_timestamp(now))
     trees = {name: build_tree(lanes, name) for name in chain_names(lanes)}
     built = [name for name, build in trees.items() if build is TreeBuild.BUILT]
@@ -183,6 +190,6 @@ def _repair(settings: Settings) -> int:
     if not store.present:
         raise FileNotFoundError(f"no sessionstate database under {data_dir}")
     with holding_data_dir(data_dir, database):
-        report = repair(database, decision_review.anchor_verifier(data_dir))
+        report = repair(database, decision_review.anchor_verifier(secrets_home(settings)))
     print(report.model_dump_json())
     return 0 if report.ok else 1

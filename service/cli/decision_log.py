@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from service.cli.arguments import positive
 from service.cli.store_access import review_lanes
 from service.config.log_witnesses import log_witnesses
+from service.config.secret_values import secrets_home
 from service.config.settings import Settings
 from service.decisions import log_review, revisions
 from service.decisions import review as decision_review
@@ -117,31 +118,35 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    data_dir = settings.data_dir
+    data_dir, secrets = settings.data_dir, secrets_home(settings)
     if args.review == "revisions":
         return _revisions(settings, args.tenant)
     if args.review == "verify":
         if args.all_tenants:
             with review_lanes(settings) as lanes:
-                verifier = decision_review.anchor_verifier(data_dir, args.public_key)
+                verifier = decision_review.anchor_verifier(secrets, args.public_key)
                 every = decision_review.every_chain_verified(lanes, verifier)
             print(every.model_dump_json())
             return 0 if every.ok else 1
-        result = decision_review.verify(data_dir, args.checkpoint, args.public_key, args.tenant)
+        result = decision_review.verify(
+            data_dir, secrets, args.checkpoint, args.public_key, args.tenant
+        )
         print(result.model_dump_json())
         return 0 if result.ok else 1
     if args.review in ("log-key", "prove", "consistency"):
         return _log_proofs(settings, args)
     if args.review == "public-key":
-        print(decision_review.public_key(data_dir).decode("ascii"), end="")
+        print(decision_review.public_key(secrets).decode("ascii"), end="")
     elif args.review == "verifier":
         sys.stdout.flush()
         sys.stdout.buffer.write(shipped_verifier())  # byte for byte what bundles ship
     elif args.review == "checkpoint":
-        print(decision_review.checkpoint(data_dir, args.tenant).model_dump_json())
+        print(decision_review.checkpoint(data_dir, secrets, args.tenant).model_dump_json())
     elif args.review == "bundle":
         tree = BundleTree(settings.log_origin, log_witnesses(settings))
-        made = decision_review.bundle(data_dir, args.out, args.tenant, args.since, args.until, tree)
+        made = decision_review.bundle(
+            data_dir, secrets, args.out, args.tenant, args.since, args.until, tree
+        )
         print(
             json.dumps(
                 {
@@ -159,10 +164,12 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             print(canonical_json(entry).decode("utf-8"))  # the stored form: RFC 8785
     elif args.review == "record-loss":
         with review_lanes(settings) as lanes:
-            entry = decision_review.record_loss(lanes, data_dir, args.tenant)
+            entry = decision_review.record_loss(lanes, secrets, args.tenant)
         print(canonical_json(entry).decode())
     elif args.review == "prune":
-        print(json.dumps({"pruned": decision_review.prune(data_dir, args.older_than_days)}))
+        print(
+            json.dumps({"pruned": decision_review.prune(data_dir, secrets, args.older_than_days)})
+        )
     return 0
 
 

@@ -60,11 +60,16 @@ def default_policy_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    """Every knob of the service. Secrets left unset are generated into the data dir."""
+    """Every knob of the service. Secrets left unset come from SESSIONSTATE_SECRETS_DIR, else are
+    generated into the data dir."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     data_dir: Path = Path("./var")
+    # The deployment's secrets, one folder provisioned once for every replica (`sessionstate
+    # secrets init --out DIR`): read, never written into. Unset: the data dir's own, each
+    # generated on first use. A variable naming one secret wins over its file.
+    secrets_dir: Path | None = None
     # Unset: the embedded LevelDB under data_dir. A libpq connection string: PostgreSQL.
     store: str | None = Field(default=None, repr=False)  # may hold a password
     # Worker processes serving HTTP (PostgreSQL only above 1: LevelDB admits one process).

@@ -17,10 +17,12 @@ from service.auth.token_exchange import public_origin
 from service.auth.tokens import ProviderSettings
 from service.config.configuration_error import ConfigurationError
 from service.config.log_witnesses import WitnessSet, log_witnesses
+from service.config.secret_values import secrets_home
 from service.config.settings import Settings
 from service.config.store import StoreTarget, configured_store
 from service.config.timestamp_authority import TimestampAuthority, timestamp_authority
 from service.rate_limits import RateLimits, parse_budget
+from store.secrets import SecretsHome
 
 
 def rate_limits(settings: Settings) -> RateLimits:
@@ -81,10 +83,12 @@ def configured_public_origin(settings: Settings) -> str | None:
 
 @dataclass(frozen=True)
 class Configuration:
-    """What the settings mean, parsed once when they are read (the secrets, which may be
-    generated into the data dir, are `service.config.secret_values`')."""
+    """What the settings mean, parsed once when they are read (the secrets themselves, which
+    may be generated into the data dir, are `service.config.secret_values`'; `secrets` says
+    where they are)."""
 
     settings: Settings
+    secrets: SecretsHome
     store: StoreTarget
     rate_limits: RateLimits
     identity_provider: ProviderSettings
@@ -98,6 +102,7 @@ class Configuration:
         """Every value parsed; the first that cannot work raises `ConfigurationError`."""
         return cls(
             settings=settings,
+            secrets=secrets_home(settings),
             jwt_public_key=jwt_public_key(settings),
             identity_provider=identity_provider(settings),
             rate_limits=rate_limits(settings),

@@ -35,7 +35,6 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from tempfile import SpooledTemporaryFile
 from typing import IO, Any
 
@@ -61,6 +60,7 @@ from store.chain.log_note import LogSigner
 from store.chain.signed_head import ChainUnverified, Verified, verified_checkpoint
 from store.chain.walk import ChainVerification
 from store.scope import ScopeId
+from store.secrets import SecretsHome
 
 _SPOOL_BYTES = 8 << 20  # entries beyond this go to a temporary file, not memory
 _README = Environment(
@@ -134,8 +134,8 @@ class BundleTree:
     origin: str | None = None
     witnesses: WitnessSet = field(default_factory=WitnessSet)
 
-    def log_signer(self, data_dir: Path) -> LogSigner:
-        return LogSigner.of(data_dir, self.origin)
+    def log_signer(self, secrets: SecretsHome) -> LogSigner:
+        return LogSigner.of(secrets, self.origin)
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class EvidenceBundle:
 def write_bundle(
     sink: IO[bytes],
     reader: DecisionLogReader,
-    data_dir: Path,
+    secrets: SecretsHome,
     selection: BundleSelection,
     issued_at: datetime,
     tree: BundleTree,
@@ -168,13 +168,13 @@ def write_bundle(
     """
     chain = bundle_chain(reader, selection)
     evidence_chain = reader.chain(chain)
-    result, checkpoint = verified_checkpoint(evidence_chain, data_dir, issued_at)
+    result, checkpoint = verified_checkpoint(evidence_chain, secrets, issued_at)
     if checkpoint is None:
         raise ChainUnverified.of(result, "evidence bundle")
     log = log_evidence(
-        evidence_chain, Verified(result, checkpoint), tree.log_signer(data_dir), tree.witnesses
+        evidence_chain, Verified(result, checkpoint), tree.log_signer(secrets), tree.witnesses
     )
-    signer = CheckpointSigner.from_data_dir(data_dir)
+    signer = CheckpointSigner.of(secrets)
     verified_from = result.head_seq - result.entries - result.seqs_lost + 1
     with (
         SpooledTemporaryFile(max_size=_SPOOL_BYTES) as staged,

@@ -84,9 +84,7 @@ def fits(revision: str) -> bool:
 def instance_id(data_dir: Path) -> str:
     """The data dir's instance id (`instance.id`, not a secret: beside the secrets folder),
     made on first use; the same for all its processes."""
-    made = local_key_file(
-        data_dir, INSTANCE_FILE, lambda: secrets.token_hex(8).encode() + b"\n", under="."
-    )
+    made = local_key_file(data_dir, INSTANCE_FILE, lambda: secrets.token_hex(8).encode() + b"\n")
     return made.decode("ascii").strip()
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 
 from service.decisions.timestamping import Timestamping
 from service.decisions.witnessing import Witnessing
@@ -39,6 +38,7 @@ from store.chain.log_note import (
     latest_note,
 )
 from store.chain.signed_head import ChainUnverified
+from store.secrets import SecretsHome
 
 log = logging.getLogger("sessionstate.decisions")
 _EVENTS = {"chain_unverified": "unverified", "tree_unavailable": "tree_unavailable"}
@@ -50,7 +50,7 @@ class LogCheckpoints(PeriodicPrune):
     def __init__(
         self,
         lanes: Lanes,
-        data_dir: Path,
+        secrets: SecretsHome,
         origin: str | None,
         witnessing: Witnessing | None,
         *,
@@ -60,7 +60,7 @@ class LogCheckpoints(PeriodicPrune):
         metrics: ServiceMetrics,
     ) -> None:
         self._lanes = lanes
-        self._data_dir = data_dir
+        self._secrets = secrets
         self._origin = origin
         self._signer: LogSigner | None = None  # made when a chain first needs it (the key)
         self.witnessing = witnessing
@@ -88,7 +88,7 @@ class LogCheckpoints(PeriodicPrune):
     def signer(self) -> LogSigner:
         """The notes' signer: the data dir's checkpoint key under the origin."""
         if self._signer is None:
-            self._signer = LogSigner.of(self._data_dir, self._origin)
+            self._signer = LogSigner.of(self._secrets, self._origin)
         return self._signer
 
     def round(self) -> int:
@@ -120,7 +120,7 @@ class LogCheckpoints(PeriodicPrune):
         if self._failed.get(chain.name) == seq:
             return latest, False
         try:
-            note = current_note(chain, self._data_dir, signer, self._clock())
+            note = current_note(chain, self._secrets, signer, self._clock())
         except ChainUnverified as error:
             self._failure(chain, seq, "chain_unverified", problem=error.problem, seq=error.seq)
             return None, False

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from service.api.reasons import Reason
 from service.api.wire import ConsistencyProofResponse, InclusionProofResponse
+from service.config.secret_values import secrets_home
 from service.config.settings import Settings
 from service.decisions.reader import DecisionLogReader
 from service.decisions.review import ReviewError, only_chain
@@ -28,7 +29,7 @@ from store.chain.signed_head import ChainUnverified
 
 
 def log_signer(settings: Settings) -> LogSigner:
-    return LogSigner.of(settings.data_dir, settings.log_origin)
+    return LogSigner.of(secrets_home(settings), settings.log_origin)
 
 
 def log_key(settings: Settings) -> str:
@@ -52,7 +53,7 @@ def _refusals() -> Iterator[None]:
 
 
 def _latest_size(chain: EvidenceChain, settings: Settings) -> int:
-    note = current_note(chain, settings.data_dir, log_signer(settings), datetime.now(UTC))
+    note = current_note(chain, secrets_home(settings), log_signer(settings), datetime.now(UTC))
     return note.head.size
 
 

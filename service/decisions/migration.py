@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +48,7 @@ from store.chain.keys import (
 )
 from store.chain.walk import ChainVerification
 from store.key_codec import LaneKey, TenantResourceLane
+from store.secrets import SecretsHome
 
 MIGRATION_KEY = LaneKey(TenantResourceLane.TRACE_META, LEGACY_CHAIN, name=b"chain_migration")
 
@@ -118,7 +118,7 @@ def migrate(lanes: Lanes, now: datetime) -> ChainMigration | None:
 
 
 def sign_unsigned_anchors(
-    lanes: Lanes, data_dir: Path, now: datetime
+    lanes: Lanes, secrets: SecretsHome, now: datetime
 ) -> dict[str, ChainVerification]:
     """Sign every chain's unsigned anchor with the data dir's checkpoint key (created if
     need be), each once the chain from it verified; by chain, the walk of each chain that
@@ -126,7 +126,7 @@ def sign_unsigned_anchors(
     anchored = [name for name in chain_names(lanes) if lanes.get(anchor_key(name)) is not None]
     if not anchored:
         return {}
-    signer = CheckpointSigner.from_data_dir(data_dir)
+    signer = CheckpointSigner.of(secrets)
     walks = {
         name: EvidenceChain(lanes, name).sign_unsigned_anchor(signer, now) for name in anchored
     }

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from service.decisions.log import prune_log
 from service.runtime.periodic import PeriodicPrune
 from store.backends.contract import Lanes
 from store.chain.checkpoints import CheckpointSigner
+from store.secrets import SecretsHome
 
 log = logging.getLogger("sessionstate.journal")
 
@@ -29,12 +29,12 @@ class RetentionTask(PeriodicPrune):
         lanes: Lanes,
         days: int,
         *,
-        data_dir: Path,
+        secrets: SecretsHome,
         clock: Callable[[], datetime],
         interval: float = 3600.0,
     ) -> None:
         self._lanes = lanes
-        self._data_dir = data_dir  # its checkpoint key signs the anchors
+        self._secrets = secrets  # its checkpoint key signs the anchors
         self._age = timedelta(days=days)
         self._clock = clock
         super().__init__(
@@ -47,5 +47,5 @@ class RetentionTask(PeriodicPrune):
 
     def prune_now(self) -> int:
         now = self._clock()
-        signer = CheckpointSigner.from_data_dir(self._data_dir)
+        signer = CheckpointSigner.of(self._secrets)
         return prune_log(self._lanes, now - self._age, signer, now)

@@ -45,7 +45,7 @@ from store.chain.signed_head import (
 )
 from store.chain.walk import ChainVerification
 from store.embedded.integrity import StoreBusy, StoreCorrupt, StoreUnavailable
-from store.secrets import SECRETS_DIR
+from store.secrets import SecretsHome
 
 
 class ReviewError(RuntimeError):
@@ -102,6 +102,7 @@ class AllChainsVerification(BaseModel):
 
 def verify(
     data_dir: Path,
+    secrets: SecretsHome,
     checkpoint_file: Path | None = None,
     public_key_file: Path | None = None,
     tenant_id: str | None = None,
@@ -111,8 +112,8 @@ def verify(
     The chain is `tenant_id`'s, else the checkpoint's, else the only one there is. A
     checkpoint signed before chains were per tenant (it names none) is checked against
     the old entries rebuilt from the migrated ones (`migration.verify_legacy_checkpoint`).
-    Without `public_key_file` the data dir's own key is used, which proves less: whoever
-    can edit the data dir can also re-sign. It is never created here. The same key checks
+    Without `public_key_file` the deployment's own key is used, which proves less: whoever
+    can read it can also re-sign. It is never created here. The same key checks
     the chain's retention anchor.
     """
     checkpoint = None
@@ -121,9 +122,9 @@ def verify(
             checkpoint = Checkpoint.model_validate_json(checkpoint_file.read_text())
         except ValueError:
             raise ReviewError(f"{checkpoint_file} is not a sessionstate checkpoint") from None
-        verifier: CheckpointVerifier | None = _verifier(data_dir, public_key_file)
+        verifier: CheckpointVerifier | None = _verifier(secrets, public_key_file)
     else:
-        verifier = anchor_verifier(data_dir, public_key_file)
+        verifier = anchor_verifier(secrets, public_key_file)
     with open_lanes(data_dir) as lanes:
         if checkpoint is not None and verifier is not None and checkpoint.tenant_id is None:
             if not legacy_chain_present(lanes):
@@ -165,35 +166,35 @@ def only_chain(lanes: Lanes) -> str:
     return chains[0] if chains else NO_TENANT_CHAIN
 
 
-def public_key(data_dir: Path) -> bytes:
+def public_key(secrets: SecretsHome) -> bytes:
     """PEM of the checkpoint signing key, for reviewers to pin and keep apart."""
-    if not (data_dir / SECRETS_DIR / KEY_FILE).exists():
+    if not secrets.holds(KEY_FILE):
         raise ReviewError(
-            f"no checkpoint key in the data dir ({SECRETS_DIR}/{KEY_FILE}): none was made here "
-            "yet, or it was removed (a removed key may itself be evidence); verify against the "
-            "public key you pinned with --public-key"
+            f"no checkpoint key ({KEY_FILE} in {secrets.folder}): none was made here yet, or it "
+            "was removed (a removed key may itself be evidence); verify against the public key "
+            "you pinned with --public-key"
         )
-    return CheckpointSigner.from_data_dir(data_dir).public_key_pem
+    return CheckpointSigner.of(secrets).public_key_pem
 
 
 def anchor_verifier(
-    data_dir: Path, public_key_file: Path | None = None
+    secrets: SecretsHome, public_key_file: Path | None = None
 ) -> CheckpointVerifier | None:
-    """What checks retention anchors: the pinned key, else the data dir's if it has one (with
+    """What checks retention anchors: the pinned key, else the deployment's if it has one (with
     none, a stored anchor cannot verify); never created here."""
     if public_key_file is not None:
         return CheckpointVerifier(public_key_file.read_bytes())
-    signer = CheckpointSigner.existing(data_dir)
+    signer = CheckpointSigner.existing(secrets)
     return None if signer is None else signer.verifier()
 
 
-def _verifier(data_dir: Path, public_key_file: Path | None) -> CheckpointVerifier:
+def _verifier(secrets: SecretsHome, public_key_file: Path | None) -> CheckpointVerifier:
     if public_key_file is not None:
         return CheckpointVerifier(public_key_file.read_bytes())
-    return CheckpointVerifier(public_key(data_dir))
+    return CheckpointVerifier(public_key(secrets))
 
 
-def checkpoint(data_dir: Path, tenant_id: str | None = None) -> Checkpoint:
+def checkpoint(data_dir: Path, secrets: SecretsHome, tenant_id: str | None = None) -> Checkpoint:
     """A signed checkpoint of a tenant's head, only after its whole chain verified (as over
     HTTP). Without `tenant_id`, of the only chain there is.
 
@@ -201,9 +202,7 @@ def checkpoint(data_dir: Path, tenant_id: str | None = None) -> Checkpoint:
     """
     with open_lanes(data_dir) as lanes:
         name = tenant_id or only_chain(lanes)
-        result, signed = verified_checkpoint(
-            EvidenceChain(lanes, name), data_dir, datetime.now(UTC)
-        )
+        result, signed = verified_checkpoint(EvidenceChain(lanes, name), secrets, datetime.now(UTC))
     if signed is None:
         raise ChainUnverified.of(result, "checkpoint")
     return signed
@@ -211,6 +210,7 @@ def checkpoint(data_dir: Path, tenant_id: str | None = None) -> Checkpoint:
 
 def bundle(
     data_dir: Path,
+    secrets: SecretsHome,
     out: Path,
     tenant_id: str | None = None,
     since: str | None = None,
@@ -231,7 +231,7 @@ def bundle(
                 made = write_bundle(
                     sink,
                     DecisionLogReader(lanes),
-                    data_dir,
+                    secrets,
                     selection,
                     datetime.now(UTC),
                     tree or BundleTree(),
@@ -281,11 +281,11 @@ def tail(data_dir: Path, count: int) -> list[dict[str, Any]]:
         return DecisionLogReader(lanes).newest(count)
 
 
-def record_loss(lanes: Lanes, data_dir: Path, chain: str) -> dict[str, Any]:
+def record_loss(lanes: Lanes, secrets: SecretsHome, chain: str) -> dict[str, Any]:
     """Record, as an entry of its own, what `chain` lost under the signed head the service
     remembers for it (`store.chain.signed_head.record_loss`), so the service takes entries on it
-    again; the entry as written. The data dir holds the checkpoint key the head is checked
-    with; `lanes` is its LevelDB (the service stopped) or the configured PostgreSQL."""
+    again; the entry as written. `secrets` holds the checkpoint key the head is checked
+    with; `lanes` is the data dir's LevelDB (the service stopped) or the configured PostgreSQL."""
     if not is_chain_name(chain):
         raise ReviewError("--tenant: a tenant id (or ~no-tenant, ~system)")
     members = {
@@ -293,16 +293,16 @@ def record_loss(lanes: Lanes, data_dir: Path, chain: str) -> dict[str, Any]:
         "target": {"tenant_id": None if chain in (NO_TENANT_CHAIN, SYSTEM_CHAIN) else chain},
     }
     try:
-        return signed_head.record_loss(EvidenceChain(lanes, chain), data_dir, members)
+        return signed_head.record_loss(EvidenceChain(lanes, chain), secrets, members)
     except signed_head.NothingLost as nothing:
         raise ReviewError(str(nothing)) from None
     except ExpectationFailed:
         raise ReviewError("the chain changed while the loss was recorded: run it again") from None
 
 
-def prune(data_dir: Path, older_than_days: int) -> int:
-    """Retention's rule, with anchors signed by the data dir's checkpoint key."""
+def prune(data_dir: Path, secrets: SecretsHome, older_than_days: int) -> int:
+    """Retention's rule, with anchors signed by the deployment's checkpoint key."""
     now = datetime.now(UTC)
     with open_lanes(data_dir) as lanes:
-        signer = CheckpointSigner.from_data_dir(data_dir)
+        signer = CheckpointSigner.of(secrets)
         return prune_log(lanes, now - timedelta(days=older_than_days), signer, now)

@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from service.observability.metrics import ServiceMetrics
 from store.backends.contract import Lanes
@@ -35,6 +34,7 @@ from store.chain.full_walk import FullWalk, last_full_walk
 from store.chain.head import parse_timestamp
 from store.chain.keys import chain_names
 from store.chain.scrub_pass import scrub_in_progress, scrub_step
+from store.secrets import SecretsHome
 
 log = logging.getLogger("sessionstate.decisions")
 SCRUB_BATCH = 256  # stored keys walked per part
@@ -48,7 +48,7 @@ class DecisionScrub:
     def __init__(
         self,
         lanes: Lanes,
-        data_dir: Path,
+        secrets: SecretsHome,
         *,
         interval: float,
         clock: Callable[[], datetime],
@@ -56,7 +56,7 @@ class DecisionScrub:
         batch: int = SCRUB_BATCH,
     ) -> None:
         self._lanes = lanes
-        self._data_dir = data_dir
+        self._secrets = secrets
         self._interval = timedelta(seconds=interval)
         self._clock = clock
         self._metrics = metrics
@@ -91,7 +91,7 @@ class DecisionScrub:
         names = chain_names(self._lanes)
         if not names:
             return self._interval
-        signer = CheckpointSigner.from_data_dir(self._data_dir)
+        signer = CheckpointSigner.of(self._secrets)
         due, next_due = [], self._interval
         for name in names:
             chain = EvidenceChain(self._lanes, name)

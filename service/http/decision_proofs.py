@@ -55,8 +55,7 @@ TIMESTAMP_REPLY = "application/timestamp-reply"
 
 
 def log_signer() -> LogSigner:
-    settings = context().settings
-    return LogSigner.of(settings.data_dir, settings.log_origin)
+    return LogSigner.of(context().secrets, context().settings.log_origin)
 
 
 @contextmanager

@@ -60,8 +60,8 @@ def chain_status(tenant: str, *, full: bool = False) -> tuple[Verified, FullWalk
     with suppress(ChainCorrupt):
         context().journal.head(tenant)
     chain = context().decision_log.chain(tenant)
-    data_dir, now = context().settings.data_dir, context().clock()
-    verified = resumed_checkpoint(chain, data_dir, now, full=full)
+    secrets, now = context().secrets, context().clock()
+    verified = resumed_checkpoint(chain, secrets, now, full=full)
     if verified.resumed_from is None:
         checkpoint = verified.checkpoint
         walk = record_full_walk(chain, verified.result, at=now, by="verify", checkpoint=checkpoint)
@@ -70,7 +70,7 @@ def chain_status(tenant: str, *, full: bool = False) -> tuple[Verified, FullWalk
             scrub.note(tenant, walk)
         return verified, walk
     # Resumed from a head the data dir's key signed: the key exists.
-    return verified, last_full_walk(chain, CheckpointSigner.from_data_dir(data_dir).verifier())
+    return verified, last_full_walk(chain, CheckpointSigner.of(secrets).verifier())
 
 
 def witnessed_head(tenant: str) -> WitnessedHead | None:
@@ -80,7 +80,7 @@ def witnessed_head(tenant: str) -> WitnessedHead | None:
     witnesses = ctx.witnesses
     if not witnesses:
         return None
-    signer = LogSigner.of(ctx.settings.data_dir, ctx.settings.log_origin)
+    signer = LogSigner.of(ctx.secrets, ctx.settings.log_origin)
     keys = [witness.vkey for witness in witnesses.witnesses]
     newest = newest_cosigned(ctx.lanes, signer, tenant, keys)
     names = [] if newest is None else list(newest.cosigners)
@@ -137,7 +137,7 @@ def verify_decisions() -> Response:
     # A checkpoint vouches for a head that verified; a broken chain gets none.
     verified, last_walk = chain_status(tenant, full=full)
     result = verified.result
-    signer = CheckpointSigner.from_data_dir(context().settings.data_dir)
+    signer = CheckpointSigner.of(context().secrets)
     return json_response(
         DecisionVerifyResponse(
             ok=result.ok,

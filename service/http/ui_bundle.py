@@ -37,7 +37,7 @@ def bundle_download(trace: DecisionTrace, tenant: str, query: DecisionQuery) -> 
         made = write_bundle(
             staged,
             context().decision_log,
-            context().settings.data_dir,
+            context().secrets,
             selection,
             context().clock(),
             BundleTree(context().settings.log_origin, context().witnesses),

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 
 from service.config.check import check_settings
 from service.config.configuration_error import ConfigurationError
+from service.config.secret_values import secrets_home
 from service.config.settings import Settings
 from service.config.store import StoreTarget
 from service.config.values import Configuration
@@ -153,7 +154,7 @@ def _live_revisions(settings: Settings, sidecars: Sidecars) -> Iterator[None]:
         lanes,
         clock=utc_now,
         live_revision=live.current,
-        signed_heads=SignedHeads(settings.data_dir),
+        signed_heads=SignedHeads(secrets_home(settings)),
     )
     recorder = ActivationLog(
         journal, lanes, live, clock=utc_now, durable_writes=settings.durable_writes

@@ -22,7 +22,6 @@ import hashlib
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -43,7 +42,7 @@ from store.chain.head import (
     format_timestamp,
 )
 from store.chain.note import NoteSigner
-from store.secrets import SECRETS_DIR, local_secret
+from store.secrets import SecretsHome
 
 KEY_FILE = "checkpoint.key"
 KEY_ID_PATTERN = r"^ed25519:[0-9a-f]{16}$"
@@ -163,16 +162,17 @@ class CheckpointSigner:
         )
 
     @classmethod
-    def from_data_dir(cls, data_dir: Path) -> CheckpointSigner:
-        """The data dir's checkpoint key, created (mode 0600) on first use."""
-        return cls(local_secret(data_dir, KEY_FILE, nbytes=_SEED_BYTES))
+    def of(cls, secrets: SecretsHome) -> CheckpointSigner:
+        """The deployment's checkpoint key: provisioned, or created in the data dir (mode
+        0600) on first use."""
+        return cls(secrets.secret(KEY_FILE, nbytes=_SEED_BYTES))
 
     @classmethod
-    def existing(cls, data_dir: Path) -> CheckpointSigner | None:
-        """The data dir's checkpoint key if it exists; None (and none created) if not."""
-        if not (data_dir / SECRETS_DIR / KEY_FILE).exists():
+    def existing(cls, secrets: SecretsHome) -> CheckpointSigner | None:
+        """The deployment's checkpoint key if there is one; None (and none created) if not."""
+        if not secrets.holds(KEY_FILE):
             return None
-        return cls.from_data_dir(data_dir)
+        return cls.of(secrets)
 
     def sign(
         self, head: ChainHead, issued_at: datetime, tenant_id: str | None = NO_TENANT_CHAIN

@@ -29,7 +29,6 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 from store.backends.contract import LaneView
 from store.chain.checkpoints import CheckpointSigner
@@ -43,6 +42,7 @@ from store.chain.tlog_checkpoint import TreeHead
 from store.chain.tree_store import StoredTree, TreeNodeMissing, drop_tree
 from store.chain.tree_tiles import TileId, completed_tiles
 from store.key_codec import LaneKey, TenantResourceLane
+from store.secrets import SecretsHome
 
 DEFAULT_ORIGIN_PREFIX = "sessionstate.local/"
 _SIZE_BYTES = 8
@@ -75,15 +75,16 @@ def default_origin(signer: CheckpointSigner) -> str:
 
 @dataclass(frozen=True)
 class LogSigner:
-    """The deployment's note key: the data dir's checkpoint key, named by the origin."""
+    """The deployment's note key: the deployment's checkpoint key, named by the origin."""
 
     origin: str
     signer: NoteSigner
 
     @classmethod
-    def of(cls, data_dir: Path, origin: str | None) -> LogSigner:
-        """The data dir's key (created on first use) under `origin` (None: the default)."""
-        key = CheckpointSigner.from_data_dir(data_dir)
+    def of(cls, secrets: SecretsHome, origin: str | None) -> LogSigner:
+        """The deployment's checkpoint key (in a data dir, created on first use) under `origin`
+        (None: the default)."""
+        key = CheckpointSigner.of(secrets)
         name = origin or default_origin(key)
         return cls(name, key.note_signer(name))
 
@@ -130,10 +131,10 @@ def _opened(value: bytes | None, log: LogSigner, chain: str) -> SignedTreeHead |
 
 
 def current_note(
-    chain: EvidenceChain, data_dir: Path, log: LogSigner, now: datetime
+    chain: EvidenceChain, secrets: SecretsHome, log: LogSigner, now: datetime
 ) -> SignedTreeHead:
     """`note_of` the head a walk resumed from the remembered head verifies now."""
-    return note_of(chain, resumed_checkpoint(chain, data_dir, now), log)
+    return note_of(chain, resumed_checkpoint(chain, secrets, now), log)
 
 
 def note_of(chain: EvidenceChain, verified: Verified, log: LogSigner) -> SignedTreeHead:

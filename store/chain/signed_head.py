@@ -8,7 +8,7 @@ chain, nor for a cut one whose seqs were since used again.
 The API's verify and the reviewer's page also remember the head they signed,
 so the next verify walks only what was appended since (`resumed_checkpoint`). The remembered head is a checkpoint like any other, kept
 in the store beside the chain (`trace_meta`, under the chain's tenant, one per
-signing key) and trusted only when its signature holds under the data dir's
+signing key) and trusted only when its signature holds under the deployment's
 checkpoint key: whoever can write the store but not read that key cannot make
 a verify skip anything. A remembered head whose signature does not hold, or
 that names another chain, is ignored (the walk then covers the whole chain and
@@ -28,7 +28,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from store.backends.contract import ExpectationFailed, Lanes, StoreOffline
@@ -41,6 +40,7 @@ from store.chain.keys import LEGACY_CHAIN, chain_names, entry_key, legacy_chain_
 from store.chain.loss import LOSS_MEMBER, ChainLoss, index_with, losses_index_key
 from store.chain.walk import ChainVerification
 from store.key_codec import LaneKey, TenantResourceLane
+from store.secrets import SecretsHome
 
 log = logging.getLogger("sessionstate.decisions")
 
@@ -78,7 +78,7 @@ def verified_head_key(chain: str, key_id: str) -> LaneKey:
 
 
 def verified_checkpoint(
-    chain: EvidenceChain, data_dir: Path, issued_at: datetime
+    chain: EvidenceChain, secrets: SecretsHome, issued_at: datetime
 ) -> tuple[ChainVerification, Checkpoint | None]:
     """Walk the whole chain; when it holds, sign the head that verified (naming the chain's
     tenant), and remember it, else sign nothing.
@@ -87,35 +87,35 @@ def verified_checkpoint(
     bundle): a checkpoint vouches for a head only after the walk up to it held and the chain
     reached the signed head remembered for it, with the same hash (`whole_walk`). The head
     signed is remembered in turn (never backwards), whoever signed it, so a chain cut below
-    any head the data dir's key signed is found. The key is created on first use, and only
+    any head the deployment's key signed is found. The key is created on first use, and only
     when something is signed; the retention anchor is checked with it (no key yet: a stored
     anchor cannot verify).
     """
-    signer = CheckpointSigner.existing(data_dir)
+    signer = CheckpointSigner.existing(secrets)
     remembered, stored = (None, None) if signer is None else _remembered(chain, signer.verifier())
     result = whole_walk(chain, None if signer is None else signer.verifier())
     if not result.ok:
         return result, None
-    signer = signer or CheckpointSigner.from_data_dir(data_dir)
+    signer = signer or CheckpointSigner.of(secrets)
     return result, _signed(chain, signer, result, issued_at, remembered, stored)
 
 
 def resumed_checkpoint(
-    chain: EvidenceChain, data_dir: Path, issued_at: datetime, *, full: bool = False
+    chain: EvidenceChain, secrets: SecretsHome, issued_at: datetime, *, full: bool = False
 ) -> Verified:
     """`verified_checkpoint`, resuming from the head the last such walk remembered, if its
     signature holds (`EvidenceChain.verify_resumed` says what that covers); the head signed
     now is remembered for the next one. With `full`, the whole chain is walked (still
     against the remembered head), and its head remembered.
     """
-    signer = CheckpointSigner.existing(data_dir)
+    signer = CheckpointSigner.existing(secrets)
     anchors = None if signer is None else signer.verifier()
     remembered, stored = (None, None) if anchors is None else _remembered(chain, anchors)
     since = None if full else remembered
     result = whole_walk(chain, anchors) if since is None else chain.verify_resumed(since, anchors)
     if not result.ok:
         return Verified(result, None, since)
-    signer = signer or CheckpointSigner.from_data_dir(data_dir)
+    signer = signer or CheckpointSigner.of(secrets)
     checkpoint = _signed(chain, signer, result, issued_at, remembered, stored)
     return Verified(result, checkpoint, since)
 
@@ -169,7 +169,9 @@ class NothingLost(Exception):
     """No loss to record: no signed head is remembered for the chain, or it still holds it."""
 
 
-def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]) -> dict[str, Any]:
+def record_loss(
+    chain: EvidenceChain, secrets: SecretsHome, members: Mapping[str, Any]
+) -> dict[str, Any]:
     """Append the entry that records what a chain lost under its remembered signed head
     (`store.chain.loss`), with `members` (`recorded_at`, ...) beside its `loss`; the entry
     as written. Raises `NothingLost` when there is nothing to record.
@@ -180,9 +182,9 @@ def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]
     forgotten (the next verify walks the whole chain and remembers what it signs). One
     synced batch, expecting the chain's next seq free and the remembered head as read.
     """
-    signer = CheckpointSigner.existing(data_dir)
+    signer = CheckpointSigner.existing(secrets)
     if signer is None:
-        raise NothingLost("no checkpoint key in the data dir: no head was ever remembered")
+        raise NothingLost("no checkpoint key yet: no head was ever remembered")
     key = verified_head_key(chain.name, signer.key_id)
     lanes = chain.lanes
     with lanes.exclusive(marker_key(chain.name)):
@@ -214,19 +216,17 @@ def record_loss(chain: EvidenceChain, data_dir: Path, members: Mapping[str, Any]
 
 
 class SignedHeads:
-    """The signed head the service remembers for each chain, under the data dir's key, for
+    """The signed head the service remembers for each chain, under the deployment's key, for
     the journal to check a chain's head against before it extends it (`behind`)."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self._data_dir = data_dir
+    def __init__(self, secrets: SecretsHome) -> None:
+        self._secrets = secrets
         self._signer: CheckpointSigner | None = None
 
     def remembered(self, chain: EvidenceChain) -> Checkpoint | None:
         """The head remembered for chain, if its signature holds."""
         if self._signer is None:
-            self._signer = CheckpointSigner.existing(
-                self._data_dir
-            )  # no key: nothing remembered yet
+            self._signer = CheckpointSigner.existing(self._secrets)  # no key: none remembered
         if self._signer is None:
             return None
         return _remembered(chain, self._signer.verifier())[0]

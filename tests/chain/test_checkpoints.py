@@ -27,7 +27,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS_HASH, ChainHead, format_timestamp
 from store.chain.keys import entry_key
 from store.chain.signed_head import ChainUnverified, verified_checkpoint
-from store.secrets import SECRETS_DIR
+from store.secrets import SECRETS_DIR, SecretsHome
 
 ISSUED = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 HEAD = ChainHead(seq=7, hash=canonical_digest({"entry": 7}))
@@ -92,8 +92,8 @@ def test_a_checkpoint_survives_a_json_round_trip(signer: CheckpointSigner) -> No
 
 
 def test_the_key_persists_in_the_data_dir(tmp_path: Path) -> None:
-    first = CheckpointSigner.from_data_dir(tmp_path)
-    again = CheckpointSigner.from_data_dir(tmp_path)
+    first = CheckpointSigner.of(SecretsHome.local(tmp_path))
+    again = CheckpointSigner.of(SecretsHome.local(tmp_path))
     assert again.key_id == first.key_id
     assert again.public_key_pem == first.public_key_pem
     assert again.verifier().verify(first.sign(HEAD, ISSUED)) is True
@@ -102,8 +102,8 @@ def test_the_key_persists_in_the_data_dir(tmp_path: Path) -> None:
 
 
 def test_data_dirs_do_not_share_keys(tmp_path: Path) -> None:
-    one = CheckpointSigner.from_data_dir(tmp_path / "one")
-    two = CheckpointSigner.from_data_dir(tmp_path / "two")
+    one = CheckpointSigner.of(SecretsHome.local(tmp_path / "one"))
+    two = CheckpointSigner.of(SecretsHome.local(tmp_path / "two"))
     assert one.key_id != two.key_id
     assert two.verifier().verify(one.sign(HEAD, ISSUED)) is False
 
@@ -277,7 +277,7 @@ def test_the_offline_checkpoint_signs_the_head_that_verified(
     assert main(["decisions", "checkpoint"]) == 0
     checkpoint = Checkpoint.model_validate_json(capsys.readouterr().out)
     assert checkpoint.seq == 8
-    assert CheckpointSigner.from_data_dir(data_dir).verifier().verify(checkpoint)
+    assert CheckpointSigner.of(SecretsHome.local(data_dir)).verifier().verify(checkpoint)
 
 
 def test_every_path_to_a_checkpoint_shares_one_rule(tmp_path: Path) -> None:
@@ -285,13 +285,17 @@ def test_every_path_to_a_checkpoint_shares_one_rule(tmp_path: Path) -> None:
     data_dir = _data_dir_with_chain(tmp_path)
     lanes = LevelDBLaneStore(data_dir / "leveldb")
     try:
-        result, checkpoint = verified_checkpoint(EvidenceChain(lanes), data_dir, ISSUED)
+        result, checkpoint = verified_checkpoint(
+            EvidenceChain(lanes), SecretsHome.local(data_dir), ISSUED
+        )
         assert result.ok and checkpoint is not None
         assert (checkpoint.seq, checkpoint.head_hash) == (result.head_seq, result.head_hash)
         entry = EvidenceChain(lanes).get(3)
         assert entry is not None
         lanes.put(entry_key(3), canonical_json({**entry, "n": "edited"}))
-        result, checkpoint = verified_checkpoint(EvidenceChain(lanes), data_dir, ISSUED)
+        result, checkpoint = verified_checkpoint(
+            EvidenceChain(lanes), SecretsHome.local(data_dir), ISSUED
+        )
         assert checkpoint is None
         assert (result.problem, result.first_invalid_seq) == ("hash_mismatch", 3)
         assert "(hash_mismatch at seq 3)" in str(ChainUnverified.of(result, "checkpoint"))

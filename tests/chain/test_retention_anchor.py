@@ -22,6 +22,7 @@ from store.chain.entry import ChainCorrupt
 from store.chain.evidence import EvidenceChain
 from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import anchor_key, entry_key
+from store.secrets import SecretsHome
 from tests.http.test_http_decisions import DECISIONS, auditor, exercise
 from tests.support.live import LiveService, live_service, service_settings
 
@@ -82,7 +83,7 @@ def test_a_forged_anchor_fails_verify_over_http(
 
 def test_an_anchor_signed_by_the_service_key_verifies_and_says_so(service: LiveService) -> None:
     exercise(service)
-    signer = CheckpointSigner.from_data_dir(service.settings.data_dir)
+    signer = CheckpointSigner.of(SecretsHome.local(service.settings.data_dir))
     forge_retention(service.context.lanes, "tenant-a", 2, signer)  # what retention itself writes
     answer = verified(service)
     assert answer["ok"] is True and answer["checkpoint"] is not None

@@ -30,6 +30,7 @@ from store.chain.tree_tiles import (
     tile_of,
     tiles_below,
 )
+from store.secrets import SecretsHome
 from tests.support.counting_lanes import CountingLanes
 
 CHAIN = "tenant-a"
@@ -97,13 +98,13 @@ def test_signing_a_note_writes_the_tiles_its_tree_completed_on_both_backends(
     """Appends write nodes only; the note's signing, which checks the nodes added since the
     last note, writes the tiles they complete, and proofs against the note read them."""
     chain = EvidenceChain(lanes_on_both, CHAIN)
-    log, now = LogSigner.of(tmp_path, None), datetime.now(UTC)
+    log, now = LogSigner.of(SecretsHome.local(tmp_path), None), datetime.now(UTC)
     tree = StoredTree(lanes_on_both, CHAIN)
     for size in (300, 700):
         while (at := chain.head().seq) < size:
             chain.append([body(n) for n in range(at + 1, min(at + 37, size) + 1)])
         assert lanes_on_both.get(tile_key(CHAIN, TileId(0, size // 256 - 1))) is None
-        note = current_note(chain, tmp_path, log, now)
+        note = current_note(chain, SecretsHome.local(tmp_path), log, now)
         assert note.head.size == size
         for tile in [TileId(0, n) for n in range(size // 256)]:
             stored = lanes_on_both.get(tile_key(CHAIN, tile))
@@ -160,9 +161,14 @@ def test_a_note_first_signed_after_retention_skips_the_tile_retention_cut(
     chain = EvidenceChain(lanes, CHAIN)
     chain.append([body(n) for n in range(1, 701)])
     start = datetime(2025, 1, 1, tzinfo=UTC)
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     assert chain.prune(start + timedelta(seconds=300), signer, start + timedelta(days=1)) > 256
-    note = current_note(chain, tmp_path, LogSigner.of(tmp_path, None), datetime.now(UTC))
+    note = current_note(
+        chain,
+        SecretsHome.local(tmp_path),
+        LogSigner.of(SecretsHome.local(tmp_path), None),
+        datetime.now(UTC),
+    )
     assert note.head.size == 700 and StoredTree(lanes, CHAIN).present()
     assert lanes.get(tile_key(CHAIN, TileId(0, 1))) is None  # cut by retention: not written
     stored = dict(chain.stored_entries(until_seq=700))

@@ -17,6 +17,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import anchor_key, entry_key
 from store.chain.signed_head import Verified, resumed_checkpoint, verified_head_key
+from store.secrets import SecretsHome
 from tests.support.damage import rechained, rehashed, rewrite, stored
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -37,7 +38,7 @@ def grown(chain: EvidenceChain, start: int, count: int) -> None:
 
 
 def walked(chain: EvidenceChain, data_dir: Path, *, full: bool = False) -> Verified:
-    return resumed_checkpoint(chain, data_dir, datetime.now(UTC), full=full)
+    return resumed_checkpoint(chain, SecretsHome.local(data_dir), datetime.now(UTC), full=full)
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ def test_a_rewritten_remembered_head_is_not_trusted(chain: EvidenceChain, tmp_pa
     rewrite(chain, 3, stored(chain, 3) | {"decision": "forged"})
     rechained(chain, 4, 15)
     mine = CheckpointSigner(b"\x07" * 32)
-    own_key = CheckpointSigner.from_data_dir(tmp_path).key_id
+    own_key = CheckpointSigner.of(SecretsHome.local(tmp_path)).key_id
     forged = mine.sign(ChainHead(seq=15, hash=stored(chain, 15)["hash"]), T0, TENANT)
     forged = forged.model_copy(update={"key_id": own_key})  # claims the service's key
     chain.lanes.put(verified_head_key(TENANT, own_key), canonical_json(forged.model_dump()))
@@ -153,7 +154,7 @@ def test_a_rewritten_remembered_head_is_not_trusted(chain: EvidenceChain, tmp_pa
 def test_a_remembered_head_that_does_not_hold_is_ignored(
     chain: EvidenceChain, tmp_path: Path, forgery: str
 ) -> None:
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     key = verified_head_key(TENANT, signer.key_id)
     genuine = walked(chain, tmp_path).checkpoint
     assert genuine is not None
@@ -179,7 +180,7 @@ def test_a_remembered_head_that_does_not_hold_is_ignored(
 def test_an_older_genuine_head_only_makes_the_walk_longer(
     chain: EvidenceChain, tmp_path: Path
 ) -> None:
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     key = verified_head_key(TENANT, signer.key_id)
     old = chain.lanes.get(key)
     grown(chain, 11, 5)
@@ -209,7 +210,10 @@ def test_after_retention_passed_the_head_the_walk_starts_at_the_anchor(
 ) -> None:
     grown(chain, 11, 5)
     assert (
-        chain.prune(T0 + timedelta(minutes=12), CheckpointSigner.from_data_dir(tmp_path), T0) == 11
+        chain.prune(
+            T0 + timedelta(minutes=12), CheckpointSigner.of(SecretsHome.local(tmp_path)), T0
+        )
+        == 11
     )  # seqs 1..11 go, the anchor is 11
     outcome = walked(chain, tmp_path)
     assert outcome.result.ok and outcome.result.entries == 4 and outcome.result.head_seq == 15
@@ -220,10 +224,15 @@ def test_a_remembered_head_at_the_anchor_must_match_it(
 ) -> None:
     grown(chain, 11, 5)
     assert (
-        chain.prune(T0 + timedelta(minutes=11), CheckpointSigner.from_data_dir(tmp_path), T0) == 10
+        chain.prune(
+            T0 + timedelta(minutes=11), CheckpointSigner.of(SecretsHome.local(tmp_path)), T0
+        )
+        == 10
     )  # the anchor is seq 10: the head
     other = ChainHead(seq=10, hash="sha256:" + "a" * 64)  # signed, but not the chain's seq 10
-    forged = CheckpointSigner.from_data_dir(tmp_path).sign_anchor(TENANT, other, "retention", T0)
+    forged = CheckpointSigner.of(SecretsHome.local(tmp_path)).sign_anchor(
+        TENANT, other, "retention", T0
+    )
     chain.lanes.put(anchor_key(TENANT), canonical_json(forged.model_dump()))
     outcome = walked(chain, tmp_path)
     assert not outcome.result.ok and outcome.result.first_invalid_seq == 10

@@ -29,7 +29,7 @@ from store.chain.keys import tree_key
 from store.chain.log_note import LogSigner, latest_note
 from store.chain.witness_store import with_cosignatures
 from store.key_codec import TenantResourceLane
-from store.secrets import local_secret
+from store.secrets import SecretsHome, local_secret
 from tests.decisions.test_evidence_bundle import (
     BUNDLE,
     UI,
@@ -205,7 +205,7 @@ def _cosigned_at_head(service: LiveService) -> int | None:
     """The head's size once the witness's cosignature of its note is kept (read from the
     store: a request would itself be a decision that grows the chain)."""
     lanes, size = service.context.lanes, head_size(service)
-    log = LogSigner.of(service.context.settings.data_dir, ORIGIN)
+    log = LogSigner.of(SecretsHome.local(service.context.settings.data_dir), ORIGIN)
     note = latest_note(lanes, log, TENANT)
     if note is None or note.head.size != size:
         return None

@@ -20,6 +20,7 @@ import pytest
 from service.policy.sidecar import OpaSidecar
 from store.chain.log_note import LogSigner, latest_note
 from store.chain.timestamp_store import timestamp_of
+from store.secrets import SecretsHome
 from tests.decisions.test_bundle_log_proofs import (
     bundle_offline,
     download,
@@ -41,7 +42,9 @@ def _stamped_at_head(service: LiveService) -> int | None:
     """The head's size once its note's timestamp is kept (read from the store: a request
     would itself be a decision that grows the chain)."""
     lanes, size = service.context.lanes, head_size(service)
-    note = latest_note(lanes, LogSigner.of(service.context.settings.data_dir, ORIGIN), TENANT)
+    note = latest_note(
+        lanes, LogSigner.of(SecretsHome.local(service.context.settings.data_dir), ORIGIN), TENANT
+    )
     if note is None or note.head.size != size:
         return None
     return size if timestamp_of(lanes, TENANT, note) is not None else None

@@ -31,6 +31,7 @@ from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS, ChainHead, format_timestamp
 from store.chain.keys import chain_names
 from store.key_codec import LaneKey, TenantResourceLane
+from store.secrets import SecretsHome
 from tests.support.factories import decision_entry_body
 from tests.support.live import DIGEST_KEY, JWT_SECRET, live_service, service_settings
 from tests.support.served import ROOT
@@ -70,7 +71,7 @@ def write_legacy_data_dir(data_dir: Path, lanes: Lanes | None = None) -> list[di
     finally:
         if own:
             lanes.close()
-    old = CheckpointSigner.from_data_dir(data_dir).sign(head, T0 + timedelta(hours=1), None)
+    old = CheckpointSigner.of(SecretsHome.local(data_dir)).sign(head, T0 + timedelta(hours=1), None)
     (data_dir.parent / "old-checkpoint.json").write_text(old.model_dump_json())
     return entries
 

@@ -23,6 +23,7 @@ from store.chain.head import ChainHead, format_timestamp
 from store.chain.keys import chain_name, entry_key
 from store.chain.scrub_pass import scrub_position_key, scrub_step
 from store.chain.signed_head import resumed_checkpoint
+from store.secrets import SecretsHome
 from tests.decisions.test_evidence_bundle import BUNDLE, sign_in
 from tests.support.live import LiveService, live_service, service_settings
 
@@ -58,7 +59,7 @@ def position(chain: EvidenceChain, signer: CheckpointSigner) -> int | None:
 def test_a_walk_says_which_entries_it_read(chain: EvidenceChain, tmp_path: Path) -> None:
     whole = chain.verify()
     assert (whole.walked_from_seq, whole.walked_to_seq) == (1, 10)
-    first = resumed_checkpoint(chain, tmp_path, T0)
+    first = resumed_checkpoint(chain, SecretsHome.local(tmp_path), T0)
     assert first.checkpoint is not None
     nothing_new = chain.verify_resumed(first.checkpoint)
     assert (nothing_new.walked_from_seq, nothing_new.walked_to_seq) == (10, 10)
@@ -73,12 +74,12 @@ def test_a_walk_says_which_entries_it_read(chain: EvidenceChain, tmp_path: Path)
 
 
 def test_a_pass_goes_on_where_it_stopped(chain: EvidenceChain, tmp_path: Path) -> None:
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     assert scrub_step(chain, signer, T0, 3) is None
     assert position(chain, signer) == 3
     # A restart: a new signer of the same key goes on from seq 3, so an entry edited
     # before it is left to the next pass.
-    again = CheckpointSigner.from_data_dir(tmp_path)
+    again = CheckpointSigner.of(SecretsHome.local(tmp_path))
     edit(chain, 2)
     assert scrub_step(chain, again, T0, 3) is None
     assert position(chain, again) == 6
@@ -95,7 +96,7 @@ def test_a_pass_goes_on_where_it_stopped(chain: EvidenceChain, tmp_path: Path) -
 
 
 def test_a_pass_whose_position_was_cut_begins_again(chain: EvidenceChain, tmp_path: Path) -> None:
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     assert scrub_step(chain, signer, T0, 8) is None and position(chain, signer) == 8
     for seq in (7, 8, 9, 10):
         chain.lanes.delete(entry_key(seq, TENANT))
@@ -106,7 +107,7 @@ def test_a_pass_whose_position_was_cut_begins_again(chain: EvidenceChain, tmp_pa
 
 def test_a_forged_position_starts_the_pass_again(chain: EvidenceChain, tmp_path: Path) -> None:
     """Someone who can write the store, not read the key, moves the pass past their edit."""
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     edit(chain, 2)
     mine = CheckpointSigner(b"\x07" * 32)
     head = ChainHead(seq=9, hash="sha256:" + "0" * 64)
@@ -117,7 +118,7 @@ def test_a_forged_position_starts_the_pass_again(chain: EvidenceChain, tmp_path:
 
 
 def test_a_forged_sound_walk_is_not_shown(chain: EvidenceChain, tmp_path: Path) -> None:
-    signer = CheckpointSigner.from_data_dir(tmp_path)
+    signer = CheckpointSigner.of(SecretsHome.local(tmp_path))
     held = scrub_step(chain, signer, T0, 100)
     assert held is not None and held.ok and held.checkpoint is not None
     forged = held.model_copy(update={"at": format_timestamp(T0 + timedelta(days=1))})

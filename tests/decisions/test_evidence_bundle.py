@@ -42,7 +42,7 @@ from store.chain.entry import seal
 from store.chain.evidence import EvidenceChain
 from store.chain.head import GENESIS, format_timestamp
 from store.chain.keys import chain_name, entry_key
-from store.secrets import local_secret
+from store.secrets import SecretsHome, local_secret
 from tests.http.test_http_decisions import auditor, exercise, listed
 from tests.support.live import JWT_SECRET, LiveService
 from tests.support.served import Served, start
@@ -533,7 +533,7 @@ def test_after_retention_the_bundle_starts_at_the_anchor(
     lanes = LevelDBLaneStore(stopped / "leveldb")
     assert (
         EvidenceChain(lanes, "acme").prune(
-            T0 + timedelta(minutes=6), CheckpointSigner.from_data_dir(stopped), T0
+            T0 + timedelta(minutes=6), CheckpointSigner.of(SecretsHome.local(stopped)), T0
         )
         == 4
     )  # minutes 1-3, 5

@@ -22,6 +22,7 @@ from service.policy.sidecar import OpaSidecar
 from store.chain.log_note import LogSigner, latest_note
 from store.chain.timestamp_store import timestamped_sizes
 from store.chain.witness_store import cosigned_sizes
+from store.secrets import SecretsHome
 from tests.http.test_http_log_proofs import TENANT, edit_entry, get, traffic
 from tests.http.test_http_log_witnesses import (
     ORIGIN,
@@ -50,7 +51,9 @@ def newest(service: LiveService) -> tuple[int, int, int]:
     """The newest note's size, the newest cosigned size and the newest timestamped size,
     read from the store (a request would itself be a decision that grows the chain)."""
     lanes = service.context.lanes
-    note = latest_note(lanes, LogSigner.of(service.context.settings.data_dir, ORIGIN), TENANT)
+    note = latest_note(
+        lanes, LogSigner.of(SecretsHome.local(service.context.settings.data_dir), ORIGIN), TENANT
+    )
     cosigned, stamped = cosigned_sizes(lanes, TENANT), timestamped_sizes(lanes, TENANT)
     return (
         note.head.size if note else 0,

@@ -25,6 +25,7 @@ from store.chain.rfc9162 import verify_consistency, verify_inclusion
 from store.chain.tlog_checkpoint import TreeHead
 from store.chain.tree_frontier import edge
 from store.key_codec import TenantResourceLane
+from store.secrets import SecretsHome
 from tests.support.factories import state_input
 from tests.support.go_tools import run_go_tool
 from tests.support.live import LiveService, live_service, service_settings
@@ -175,7 +176,7 @@ def test_notes_and_proofs_check_with_go_tools_nobody_here_wrote(
 ) -> None:
     traffic(service)
     vkey = log_key(service)
-    key = CheckpointSigner.from_data_dir(service.settings.data_dir)
+    key = CheckpointSigner.of(SecretsHome.local(service.settings.data_dir))
     assert VerifierKey.parse(vkey).name == "sessionstate.local/" + key.key_id[len("ed25519:") :]
     note = checkpoint(service)
     (tmp_path / "note").write_bytes(note)
@@ -346,7 +347,7 @@ def test_a_chain_pruned_before_its_tree_is_unbuildable(
         traffic(service, writes=1)
         drop_tree(service)
         now = datetime.now(UTC)
-        signer = CheckpointSigner.from_data_dir(settings.data_dir)
+        signer = CheckpointSigner.of(SecretsHome.local(settings.data_dir))
         assert prune_log(service.context.lanes, now + timedelta(hours=1), signer, now) > 0
     monkeypatch.setenv("SESSIONSTATE_DATA_DIR", str(settings.data_dir))
     assert main(["db", "upgrade"]) == 0
@@ -365,7 +366,7 @@ def test_retention_keeps_the_proofs_of_kept_entries(service: LiveService, tmp_pa
     vkey = log_key(service)
     before = checkpoint(service)
     now = datetime.now(UTC)
-    signer = CheckpointSigner.from_data_dir(service.settings.data_dir)
+    signer = CheckpointSigner.of(SecretsHome.local(service.settings.data_dir))
     pruned = prune_log(service.context.lanes, now + timedelta(hours=1), signer, now)
     assert pruned > 0
     nodes = list(service.context.lanes.scan(TenantResourceLane.MERKLE_NODE, TENANT))

@@ -35,6 +35,7 @@ from store.chain.note import SignedNote, VerifierKey, open_note
 from store.chain.signed_head import verified_head_key
 from store.chain.tlog_checkpoint import TreeHead
 from store.key_codec import TenantResourceLane
+from store.secrets import SecretsHome
 from tests.http.test_http_log_proofs import TENANT, get, logcheck, traffic
 from tests.support.damage import rechained, rewrite, stored
 from tests.support.live import LiveService, live_service, service_settings
@@ -57,7 +58,7 @@ def until(found: Callable[[], T | None], what: str) -> T:
 
 def log_vkey(data_dir: Path) -> str:
     """The data dir's note verifier key (the key made now, before the service starts)."""
-    return str(LogSigner.of(data_dir, ORIGIN).verifier_key)
+    return str(LogSigner.of(SecretsHome.local(data_dir), ORIGIN).verifier_key)
 
 
 def witnessed_settings(data_dir: Path, witnesses: list[Witness], **overrides: Any) -> Any:
@@ -126,7 +127,7 @@ def rewrite_offline(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         edited = stored(chain, 2) | {"recorded_at": "2020-01-01T00:00:00.000Z"}
         rewrite(chain, 2, edited)  # one decision's body changed...
         rechained(chain, 2, head)  # ...and every hash and link from it recomputed
-        key_id = CheckpointSigner.from_data_dir(data_dir).key_id
+        key_id = CheckpointSigner.of(SecretsHome.local(data_dir)).key_id
         with lanes.batch(sync=True) as batch:
             batch.delete(verified_head_key(TENANT, key_id))
             for key, _ in lanes.scan(TenantResourceLane.TRACE_META, TENANT):

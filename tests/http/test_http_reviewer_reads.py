@@ -13,6 +13,7 @@ from store.chain.checkpoints import CheckpointSigner
 from store.chain.entry import parse_entry
 from store.chain.keys import entry_key
 from store.chain.signed_head import verified_head_key
+from store.secrets import SecretsHome
 from tests.support.live import LiveService
 
 DECISIONS = "/v1/decisions"
@@ -67,7 +68,7 @@ def test_verify_finds_an_entry_edited_after_the_remembered_head(service: LiveSer
 def test_a_remembered_head_written_into_the_store_is_not_trusted(service: LiveService) -> None:
     some_decisions(service)
     service.call("GET", DECISIONS + "/verify", auditor(service))
-    key_id = CheckpointSigner.from_data_dir(service.settings.data_dir).key_id
+    key_id = CheckpointSigner.of(SecretsHome.local(service.settings.data_dir)).key_id
     service.context.lanes.put(verified_head_key("tenant-a", key_id), b'{"seq": 999}')
     again = service.call("GET", DECISIONS + "/verify", auditor(service)).json()
     assert again["ok"] is True and again["resumed_from"] is None
