@@ -13,6 +13,7 @@ from service.http.common import context, json_response
 from service.policy.activation_hold import AWAITING_APPROVAL
 from service.policy.signed_bundle import SignedBundleSource
 from service.policy.source import PolicySource
+from store.backends.contract import ProbeWrite
 
 bp = Blueprint("ops", __name__)
 
@@ -47,10 +48,21 @@ def readyz() -> Response:
     store_open = not ctx.lanes.closed
     store_reachable = store_open and ctx.store_reachable()
     store_writable = ctx.lanes.writable
-    # PostgreSQL: a bounded probe write, so a store that answers but takes no writes (a table
-    # locked from elsewhere, a read-only server) is not ready. Not while latched: its writes
-    # are refused anyway, and the reason says so.
-    takes_writes = ctx.store_takes_writes() if store_reachable and store_writable else None
+    # PostgreSQL: COMMITs that would wait for a synchronous standby that is not there (read
+    # from the primary's views, so also while latched by such a COMMIT cut off).
+    standby_missing = ctx.store_sync_standby_missing() if store_reachable else None
+    # PostgreSQL: a bounded probe write, COMMIT included, so a store that answers but takes no
+    # writes (a table locked from elsewhere, a read-only server, a COMMIT that waits) is not
+    # ready. Not while latched (its writes are refused anyway, and the reason says so), nor
+    # when a synchronous standby is known to be missing (its COMMIT would only wait).
+    probed = (
+        ctx.store_takes_writes()
+        if store_reachable and store_writable and not standby_missing
+        else None
+    )
+    takes_writes = (
+        False if standby_missing else None if probed is None else probed is ProbeWrite.COMMITTED
+    )
     failing = {
         "opa_unreachable": not decided
         and not probe.engine_refused
@@ -61,7 +73,9 @@ def readyz() -> Response:
         "store_closed": not store_open,
         "store_unreachable": store_open and not store_reachable,
         "store_unwritable": store_reachable and not store_writable,
-        "store_write_probe_failed": takes_writes is False,
+        "store_write_probe_failed": probed is ProbeWrite.REFUSED,
+        "store_commit_unconfirmed": probed is ProbeWrite.COMMIT_UNCONFIRMED,
+        "store_sync_standby_missing": standby_missing is True,
     }
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
