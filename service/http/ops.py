@@ -26,7 +26,8 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> Response:
     """Ready when OPA answers with a loaded policy revision and the store is open, answers and
-    (PostgreSQL) commits a probe write.
+    (PostgreSQL) commits a probe write within its bound, COMMIT included, and the primary's
+    COMMITs do not wait for a synchronous standby that is not connected.
 
     A policy directory that did not compile at the last reload, or a signed
     bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
@@ -35,7 +36,9 @@ def readyz() -> Response:
     entries are what they are on every instance, and a reviewer must look. So is a
     tenant's decision log found behind the head the service signed for it: that
     tenant's requests answer 503 until its loss is recorded, the others' are served,
-    and taking the instance out of rotation would stop them too. So is a witness that
+    and taking the instance out of rotation would stop them too (every instance shares
+    the store, so every one would fail alike: an outage for all tenants that no other
+    instance and no failover mends; docs/operators.md weighs it). So is a witness that
     refused a chain's newest checkpoint note (`log_witness_refused`): the log may have been
     rewritten, which a reviewer must look at, and no other instance would serve better.
     """
