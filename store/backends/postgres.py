@@ -124,6 +124,7 @@ _PROBE_WRITE = (
     "ON CONFLICT (tenant_id, name) DO UPDATE SET probed_at = EXCLUDED.probed_at"
 )
 PROBE_ROW = "readiness"
+_OPTIONS_MARKER = "sessionstate.options_applied"  # a placeholder setting: any server takes it
 # Whether the primary's COMMITs wait for synchronous standbys that are not connected: the
 # names it waits for, and how many of the connected standbys it counts as synchronous.
 # `sync_state` is NULL to a role without pg_read_all_stats (then it cannot be told).
@@ -726,19 +727,18 @@ def _read_only_configure(conn: Connection) -> None:
 
 
 def _options_honoured(conninfo: str, connect: Mapping[str, object]) -> bool:
-    """Whether the server applies the `options` startup parameter (connecting once): False
-    when it is refused (PgBouncer: `unsupported startup parameter`) or silently dropped (the
-    session's statement_timeout is not the one asked for). Any other failure: True, and the
-    pool's own connects say what is wrong, as before."""
+    """Whether the server applies the `options` startup parameter (connecting once, with a
+    marker setting of the store's own beside them): False when it is refused (PgBouncer:
+    `unsupported startup parameter`) or silently dropped (no marker: a role's own
+    statement_timeout cannot pass for ours). Any other failure: True, and the pool's own
+    connects say what is wrong, as before."""
+    marked = dict(connect, options=f"{connect['options']} -c {_OPTIONS_MARKER}=on")
     try:
-        with psycopg.connect(conninfo, **connect) as conn:  # type: ignore[arg-type]
-            row = conn.execute(
-                "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'"
-            ).fetchone()
+        with psycopg.connect(conninfo, **marked) as conn:  # type: ignore[arg-type]
+            row = conn.execute("SELECT current_setting(%s, true)", (_OPTIONS_MARKER,)).fetchone()
     except psycopg.Error as error:
         return "unsupported startup parameter" not in str(error)
-    asked = str(connect["options"]).split("statement_timeout=", 1)[1].split()[0]
-    return row is not None and str(row[0]) == asked
+    return row == ("on",)
 
 
 def _page_reader(

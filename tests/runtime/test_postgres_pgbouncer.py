@@ -6,7 +6,8 @@ statement outside one, on whichever server connection is free, and refuses the
 the refusal and sets `statement_timeout` in each transaction, bounds single
 statements from the client, and prepares no statements.
 
-1. The store itself: many concurrent batches and reads (more than psycopg's
+1. The store itself, with `options` refused and with it dropped
+   (`ignore_startup_parameters = options`): many concurrent batches and reads (more than psycopg's
    auto-prepare threshold) on few server connections; a statement held by a table
    lock fails within the store's timeout, reads and writes alike; a read-only
    store cannot write; a direct connection keeps its session options.
@@ -55,15 +56,18 @@ from tests.support.served import ROOT
 CLIENT_SECONDS = 30  # a request still unanswered by then hung: the test fails
 
 
-@pytest.fixture
-def bounced(postgres: pg.PostgresServer) -> Iterator[tuple[str, str]]:
-    """(through PgBouncer, direct): connection strings of one fresh database."""
+@pytest.fixture(params=["", "options"], ids=["options-refused", "options-dropped"])
+def bounced(
+    postgres: pg.PostgresServer, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, str]]:
+    """(through PgBouncer, direct): connection strings of one fresh database; PgBouncer
+    refuses the `options` startup parameter, or drops it (`ignore_startup_parameters`)."""
     reason = bouncers.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
     direct = postgres.create_database()
     dbname = str(psycopg.conninfo.conninfo_to_dict(direct)["dbname"])
-    with bouncers.pgbouncer(postgres, pool_size=4) as bouncer:
+    with bouncers.pgbouncer(postgres, pool_size=4, ignored=request.param) as bouncer:
         yield bouncer.conninfo(dbname), direct
 
 
@@ -90,8 +94,10 @@ def test_the_store_keeps_no_session_state_behind_pgbouncer(bounced: tuple[str, s
     )
     assert upgraded.returncode == 0, upgraded.stderr
     store = PostgresLaneStore(through, timeout=2.0)
-    assert store.session_options is False  # PgBouncer refused `options`
-    assert PostgresLaneStore(direct, timeout=2.0).session_options is True
+    assert store.session_options is False  # PgBouncer refused or dropped `options`
+    plain = PostgresLaneStore(direct, timeout=2.0)
+    plain.close()
+    assert plain.session_options is True  # a direct connection keeps its options
     try:
         errors: list[BaseException] = []
 

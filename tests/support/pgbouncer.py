@@ -7,8 +7,8 @@ on a free port on 127.0.0.1 only, with no unix socket, and runs as the server us
 of tests/support/postgres.py (PgBouncer refuses to run as root), from a directory
 of its own. Clients log in with the server's password (`auth_type =
 scram-sha-256`, the password in `auth_file`), and PgBouncer logs in to PostgreSQL
-with it. `options` is not in `ignore_startup_parameters`: PgBouncer refuses a
-client that sends it, as a stock configuration does.
+with it. `options` is not in `ignore_startup_parameters` unless asked: PgBouncer
+refuses a client that sends it, as a stock configuration does.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def unavailable_reason() -> str | None:
 class PgBouncer:
     """One running PgBouncer; `conninfo(dbname)` reaches `server`'s database through it."""
 
-    def __init__(self, root: Path, server: PostgresServer, pool_size: int) -> None:
+    def __init__(
+        self, root: Path, server: PostgresServer, pool_size: int, ignored: str = ""
+    ) -> None:
         self.root = root
         self.server = server
         self.port = free_port()
@@ -68,6 +70,7 @@ class PgBouncer:
                     f"logfile = {self.log}",
                     f"pidfile = {root / 'pgbouncer.pid'}",
                     "server_reset_query =",
+                    f"ignore_startup_parameters = {ignored}",
                     "",
                 ]
             )
@@ -128,12 +131,15 @@ class PgBouncer:
 
 
 @contextmanager
-def pgbouncer(server: PostgresServer, *, pool_size: int = 40) -> Iterator[PgBouncer]:
-    """PgBouncer in transaction pooling in front of server; stopped and removed after."""
+def pgbouncer(
+    server: PostgresServer, *, pool_size: int = 40, ignored: str = ""
+) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction pooling in front of server; stopped and removed after.
+    `ignored`: its `ignore_startup_parameters` (`options`: dropped rather than refused)."""
     if not PGBOUNCER.exists():
         raise RuntimeError(INSTALL_HINT)
     root = Path(tempfile.mkdtemp(prefix="sessionstate-pgbouncer-"))
-    bouncer = PgBouncer(root, server, pool_size)
+    bouncer = PgBouncer(root, server, pool_size, ignored)
     try:
         bouncer.start()
         yield bouncer
