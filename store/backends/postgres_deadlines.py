@@ -21,6 +21,7 @@ connection whose watch fired rather than reuse it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +52,7 @@ class Deadlines:
         self._watches: set[Watch] = set()
         self._wake_at: float | None = None  # when the thread wakes next (None: when told)
         self._thread: threading.Thread | None = None
+        self._pid = 0  # the process that started the thread (a fork has none of its own)
         self._closed = False
         self.fired = 0  # cancels sent so far
 
@@ -61,10 +63,11 @@ class Deadlines:
         """Cancel what runs on conn once `seconds` have passed, until the block ends."""
         watch = Watch(conn, time.monotonic() + seconds)
         with self._cond:
-            if self._thread is None and not self._closed:
+            if (self._thread is None or self._pid != os.getpid()) and not self._closed:
                 self._thread = threading.Thread(
                     target=self._run, name=f"{self._name}-deadlines", daemon=True
                 )
+                self._pid = os.getpid()
                 self._thread.start()
             self._watches.add(watch)
             if self._wake_at is None or watch.deadline < self._wake_at:
