@@ -47,7 +47,14 @@ from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter
 from service.replay import SessionReplayPlanner
-from store.backends.contract import Lanes, drops_log_tail, reachable, takes_writes
+from store.backends.contract import (
+    Lanes,
+    ProbeWrite,
+    drops_log_tail,
+    reachable,
+    sync_standby_missing,
+    takes_writes,
+)
 from store.chain.signed_head import SignedHeads
 from store.digests import DigestKey
 from store.secrets import SecretsHome
@@ -196,9 +203,14 @@ class ServiceContext:
         """Whether the store answers now (for `/readyz`)."""
         return reachable(self.lanes)
 
-    def store_takes_writes(self) -> bool | None:
+    def store_takes_writes(self) -> ProbeWrite | None:
         """Whether a probe write commits now (PostgreSQL; None on LevelDB), for `/readyz`."""
         return takes_writes(self.lanes)
+
+    def store_sync_standby_missing(self) -> bool | None:
+        """Whether COMMITs wait for a synchronous standby that is not connected (PostgreSQL's
+        primary, when it can be told; None on LevelDB), for `/readyz`."""
+        return sync_standby_missing(self.lanes)
 
     def close(self) -> None:
         if self.retention is not None:

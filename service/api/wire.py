@@ -345,8 +345,10 @@ class StoreReadiness(_Envelope):
     takes_writes: bool | None = Field(
         default=None,
         description="PostgreSQL: a probe write committed now, within its bound (it takes the "
-        "lock every commit takes on the lanes table, then writes the probe row); false makes "
-        "the reason store_write_probe_failed. null on LevelDB, and when the store is not reachable",
+        "lock every commit takes on the lanes table, then writes the probe row, and its COMMIT "
+        "must answer within the bound too); false with the reason store_write_probe_failed, "
+        "store_commit_unconfirmed or store_sync_standby_missing. null on LevelDB, when the "
+        "store is not reachable, and while it is latched (store_unwritable)",
     )
 
 
@@ -376,7 +378,11 @@ class Readiness(_Envelope):
         description="why it is not ready: opa_unreachable, opa_refused_token, "
         "policy_decision_undefined (OPA answered the readiness probe without a decision), "
         "policy_not_loaded, store_closed, store_unreachable, store_unwritable, "
-        "store_write_probe_failed; empty when ready"
+        "store_write_probe_failed, store_commit_unconfirmed (PostgreSQL: the probe write's "
+        "COMMIT did not answer within its bound, as while it waits for a synchronous standby), "
+        "store_sync_standby_missing (PostgreSQL: the primary's synchronous_standby_names asks "
+        "for more synchronous standbys than are connected, so every COMMIT waits); empty when "
+        "ready"
     )
     warnings: list[str] = Field(
         default_factory=list,

@@ -13,6 +13,7 @@ from service.http.common import context, json_response
 from service.policy.activation_hold import AWAITING_APPROVAL
 from service.policy.signed_bundle import SignedBundleSource
 from service.policy.source import PolicySource
+from store.backends.contract import ProbeWrite
 
 bp = Blueprint("ops", __name__)
 
@@ -25,7 +26,8 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> Response:
     """Ready when OPA answers with a loaded policy revision and the store is open, answers and
-    (PostgreSQL) commits a probe write.
+    (PostgreSQL) commits a probe write within its bound, COMMIT included, and the primary's
+    COMMITs do not wait for a synchronous standby that is not connected.
 
     A policy directory that did not compile at the last reload, or a signed
     bundle OPA refused at the last reload, is a warning, not a failure: the service still decides, with the last good snapshot, and taking
@@ -34,7 +36,9 @@ def readyz() -> Response:
     entries are what they are on every instance, and a reviewer must look. So is a
     tenant's decision log found behind the head the service signed for it: that
     tenant's requests answer 503 until its loss is recorded, the others' are served,
-    and taking the instance out of rotation would stop them too. So is a witness that
+    and taking the instance out of rotation would stop them too (every instance shares
+    the store, so every one would fail alike: an outage for all tenants that no other
+    instance and no failover mends; docs/operators.md weighs it). So is a witness that
     refused a chain's newest checkpoint note (`log_witness_refused`): the log may have been
     rewritten, which a reviewer must look at, and no other instance would serve better.
     """
@@ -47,10 +51,21 @@ def readyz() -> Response:
     store_open = not ctx.lanes.closed
     store_reachable = store_open and ctx.store_reachable()
     store_writable = ctx.lanes.writable
-    # PostgreSQL: a bounded probe write, so a store that answers but takes no writes (a table
-    # locked from elsewhere, a read-only server) is not ready. Not while latched: its writes
-    # are refused anyway, and the reason says so.
-    takes_writes = ctx.store_takes_writes() if store_reachable and store_writable else None
+    # PostgreSQL: COMMITs that would wait for a synchronous standby that is not there (read
+    # from the primary's views, so also while latched by such a COMMIT cut off).
+    standby_missing = ctx.store_sync_standby_missing() if store_reachable else None
+    # PostgreSQL: a bounded probe write, COMMIT included, so a store that answers but takes no
+    # writes (a table locked from elsewhere, a read-only server, a COMMIT that waits) is not
+    # ready. Not while latched (its writes are refused anyway, and the reason says so), nor
+    # when a synchronous standby is known to be missing (its COMMIT would only wait).
+    probed = (
+        ctx.store_takes_writes()
+        if store_reachable and store_writable and not standby_missing
+        else None
+    )
+    takes_writes = (
+        False if standby_missing else None if probed is None else probed is ProbeWrite.COMMITTED
+    )
     failing = {
         "opa_unreachable": not decided
         and not probe.engine_refused
@@ -61,7 +76,9 @@ def readyz() -> Response:
         "store_closed": not store_open,
         "store_unreachable": store_open and not store_reachable,
         "store_unwritable": store_reachable and not store_writable,
-        "store_write_probe_failed": takes_writes is False,
+        "store_write_probe_failed": probed is ProbeWrite.REFUSED,
+        "store_commit_unconfirmed": probed is ProbeWrite.COMMIT_UNCONFIRMED,
+        "store_sync_standby_missing": standby_missing is True,
     }
     reasons = [reason for reason, failed in failing.items() if failed]
     source_valid = None if ctx.policy_source is None else ctx.policy_source.valid

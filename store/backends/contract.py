@@ -35,7 +35,8 @@ What the operations promise:
   raises `StoreUnwritable` when nothing of it happened (LevelDB after a failed
   append: its torn record is dropped at reopen), or `StoreOutcomeUnknown`
   when it may have landed (PostgreSQL when the connection broke while COMMIT
-  was under way; LevelDB when the record reached its log whole but the sync
+  was under way, or COMMIT did not answer within the store's timeout, as while
+  it waits for a synchronous standby that is not there; LevelDB when the record reached its log whole but the sync
   failed). A latched store refuses writes (`StoreUnwritable`, nothing done)
   until `reopen()` has succeeded, so a writer that caches what it wrote (the
   journal's chain heads) reads it again first.
@@ -223,12 +224,25 @@ class LogTail(Protocol):
         ...
 
 
+class ProbeWrite(StrEnum):
+    """What a bounded probe write found."""
+
+    COMMITTED = "committed"
+    REFUSED = "refused"  # a step failed or timed out: a lock held elsewhere, a read-only server
+    COMMIT_UNCONFIRMED = "commit_unconfirmed"  # COMMIT did not answer within the bound
+
+
 class Probe(Protocol):
     """Capability `probe`: a store across the network, asked whether it answers and writes."""
 
     def reachable(self, timeout: float = 1.0) -> bool: ...
 
-    def write_probe(self, timeout: float = 1.0) -> bool: ...
+    def write_probe(self, timeout: float = 1.0) -> ProbeWrite: ...
+
+    def sync_standby_missing(self, timeout: float = 1.0) -> bool | None:
+        """Whether COMMITs wait for synchronous standbys that are not connected (None: it
+        cannot be told, e.g. the role may not read the replication views)."""
+        ...
 
 
 class RecoveringLanes(Lanes, Recovery, Protocol): ...
@@ -306,9 +320,17 @@ def reachable(lanes: Lanes) -> bool:
     return not lanes.closed
 
 
-def takes_writes(lanes: Lanes) -> bool | None:
+def takes_writes(lanes: Lanes) -> ProbeWrite | None:
     """A store across the network: whether a probe write commits now, bounded. An embedded
     one: None, since this process alone writes it and `writable` says all there is to say."""
     if probes(lanes):
         return lanes.write_probe()
+    return None
+
+
+def sync_standby_missing(lanes: Lanes) -> bool | None:
+    """A store across the network: whether its COMMITs wait for a synchronous standby that is
+    not there. An embedded one: None."""
+    if probes(lanes):
+        return lanes.sync_standby_missing()
     return None

@@ -25,9 +25,30 @@ answers) so that a writer which caches what it wrote reads it again. A
 database that cannot be reached raises `StoreOffline`; messages never carry
 the connection string or a key.
 
+COMMIT is bounded like any statement. `statement_timeout` does not bound a
+COMMIT waiting for a synchronous standby (`synchronous_standby_names` naming
+standbys that are not connected, as on a standby promoted with the settings
+it copied): the store cancels a COMMIT that has not answered within its
+timeout (`postgres_deadlines`). The transaction has then committed locally but
+may not be on any standby, so the write is of unknown outcome
+(`StoreOutcomeUnknown`, never acknowledged), and the store stays latched until
+`reopen()` sees a probe write commit within its bound again.
+
 `write_probe` proves the database takes writes now (for readiness): in one
 short transaction it takes the lock every batch's upserts take on the lanes
-table and writes the probe row, each step bounded.
+table and writes the probe row, each step bounded, the COMMIT too.
+`sync_standby_missing` says, from the primary's own views, whether COMMITs
+wait for a synchronous standby that is not there.
+
+Session state: none that the store relies on, so it works behind a pooler in
+transaction mode (PgBouncer's `pool_mode = transaction`). When the server does
+not honour the `options` startup parameter (PgBouncer refuses it, or drops it
+with `ignore_startup_parameters`), the store says so in `session_options`
+(False), sets `statement_timeout` with `SET LOCAL` in each transaction, bounds
+single statements from the client (the same watch), turns psycopg's prepared
+statements off (`prepare_threshold=None`: a prepared statement lives on one
+server connection) and, read-only, begins each read `READ ONLY`. Locks are
+taken per transaction (`FOR UPDATE`, `LOCK TABLE`), never per session.
 
 As a backend (store/backends/contract.py) its location is a libpq connection
 string, a secret: only `shown` (`host:port/db`) is ever printed. Many
@@ -59,6 +80,7 @@ from store.backends.contract import (
     LocationInvalid,
     Mode,
     ProbedLanes,
+    ProbeWrite,
     RecoveringLanes,
     SchemaVersions,
     StoreOffline,
@@ -66,6 +88,7 @@ from store.backends.contract import (
     StoreUnwritable,
     StoreUpgradeRefused,
 )
+from store.backends.postgres_deadlines import Deadlines, Watch
 from store.backends.postgres_failures import StoreFailure, connect_failure, diagnosed
 from store.backends.postgres_schema import LANES_TABLE, NO_TENANT, PROBE_TABLE
 from store.key_codec import (
@@ -101,6 +124,18 @@ _PROBE_WRITE = (
     "ON CONFLICT (tenant_id, name) DO UPDATE SET probed_at = EXCLUDED.probed_at"
 )
 PROBE_ROW = "readiness"
+_OPTIONS_MARKER = "sessionstate.options_applied"  # a placeholder setting: any server takes it
+# Whether the primary's COMMITs wait for synchronous standbys that are not connected: the
+# names it waits for, and how many of the connected standbys it counts as synchronous.
+# `sync_state` is NULL to a role without pg_read_all_stats (then it cannot be told).
+_SYNC_STANDBYS = (
+    "SELECT current_setting('synchronous_standby_names'), "
+    "current_setting('synchronous_commit'), pg_is_in_recovery(), "
+    "count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')), "
+    "count(*) FILTER (WHERE sync_state IS NULL) "
+    "FROM pg_stat_replication"
+)
+_WAITING_COMMITS = ("on", "remote_write", "remote_apply")
 URI_SCHEMES = ("postgresql://", "postgres://")
 
 Connection = psycopg.Connection[tuple[object, ...]]
@@ -112,6 +147,19 @@ def redacted(conninfo: str) -> str:
     params = conninfo_to_dict(conninfo)
     params.pop("password", None)
     return make_conninfo(**{name: str(value) for name, value in params.items()})
+
+
+def synchronous_standbys_wanted(names: str) -> int:
+    """How many synchronous standbys `synchronous_standby_names` has COMMIT wait for:
+    `FIRST n (…)` and `ANY n (…)` say n, a plain list (or `*`) one, an empty value none."""
+    text = names.strip()
+    if not text:
+        return 0
+    words = text.split(None, 2)
+    if len(words) >= 2 and words[0].upper() in ("FIRST", "ANY") and words[1].isdigit():
+        return int(words[1])
+    head = words[0].split("(", 1)[0]
+    return int(head) if head.isdigit() else 1
 
 
 def read_only_conninfo(conninfo: str) -> str:
@@ -197,16 +245,34 @@ class PostgresLaneStore:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         single_tenant_batches: bool = False,
+        read_only: bool = False,
     ) -> None:
         self.conninfo = redacted(conninfo)
         self.single_tenant_batches = single_tenant_batches
+        self.read_only = read_only
         self._timeout = timeout
+        self._statement_ms = max(1, round(timeout * 1000))
+        self._deadlines = Deadlines("sessionstate-store")
         connect: dict[str, object] = {"autocommit": True}
         params = conninfo_to_dict(conninfo)
         if "connect_timeout" not in params:
             connect["connect_timeout"] = max(1, round(timeout))
+        # Whether the server took the `options` startup parameter (None: the string sets its
+        # own, which the store leaves alone). False behind a pooler that refuses or drops it:
+        # then no session state at all, and the store bounds statements in band.
+        self.session_options: bool | None = None
         if "options" not in params:  # a statement that hangs fails (and rolls back) instead
-            connect["options"] = f"-c statement_timeout={max(1, round(timeout * 1000))}"
+            own = f"-c statement_timeout={self._statement_ms}"
+            if read_only:
+                own += " -c default_transaction_read_only=on"
+            self.session_options = _options_honoured(conninfo, connect | {"options": own})
+            if self.session_options:
+                connect["options"] = own
+            else:  # a prepared statement lives on one server connection, not on ours
+                connect["prepare_threshold"] = None
+        elif read_only:
+            conninfo = read_only_conninfo(conninfo)
+        self._in_band = self.session_options is False
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             conninfo,
             kwargs=connect,
@@ -216,7 +282,7 @@ class PostgresLaneStore:
             # Give up reconnecting soon: the next request starts afresh, so a database that
             # comes back is used at once rather than after a long backoff.
             reconnect_timeout=timeout,
-            configure=_configure,
+            configure=_read_only_configure if self._in_band and read_only else _configure,
             open=False,
             name="sessionstate",
         )
@@ -263,7 +329,7 @@ class PostgresLaneStore:
 
     @classmethod
     def open(cls, location: str, mode: Mode) -> PostgresLaneStore:
-        return cls(read_only_conninfo(location) if mode is Mode.READ_ONLY else location)
+        return cls(location, read_only=mode is Mode.READ_ONLY)
 
     @classmethod
     def upgrade(cls, location: str) -> SchemaVersions:
@@ -406,17 +472,20 @@ class PostgresLaneStore:
         The batches inside commit on other connections while the row is held, so the next
         holder reads what they wrote. A row not stored yet, or a hold not had within the
         store's timeout, holds nothing (the batches' expectations still guard them). Ending
-        the hold never raises: its transaction wrote nothing, and a lost connection lets go
-        of the row by itself.
+        the hold rolls its transaction back and never raises: it wrote nothing, and a lost
+        connection lets go of the row by itself.
         """
         self._check_writable()
         hold = ExitStack()
         try:
             conn = hold.enter_context(self._pool.connection())
-            hold.enter_context(conn.transaction())
-            conn.execute(  # one round trip: no parameters, so both go as one simple query
+            # Rolled back at the end, never committed: a COMMIT of its row lock would wait
+            # for a synchronous standby, and the hold wrote nothing to keep.
+            hold.enter_context(conn.transaction(force_rollback=True))
+            conn.execute(  # one round trip: no parameters, so all go as one simple query
                 "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}"
+                f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}; "
+                f"SET LOCAL statement_timeout = {self._statement_ms}"
             )
             conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
         except pg_errors.LockNotAvailable:
@@ -442,15 +511,27 @@ class PostgresLaneStore:
         while True:
             self._check_writable()
             commit_sent = False
+            watch: Watch | None = None
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    if not sync:
-                        conn.execute("SET LOCAL synchronous_commit = off")
-                    _check_expected(conn, pending)
-                    _apply(conn, pending)
-                    commit_sent = True  # leaving the block sends COMMIT
+                with self._pool.connection() as conn:
+                    try:
+                        with ExitStack() as watching, conn.transaction():
+                            settings = self._transaction_settings(sync)
+                            if settings:
+                                conn.execute(settings)
+                            _check_expected(conn, pending)
+                            _apply(conn, pending)
+                            commit_sent = True  # leaving the block sends COMMIT, watched
+                            watch = watching.enter_context(
+                                self._deadlines.watch(conn, self._timeout)
+                            )
+                    finally:
+                        if watch is not None and watch.fired:
+                            conn.close()  # never back to the pool: a cancel may be pending
+                if watch is not None and watch.fired:  # COMMIT answered, maybe with a WARNING
+                    raise self._unknown("COMMIT did not answer within the store's timeout")
                 return
-            except ExpectationFailed:
+            except (ExpectationFailed, StoreOutcomeUnknown):
                 raise
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
                 # The server rolled back: nothing was written, the same batch may run again.
@@ -462,12 +543,10 @@ class PostgresLaneStore:
                     ) from None
                 time.sleep(random.uniform(0, min(0.002 * 2**conflicts, 0.1)))  # noqa: S311
             except (psycopg.Error, PoolClosed) as error:
-                if commit_sent and _lost(error):
-                    self._latched = True
-                    self.write_failures += 1
-                    raise StoreOutcomeUnknown(
-                        "the connection was lost while committing; the outcome is unknown "
-                        f"({_sqlstate(error)})"
+                if commit_sent and (_lost(error) or (watch is not None and watch.fired)):
+                    raise self._unknown(
+                        "the connection was lost while committing, or COMMIT did not answer "
+                        f"within the store's timeout ({_sqlstate(error)})"
                     ) from None
                 # Not committed (the server rolls back what it did not see committed).
                 offline += 1
@@ -475,6 +554,22 @@ class PostgresLaneStore:
                     raise StoreOffline(f"the store cannot write now ({_sqlstate(error)})") from None
                 self.connection_retries += 1
                 self._pool.check()
+
+    def _transaction_settings(self, sync: bool) -> str:
+        """What a batch's transaction sets first (one simple query: no parameters)."""
+        settings = []
+        if self._in_band:  # behind a pooler the session has no statement_timeout of ours
+            settings.append(f"SET LOCAL statement_timeout = {self._statement_ms}")
+        if not sync:
+            settings.append("SET LOCAL synchronous_commit = off")
+        return "; ".join(settings)
+
+    def _unknown(self, why: str) -> StoreOutcomeUnknown:
+        """Latch the store: a write of unknown outcome (it may have committed, at least
+        locally) is never acknowledged, and nothing is written until `reopen()`."""
+        self._latched = True
+        self.write_failures += 1
+        return StoreOutcomeUnknown(f"{why}; the outcome is unknown")
 
     def expunge(self, lane: TenantResourceLane, *scope: str) -> bool:
         """Nothing more to do: the batch deleted the rows. Their dead tuples stay in the
@@ -490,10 +585,17 @@ class PostgresLaneStore:
         return True
 
     def reopen(self) -> None:
-        """Accept writes again once the database answers; `StoreOffline` while it does not."""
+        """Accept writes again once the database answers and a probe write commits within the
+        timeout (so not while COMMITs wait for a missing synchronous standby); `StoreOffline`
+        while not."""
         if self._pool.closed:
             raise StoreOffline("the store is closed")
         self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+        if self.sync_standby_missing():  # known without waiting for a COMMIT
+            raise StoreOffline("COMMITs wait for a synchronous standby that is not connected")
+        probed = self.write_probe(min(self._timeout, 1.0))
+        if probed is not ProbeWrite.COMMITTED:
+            raise StoreOffline(f"the store does not take writes now ({probed.value})")
         if self._latched:
             self._latched = False
             self.reopens += 1
@@ -509,27 +611,60 @@ class PostgresLaneStore:
             return False
         return True
 
-    def write_probe(self, timeout: float = 1.0) -> bool:
+    def write_probe(self, timeout: float = 1.0) -> ProbeWrite:
         """Whether a write commits now, within about `timeout` per step (for readiness).
 
         One transaction: `LOCK TABLE … IN ROW EXCLUSIVE MODE` on the lanes table (the lock
         every batch's upserts take, so a table held from elsewhere in a mode that blocks
         writes fails it), then an upsert of the probe row, committed. `lock_timeout` and
-        `statement_timeout` bound the steps; a probe that fails wrote nothing that matters.
+        `statement_timeout` bound the steps, and a watch the COMMIT: one that does not
+        answer in time (waiting for a synchronous standby) is `COMMIT_UNCONFIRMED`. A
+        probe that fails wrote nothing that matters.
         """
         if self._pool.closed:
-            return False
+            return ProbeWrite.REFUSED
         bound = max(1, int(timeout * 1000))
+        watch: Watch | None = None
         try:
-            with self._pool.connection(timeout=timeout) as conn, conn.transaction():
-                conn.execute(  # no parameters: one simple query, one round trip
-                    f"SET LOCAL lock_timeout = {bound}; SET LOCAL statement_timeout = {bound}"
-                )
-                conn.execute(_PROBE_LOCK)
-                conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
+            with self._pool.connection(timeout=timeout) as conn:
+                try:
+                    with ExitStack() as watching, conn.transaction():
+                        conn.execute(  # no parameters: one simple query, one round trip
+                            f"SET LOCAL lock_timeout = {bound}; "
+                            f"SET LOCAL statement_timeout = {bound}"
+                        )
+                        conn.execute(_PROBE_LOCK)
+                        conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
+                        watch = watching.enter_context(self._deadlines.watch(conn, timeout))
+                finally:
+                    if watch is not None and watch.fired:
+                        conn.close()
         except (psycopg.Error, PoolClosed):
+            return ProbeWrite.COMMIT_UNCONFIRMED if watch and watch.fired else ProbeWrite.REFUSED
+        return ProbeWrite.COMMIT_UNCONFIRMED if watch and watch.fired else ProbeWrite.COMMITTED
+
+    def sync_standby_missing(self, timeout: float = 1.0) -> bool | None:
+        """Whether this primary's COMMITs wait for synchronous standbys that are not connected:
+        `synchronous_standby_names` asks for more than `pg_stat_replication` counts as `sync`
+        or `quorum` (PostgreSQL matches the names itself), while `synchronous_commit` waits
+        for them. None when it cannot be told (the store does not answer, or the role may not
+        read `sync_state`: grant it `pg_monitor`, or rely on the probe write's bound)."""
+        if self._pool.closed:
+            return None
+        try:
+            with self._pool.connection(timeout=timeout) as conn:
+                row = conn.execute(_SYNC_STANDBYS).fetchone()
+        except (psycopg.Error, PoolClosed):
+            return None
+        if row is None:
+            return None
+        names, commit, in_recovery, synchronous, hidden = row
+        wanted = synchronous_standbys_wanted(str(names))
+        if in_recovery or not wanted or str(commit) not in _WAITING_COMMITS:
             return False
-        return True
+        if _int(synchronous) >= wanted:
+            return False
+        return None if _int(hidden) else True
 
     @property
     def closed(self) -> bool:
@@ -537,6 +672,7 @@ class PostgresLaneStore:
 
     def close(self) -> None:
         self._pool.close()
+        self._deadlines.close()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -546,7 +682,9 @@ class PostgresLaneStore:
         while True:
             try:
                 with self._pool.connection() as conn:
-                    return work(conn)
+                    if not self._in_band:
+                        return work(conn)
+                    return self._read_in_band(conn, work)
             except postgres_schema.SchemaMismatch:
                 raise
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, psycopg.Error) as e:
@@ -561,10 +699,46 @@ class PostgresLaneStore:
             except PoolClosed:
                 raise StoreOffline("the store is closed") from None
 
+    def _read_in_band(self, conn: Connection, work: Callable[[Connection], T]) -> T:
+        """Behind a pooler: work bounded from the client (no statement_timeout of the
+        session's), in a READ ONLY transaction when the store is read-only."""
+        watch: Watch | None = None
+        try:
+            with self._deadlines.watch(conn, self._timeout) as watch:
+                if not self.read_only:
+                    return work(conn)
+                with conn.transaction():
+                    return work(conn)
+        finally:
+            if watch is not None and watch.fired:
+                conn.close()
+
 
 def _configure(conn: Connection) -> None:
     # Transactions the store opens (batches) are serializable; single statements autocommit.
     conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+
+
+def _read_only_configure(conn: Connection) -> None:
+    # Behind a pooler, read-only: every read is a transaction begun READ ONLY (and so is a
+    # batch, which the server then refuses), since no session default survives the pooler.
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    conn.read_only = True
+
+
+def _options_honoured(conninfo: str, connect: Mapping[str, object]) -> bool:
+    """Whether the server applies the `options` startup parameter (connecting once, with a
+    marker setting of the store's own beside them): False when it is refused (PgBouncer:
+    `unsupported startup parameter`) or silently dropped (no marker: a role's own
+    statement_timeout cannot pass for ours). Any other failure: True, and the pool's own
+    connects say what is wrong, as before."""
+    marked = dict(connect, options=f"{connect['options']} -c {_OPTIONS_MARKER}=on")
+    try:
+        with psycopg.connect(conninfo, **marked) as conn:  # type: ignore[arg-type]
+            row = conn.execute("SELECT current_setting(%s, true)", (_OPTIONS_MARKER,)).fetchone()
+    except psycopg.Error as error:
+        return "unsupported startup parameter" not in str(error)
+    return row == ("on",)
 
 
 def _page_reader(

@@ -123,9 +123,10 @@ def check(conn: psycopg.Connection[tuple[object, ...]]) -> None:
 def upgrade(conninfo: str) -> Upgrade:
     """Create or upgrade the schema to `SCHEMA_VERSION`; refuses a newer one (`SchemaTooNew`).
 
-    Safe to run again: a current schema is left as it is.
+    Safe to run again: a current schema is left as it is. Nothing prepared, no session
+    setting: it runs behind PgBouncer in transaction pooling as well.
     """
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as conn:
         found = stored_version(conn)
         if found > SCHEMA_VERSION:
             check(conn)  # raises SchemaTooNew

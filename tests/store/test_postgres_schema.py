@@ -6,6 +6,7 @@ import psycopg
 import pytest
 
 from store.backends import postgres_schema
+from store.backends.contract import ProbeWrite
 from store.backends.postgres import PostgresLaneStore
 from store.backends.postgres_schema import (
     PROBE_TABLE,
@@ -105,7 +106,7 @@ def test_a_version_1_store_is_refused_until_upgraded_then_takes_the_write_probe(
     assert upgrade(conninfo) == Upgrade(found=1, now=2)
     store = PostgresLaneStore(conninfo, timeout=2.0)
     try:
-        assert store.write_probe() and store.write_probe()  # the probe row, written twice
+        assert store.write_probe() is store.write_probe() is ProbeWrite.COMMITTED  # twice
     finally:
         store.close()
     with psycopg.connect(conninfo) as conn:

@@ -366,6 +366,15 @@ class PostgresPair:
     def promote(self) -> None:
         self.standby.promote()
 
+    def wait_standby_gone(self) -> None:
+        """Until the primary lists no standby streaming from it."""
+        deadline = time.monotonic() + READY_SECONDS
+        with self.primary.connect() as conn:
+            while conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone() != (0,):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the primary still lists a standby")
+                time.sleep(0.05)
+
     def wait_synchronous(self) -> None:
         """Until the primary reports the standby as its synchronous standby."""
         deadline = time.monotonic() + READY_SECONDS
@@ -385,8 +394,13 @@ class PostgresPair:
 
 
 @contextmanager
-def primary_and_standby() -> Iterator[PostgresPair]:
-    """A primary with a synchronous standby made by `pg_basebackup -R`; both stopped after."""
+def primary_and_standby(*, copied_sync_names: bool = False) -> Iterator[PostgresPair]:
+    """A primary with a synchronous standby made by `pg_basebackup -R`; both stopped after.
+
+    `copied_sync_names`: the standby keeps the `synchronous_standby_names` it copied from
+    the primary (naming itself), as a standby made with `pg_basebackup -R` does unless
+    told otherwise; promoted, it then waits at every COMMIT for a standby it does not have.
+    """
     _require_installed()
     with _workspace() as root:
         password = secrets.token_hex(16)
@@ -414,7 +428,9 @@ def primary_and_standby() -> Iterator[PostgresPair]:
             )
             # The copy carries the primary's settings: the standby's own come after them.
             # The walreceiver names itself by cluster_name, the name the primary waits for.
-            standby.configure(cluster_name=f"'{STANDBY_NAME}'", synchronous_standby_names="''")
+            standby.configure(cluster_name=f"'{STANDBY_NAME}'")
+            if not copied_sync_names:
+                standby.configure(synchronous_standby_names="''")
             standby.start()
             pair = PostgresPair(primary, standby)
             pair.wait_synchronous()

@@ -675,7 +675,7 @@ class StoreReadiness(_Response):
     reachable: bool = Field(description="the store answered now (PostgreSQL: a SELECT 1)")
     takes_writes: bool | None = Field(
         default=None,
-        description="PostgreSQL: a probe write committed now, within its bound (it takes the lock every commit takes on the lanes table, then writes the probe row); false makes the reason store_write_probe_failed. null on LevelDB, and when the store is not reachable",
+        description="PostgreSQL: a probe write committed now, within its bound (it takes the lock every commit takes on the lanes table, then writes the probe row, and its COMMIT must answer within the bound too); false with the reason store_write_probe_failed, store_commit_unconfirmed or store_sync_standby_missing. null on LevelDB, when the store is not reachable, and while it is latched (store_unwritable)",
     )
 
 
@@ -697,7 +697,7 @@ class Readiness(_Response):
         description="tenants' decision logs found behind the head the service signed for them since it started (read when a decision first goes on one): their requests answer 503 decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
     )
     reasons: list[str] = Field(
-        description="why it is not ready: opa_unreachable, opa_refused_token, policy_decision_undefined (OPA answered the readiness probe without a decision), policy_not_loaded, store_closed, store_unreachable, store_unwritable, store_write_probe_failed; empty when ready"
+        description="why it is not ready: opa_unreachable, opa_refused_token, policy_decision_undefined (OPA answered the readiness probe without a decision), policy_not_loaded, store_closed, store_unreachable, store_unwritable, store_write_probe_failed, store_commit_unconfirmed (PostgreSQL: the probe write's COMMIT did not answer within its bound, as while it waits for a synchronous standby), store_sync_standby_missing (PostgreSQL: the primary's synchronous_standby_names asks for more synchronous standbys than are connected, so every COMMIT waits); empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
