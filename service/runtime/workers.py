@@ -72,7 +72,7 @@ def fresh_workers_dir(data_dir: Path) -> Path:
     shared = workers_dir(data_dir)
     shutil.rmtree(shared, ignore_errors=True)
     for made in (shared, shared / METRICS_DIR, shared / BEATS_DIR):
-        made.mkdir(mode=0o700)
+        made.mkdir(mode=0o700, exist_ok=True)
     return shared
 
 

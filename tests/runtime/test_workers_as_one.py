@@ -101,7 +101,7 @@ def _reads(samples: Samples) -> float:
 
 
 @pytest.mark.slow
-def test_scrapes_add_up_every_workers_requests_and_never_go_backwards(
+def test_scrapes_add_up_every_workers_requests_and_never_go_backwards_even_over_a_restart(
     two_workers: Served,
 ) -> None:
     served = two_workers
@@ -140,6 +140,21 @@ def test_scrapes_add_up_every_workers_requests_and_never_go_backwards(
         assert samples[("sessionstate_policy_reloads_total", (("outcome", "loaded"),))] == 0
         assert samples[("sessionstate_store_writable", ())] == 1.0
         assert samples[("sessionstate_store_write_failures_total", ())] == 0
+    # A worker killed and started again: its counts stay in the sums.
+    killed = scrapes[-1][0]
+    os.kill(int(killed.split(":")[1]), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "the killed worker was not started again"
+        try:
+            worker, after = _scrape(served)
+        except requests.RequestException:  # a connection the killed worker had accepted
+            continue
+        assert _reads(after) == made, worker
+        for key, value in _counters(last).items():
+            assert after.get(key, 0.0) >= value, (worker, key, value, after.get(key))
+        if worker.split(":")[0] == killed.split(":")[0] and worker != killed:
+            break  # the worker started in the killed one's place answered
 
 
 @pytest.mark.slow
