@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from service.config.check import check_settings
@@ -194,7 +194,9 @@ def _live_revisions(settings: Settings, sidecars: Sidecars, published: Path) -> 
 
 def _publisher(sidecars: Sidecars, recorder: ActivationLog, path: Path) -> Callable[[], None]:
     """Publish the sidecars' policy health (the live and the shadow reload on threads of
-    their own: one publication at a time, each of the state after its reload)."""
+    their own: one publication at a time, each of the state after its reload). One that
+    cannot be written withdraws the last: the workers then say `policy_health_unavailable`
+    rather than tell of an earlier reload."""
     lock = threading.Lock()
     live = sidecars.live
 
@@ -205,7 +207,12 @@ def _publisher(sidecars: Sidecars, recorder: ActivationLog, path: Path) -> Calla
                 awaiting_approval=bool(recorder.awaiting_approval()),
                 shadow_refused=recorder.shadow_refused(),
             )
-            publish_policy_health(path, health)
+            try:
+                publish_policy_health(path, health)
+            except OSError as error:
+                log.error("policy_health_not_published", extra={"error_type": type(error).__name__})
+                with suppress(OSError):
+                    path.unlink(missing_ok=True)
 
     return publish
 
