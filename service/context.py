@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from service.approvals.index import ExpiredApprovalPruner, mark_index_complete_if_empty
 from service.approvals.lookup import ApprovalStore
@@ -43,10 +44,12 @@ from service.idle_expiry import IdleExpiry, IdleTTL
 from service.observability.metrics import ServiceMetrics
 from service.policy.client import UNKNOWN, PolicyClient
 from service.policy.gate import PolicyGate
+from service.policy.health import PolicyHealth, policy_health, published_policy_health
 from service.policy.shadow import ShadowPolicy
 from service.policy.source import PolicySnapshots
 from service.rate_limits import ActorRateLimiter
 from service.replay import SessionReplayPlanner
+from service.runtime.worker_beats import WorkerBeats
 from store.backends.contract import (
     Lanes,
     ProbeWrite,
@@ -105,6 +108,9 @@ class ServiceContext:
         None  # the sidecar's policy snapshot; None: external OPA
     )
     worker_label: str | None = None  # `slot:pid` of a worker of `serve --workers N`, else None
+    # A worker of several: the policy health its parent publishes (`service.policy.health`).
+    published_policy: Path | None = None
+    workers: WorkerBeats | None = None  # a worker of several: every worker's beat
     public_origin: str | None = None  # SESSIONSTATE_PUBLIC_URL's origin; None: unset
 
     @classmethod
@@ -120,15 +126,17 @@ class ServiceContext:
         shadow_token: str | None = None,
         owns_live: bool = True,
         observes_live: bool | None = None,
+        published_policy: Path | None = None,
     ) -> ServiceContext:
         """`owns_live`: this process opens and closes the data dir's live intervals (not a
         worker of several); `observes_live`: it learns the live revision from OPA's answers
-        (by default when it is told of no local sidecar's snapshot, `policy_source`)."""
+        (by default when it is told of no local sidecar's snapshot, `policy_source`);
+        `published_policy`: a worker's parent's policy health (`service.policy.health`)."""
         configuration = Configuration.read(settings)  # what may be refused, before the store
         session_tokens = session_token_issuer(settings)
         metrics = ServiceMetrics()
         store = configuration.store
-        lanes = _opened_lanes(store, metrics, policy_source)
+        lanes = _opened_lanes(store, metrics)
         try:  # one deployment identity: keys the store was not first written with are refused
             hold_key_ids(lanes, settings)
         except ConfigurationError:
@@ -160,7 +168,7 @@ class ServiceContext:
         )
         journal = _opened_journal(settings, lanes, live, clock, metrics)
         idle_ttl = IdleTTL(settings.state_idle_ttl_seconds, policy_source)
-        return cls(
+        context = cls(
             settings=settings,
             lanes=lanes,
             store=store,
@@ -197,6 +205,20 @@ class ServiceContext:
             witnesses=configuration.witnesses,
             timestamp_authority=configuration.timestamp_authority,
             log_checkpoints=_log_checkpoints(settings, lanes, configuration, clock, metrics),
+            published_policy=published_policy,
+        )
+        metrics.watch_policy(context.policy_health)
+        return context
+
+    def policy_health(self) -> PolicyHealth:
+        """The policy sources' health for `/readyz` and `/metrics`: this process's sidecars',
+        or, in a worker of several, what its parent published of its own."""
+        if self.published_policy is not None:
+            return published_policy_health(self.published_policy)
+        return policy_health(
+            self.policy_source,
+            awaiting_approval=bool(self.activations.awaiting_approval()),
+            shadow_refused=self.activations.shadow_refused(),
         )
 
     def store_reachable(self) -> bool:
@@ -232,14 +254,10 @@ class ServiceContext:
         self.lanes.close()
 
 
-def _opened_lanes(
-    store: StoreTarget, metrics: ServiceMetrics, policy_source: PolicySnapshots | None
-) -> Lanes:
+def _opened_lanes(store: StoreTarget, metrics: ServiceMetrics) -> Lanes:
     """The configured store, opened and watched by the metrics."""
     lanes = store.open()
     metrics.watch_store(lanes)
-    if policy_source is not None:
-        metrics.watch_policy_source(policy_source)
     report_dropped_log_bytes(lanes, metrics)
     return lanes
 

@@ -352,6 +352,16 @@ class StoreReadiness(_Envelope):
     )
 
 
+class WorkersReadiness(_Envelope):
+    count: int = Field(ge=2, description="the worker processes of `serve --workers N`")
+    up: int = Field(
+        ge=0,
+        description="those serving with their store open and writable (their latest beat, "
+        "or the answering worker's own probes); fewer than count makes the reason "
+        "worker_unavailable",
+    )
+
+
 class Readiness(_Envelope):
     ready: bool
     opa_reachable: bool = Field(description="OPA answered, with a decision or a refusal")
@@ -381,8 +391,9 @@ class Readiness(_Envelope):
         "store_write_probe_failed, store_commit_unconfirmed (PostgreSQL: the probe write's "
         "COMMIT did not answer within its bound, as while it waits for a synchronous standby), "
         "store_sync_standby_missing (PostgreSQL: the primary's synchronous_standby_names asks "
-        "for more synchronous standbys than are connected, so every COMMIT waits); empty when "
-        "ready"
+        "for more synchronous standbys than are connected, so every COMMIT waits), "
+        "worker_unavailable (serve --workers N: a worker is not serving, or its store is closed "
+        "or read-only); empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
@@ -398,5 +409,11 @@ class Readiness(_Envelope):
         "operator's `policy reload --skip-tests` served them), decision_scrub_failed (the last whole walk of a "
         "tenant's decision chain found a problem: the decision_scrub_failed log event names "
         "the chain, the problem and the seq), decision_log_behind_signed_head (see "
-        "chains_behind_signed_head)",
+        "chains_behind_signed_head), policy_health_unavailable (a worker of several could "
+        "not read the policy health its parent publishes)",
+    )
+    workers: WorkersReadiness | None = Field(
+        default=None,
+        description="serve --workers N: how many workers serve; the same answer whichever "
+        "worker gives it. null for a single process",
     )

@@ -7,13 +7,11 @@ import json
 from flask import Blueprint, Response
 
 from service.api.openapi import openapi_document
-from service.api.wire import Health, Readiness, StoreReadiness
+from service.api.wire import Health, Readiness, StoreReadiness, WorkersReadiness
 from service.decisions.witnessing import REFUSED_WARNING
 from service.http.common import context, json_response
-from service.policy.activation_hold import AWAITING_APPROVAL
-from service.policy.signed_bundle import SignedBundleSource
-from service.policy.source import PolicySource
 from store.backends.contract import ProbeWrite
+from service.runtime.worker_beats import WORKER_UNAVAILABLE
 
 bp = Blueprint("ops", __name__)
 
@@ -41,6 +39,11 @@ def readyz() -> Response:
     instance and no failover mends; docs/operators.md weighs it). So is a witness that
     refused a chain's newest checkpoint note (`log_witness_refused`): the log may have been
     rewritten, which a reviewer must look at, and no other instance would serve better.
+
+    With `serve --workers N` the answer covers every worker, whichever gives it: the policy
+    health is the parent's (`service.policy.health`), and a worker that is not serving, or
+    whose store is closed or read-only, makes it `worker_unavailable`
+    (`service.runtime.worker_beats`).
     """
     ctx = context()
     probe = ctx.gate.client.probe()
@@ -81,19 +84,14 @@ def readyz() -> Response:
         "store_sync_standby_missing": standby_missing is True,
     }
     reasons = [reason for reason, failed in failing.items() if failed]
-    source_valid = None if ctx.policy_source is None else ctx.policy_source.valid
-    warnings = ["policy_source_invalid"] if source_valid is False else []
-    if ctx.policy_source is not None:  # the admission checks' codes: policy_decision_undefined
-        warnings += ctx.policy_source.refusals
-    signed = ctx.policy_source if isinstance(ctx.policy_source, SignedBundleSource) else None
-    if source_valid is False and signed is not None and signed.refused_as is not None:
-        warnings.append(signed.refused_as)  # OPA refused the bundle offered last, or a rollback
-    if isinstance(ctx.policy_source, PolicySource):
-        warnings.extend(ctx.policy_source.test_warnings())
-    if ctx.activations.awaiting_approval():  # the old revision decides meanwhile
-        warnings.append(AWAITING_APPROVAL)
-    if ctx.activations.shadow_refused():  # the shadow's directory holds a set it refused
-        warnings.append("shadow_policy_source_invalid")
+    workers = None
+    if ctx.workers is not None:  # a worker of several: the others' beats, with its own probes
+        workers = WorkersReadiness(count=ctx.workers.count, up=ctx.workers.up())
+        if workers.up < workers.count:
+            reasons.append(WORKER_UNAVAILABLE)
+    policy = ctx.policy_health()  # a worker of several: its parent's, whichever answers
+    source_valid = policy.source_valid
+    warnings = list(policy.warnings)
     if ctx.scrub is not None and ctx.scrub.failing:
         warnings.append("decision_scrub_failed")  # a chain's last whole walk did not hold
     checkpoints = ctx.log_checkpoints
@@ -113,6 +111,7 @@ def readyz() -> Response:
         store_open=store_open,
         store_writable=store_writable,
         chains_behind_signed_head=behind,
+        workers=workers,
         store=StoreReadiness.model_validate(  # kind: a backend's name, which the wire lists
             {
                 "kind": ctx.store.kind,

@@ -1,16 +1,31 @@
-"""Prometheus metrics of one app: its own registry, labels that never hold input."""
+"""Prometheus metrics of one app: its own registry, labels that never hold input.
+
+The workers of `serve --workers N` are one service to Prometheus: their parent names a
+directory in PROMETHEUS_MULTIPROC_DIR (`service.runtime.workers`), prometheus-client's
+multiprocess mode keeps every worker's counters, histograms and gauges in files there, and
+whichever worker answers a scrape renders them all, added up (`MultiProcessCollector`). A
+worker that died keeps its counts in the sum, so no counter goes backwards when one is
+started again. What the store's health reads from a worker's own store is copied into those
+files (`sync`) at each of its heartbeats and before it answers a scrape. A single process
+renders its own registry, as it always did.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import threading
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from service.policy.signed_bundle import SignedBundleSource
-from service.policy.source import RELOAD_OUTCOMES, PolicySnapshots
+from service.policy.health import PolicyHealth
+from service.policy.source import RELOAD_OUTCOMES
 from store.backends.contract import Lanes, recovers
+
+MULTIPROC_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class ServiceMetrics:
@@ -19,6 +34,16 @@ class ServiceMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # A worker of several: what every worker counted, from PROMETHEUS_MULTIPROC_DIR.
+        shared = os.environ.get(MULTIPROC_DIR_VARIABLE)
+        self.multiprocess = bool(shared)
+        if shared:
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, shared)  # type: ignore[no-untyped-call]
+        else:
+            self._exposed = self.registry
+        self._synced: list[Callable[[], None]] = []
+        self._sync_lock = threading.Lock()
         self.requests = Counter(
             "sessionstate_http_requests",
             "HTTP requests by route template, method (OTHER for any the service does not "
@@ -82,6 +107,7 @@ class ServiceMetrics:
             "sessionstate_decision_scrub_last_success_timestamp_seconds",
             "When a scrub round last ended with every chain it walked holding (0: not yet).",
             registry=self.registry,
+            multiprocess_mode="max",  # of every worker's scrub, the latest success
         )
 
         self.log_checkpoint_failures = Counter(
@@ -129,15 +155,26 @@ class ServiceMetrics:
         )
 
     def watch_store(self, lanes: Lanes) -> None:
-        """Export the store's health, read from it at each scrape."""
-        self.registry.register(_StoreHealth(lanes))
+        """Export the store's health, read from it at each scrape (a worker of several: at
+        each `sync`, into the files every worker's scrape adds up)."""
+        if not self.multiprocess:
+            self._exposed.register(_StoreHealth(lanes))
+            return
+        self._synced.append(_SharedStoreHealth(lanes, self.registry).sync)
 
-    def watch_policy_source(self, source: PolicySnapshots) -> None:
+    def watch_policy(self, health: Callable[[], PolicyHealth]) -> None:
         """Export whether the served policy source compiled, and the reloads by outcome."""
-        self.registry.register(_PolicySourceHealth(source))
+        self._exposed.register(_PolicySourceHealth(health))
+
+    def sync(self) -> None:
+        """Copy what is read from this worker's own objects into the shared files."""
+        with self._sync_lock:
+            for synced in self._synced:
+                synced()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.sync()
+        return generate_latest(self._exposed)
 
 
 class _StoreHealth(Collector):
@@ -167,19 +204,58 @@ class _StoreHealth(Collector):
         )
 
 
-class _PolicySourceHealth(Collector):
-    """The local sidecar's policy snapshot: was the directory good at the last reload."""
+class _SharedStoreHealth:
+    """`_StoreHealth` for a worker of several: its store's health in the shared files. The
+    gauge is the lowest of the live workers' (0 while any worker's store is latched read-only);
+    the counters add up every worker's, the dead ones' too."""
 
-    def __init__(self, source: PolicySnapshots) -> None:
-        self._source = source
+    def __init__(self, lanes: Lanes, registry: CollectorRegistry) -> None:
+        self._lanes = lanes
+        self._writable = Gauge(
+            "sessionstate_store_writable",
+            "1 while the store accepts writes; 0 after a failed write until it is reopened.",
+            registry=registry,
+            multiprocess_mode="livemin",
+        )
+        self._failures = Counter(
+            "sessionstate_store_write_failures",
+            "Writes that failed (each latched the store read-only until a reopen).",
+            registry=registry,
+        )
+        self._reopens = Counter(
+            "sessionstate_store_reopens",
+            "Reopens of the store after a failed write.",
+            registry=registry,
+        )
+        self._counted = (0, 0)
+
+    def sync(self) -> None:
+        lanes = self._lanes
+        failures, reopens = (lanes.write_failures, lanes.reopens) if recovers(lanes) else (0, 0)
+        self._writable.set(1.0 if lanes.writable else 0.0)
+        counted_failures, counted_reopens = self._counted
+        self._failures.inc(max(0, failures - counted_failures))
+        self._reopens.inc(max(0, reopens - counted_reopens))
+        self._counted = (max(failures, counted_failures), max(reopens, counted_reopens))
+
+
+class _PolicySourceHealth(Collector):
+    """The local sidecar's policy source: was it good at the last reload (nothing with an
+    external OPA). A worker of several reads its parent's (`service.policy.health`)."""
+
+    def __init__(self, health: Callable[[], PolicyHealth]) -> None:
+        self._health = health
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        health = self._health()
+        if health.source_valid is None or health.reloads is None:
+            return
         yield GaugeMetricFamily(
             "sessionstate_policy_source_valid",
             "1 while the policy directory compiled, passed the admission checks and its tests "
             "at the last reload (or start); 0 after a reload refused it, while the last good "
             "policies still decide.",
-            value=1.0 if self._source.valid else 0.0,
+            value=1.0 if health.source_valid else 0.0,
         )
         reloads = CounterMetricFamily(
             "sessionstate_policy_reloads",
@@ -187,18 +263,18 @@ class _PolicySourceHealth(Collector):
             labels=["outcome"],
         )
         for outcome in RELOAD_OUTCOMES:
-            reloads.add_metric([outcome], self._source.reloads(outcome))
+            reloads.add_metric([outcome], health.reloads.get(outcome, 0))
         yield reloads
-        if isinstance(self._source, SignedBundleSource):
+        if health.bundle is not None:
             # While the latest offer stands refused, sessionstate_policy_source_valid is 0.
             yield CounterMetricFamily(
                 "sessionstate_policy_bundle_rejected",
                 "Signed policy bundles OPA refused (at start or at a reload).",
-                value=self._source.rejections,
+                value=health.bundle.rejected,
             )
             yield CounterMetricFamily(
                 "sessionstate_policy_bundle_rollback",
                 "Signed policy bundles refused at a reload as older than the highest serial "
                 "activated on the deployment (or without one); never offered to OPA.",
-                value=self._source.rollbacks,
+                value=health.bundle.rollback,
             )

@@ -181,6 +181,9 @@ class OpaSidecar:
         self._loaded_at = 0.0
         # Told of each revision OPA decides with after a reload that loaded it.
         self.on_live: Callable[[Activated], None] | None = None
+        # Told after each status written (start, reload, approval, refusal): the parent of
+        # workers publishes its policy health then (`service.policy.health`).
+        self.on_status: Callable[[], None] | None = None
         # The operator a reload request's token names (raises ValueError if none); None: a
         # request with a token is refused.
         self.verify_operator: Callable[[str], OperatorIdentity] | None = None
@@ -387,6 +390,8 @@ class OpaSidecar:
             approvers = () if approved is None else approved.approved_by
             self.on_live(self._activated(result.revision, how, who, approvers))
         write_status(self.status_path, status)
+        if self.on_status is not None:
+            self.on_status()
         if result.outcome != "invalid" and not started and not refused:  # logged as errors
             log.info(
                 "policy_reloaded",
@@ -450,6 +455,8 @@ class OpaSidecar:
             result, checked_at, "awaiting_approval", self._wait_deciding(served), request
         )
         write_status(self.status_path, status)
+        if self.on_status is not None:
+            self.on_status()
         return status
 
     def _refuse(

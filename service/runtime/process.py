@@ -17,7 +17,8 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from service.config.check import check_settings
 from service.config.configuration_error import ConfigurationError
@@ -39,12 +40,13 @@ from service.policy.engine_checks import (
     local_shadow_dir,
     local_signed_bundle,
 )
+from service.policy.health import policy_health, publish_policy_health
 from service.policy.reload import forget_pid, forget_status, write_pid
 from service.runtime.data_dir_lock import lock_data_dir
 from service.runtime.listeners import listeners
 from service.runtime.serving import Reloads, raise_open_file_limit, serve_http
 from service.runtime.sidecars import SidecarPlan, Sidecars, keep_serials_in, reloader
-from service.runtime.workers import supervise
+from service.runtime.workers import POLICY_HEALTH_FILE, fresh_workers_dir, supervise
 from store.backends.contract import Mode
 from store.chain.evidence import EvidenceChain
 from store.chain.keys import chain_names, legacy_chain_present
@@ -133,20 +135,22 @@ def _serve_with_workers(
     on_ready: Callable[[], None] | None,
     reloads: Reloads,
 ) -> None:
-    write_pid(settings.data_dir)  # `policy reload` signals this process: it has the sidecar
-    if reloads.early.is_set():
-        reloads.reload()
-    with _live_revisions(settings, sidecars):
-        supervise(listening, sidecars, on_ready, reloads.reload)
+    shared = fresh_workers_dir(settings.data_dir)
+    with _live_revisions(settings, sidecars, shared / POLICY_HEALTH_FILE):
+        write_pid(settings.data_dir)  # `policy reload` signals this process: it has the sidecar
+        if reloads.early.is_set():
+            reloads.reload()
+        supervise(listening, sidecars, shared, on_ready, reloads.reload)
 
 
 @contextmanager
-def _live_revisions(settings: Settings, sidecars: Sidecars) -> Iterator[None]:
+def _live_revisions(settings: Settings, sidecars: Sidecars, published: Path) -> Iterator[None]:
     """The parent of workers owns the data dir's live intervals: it opens one at start, one
     at each reload of its sidecar, and closes the last when it stops (the workers learn the
     live revision from the store, or, without a sidecar, from OPA's answers). It records
     its sidecars' activations too, through a journal of its own (on PostgreSQL, which
-    takes several writers)."""
+    takes several writers), and publishes its policy health to `published` at start and
+    after each of its sidecars' reloads, for every worker to tell (`service.policy.health`)."""
     configuration = Configuration.read(settings)
     lanes = configuration.store.open()
     live = LiveRevisions(lanes, instance_id(settings.data_dir), utc_now, owns=True)
@@ -167,6 +171,10 @@ def _live_revisions(settings: Settings, sidecars: Sidecars) -> Iterator[None]:
             keep_serials_in(sidecar, lanes)
         for followed in sidecars.running():
             recorder.follow(followed, operator)
+        publish = _publisher(sidecars, recorder, published)
+        publish()
+        for followed in sidecars.running():
+            followed.on_status = publish
         if sidecar is None:
             client = PolicyClient(*sidecars.opa(settings))
             try:
@@ -177,11 +185,37 @@ def _live_revisions(settings: Settings, sidecars: Sidecars) -> Iterator[None]:
     finally:
         for followed in sidecars.running():
             followed.on_live = None
+            followed.on_status = None
         if sidecar is not None:
             keep_serials_in(sidecar, None)
         journal.close()
         live.stopped()
         lanes.close()
+
+
+def _publisher(sidecars: Sidecars, recorder: ActivationLog, path: Path) -> Callable[[], None]:
+    """Publish the sidecars' policy health (the live and the shadow reload on threads of
+    their own: one publication at a time, each of the state after its reload). One that
+    cannot be written withdraws the last: the workers then say `policy_health_unavailable`
+    rather than tell of an earlier reload."""
+    lock = threading.Lock()
+    live = sidecars.live
+
+    def publish() -> None:
+        with lock:
+            health = policy_health(
+                None if live is None else live.policies,
+                awaiting_approval=bool(recorder.awaiting_approval()),
+                shadow_refused=recorder.shadow_refused(),
+            )
+            try:
+                publish_policy_health(path, health)
+            except OSError as error:
+                log.error("policy_health_not_published", extra={"error_type": type(error).__name__})
+                with suppress(OSError):
+                    path.unlink(missing_ok=True)
+
+    return publish
 
 
 def _check_decision_log(store: StoreTarget) -> None:

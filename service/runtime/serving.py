@@ -26,6 +26,7 @@ from service.http import request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
 from service.policy.reload import write_pid
 from service.runtime import serving_heap
+from service.runtime.worker_beats import BEAT_SECONDS
 
 log = logging.getLogger("sessionstate.serve")
 THREADS = 16  # requests run at once; reading them costs no thread
@@ -80,8 +81,26 @@ async def serve_http(
     if on_ready is not None:
         # The socket already listens: connections wait in its backlog until hypercorn accepts.
         loop.call_soon(on_ready)
-    await worker_serve(app, config, shutdown_trigger=stop.wait)
+    beating = None if context.workers is None else loop.create_task(_beat(context))
+    try:
+        await worker_serve(app, config, shutdown_trigger=stop.wait)
+    finally:
+        if beating is not None:
+            beating.cancel()
     log.info("service_stopped")
+
+
+async def _beat(context: ServiceContext) -> None:
+    """A worker of several, from its event loop: its metrics read from its store copied into
+    the shared files, and its beat (`service.runtime.worker_beats`), every BEAT_SECONDS."""
+    assert context.workers is not None
+    while True:
+        try:
+            context.metrics.sync()
+            context.workers.beat()
+        except Exception as error:  # a full disk, say: the others see no beat
+            log.warning("worker_beat_failed", extra={"error_type": type(error).__name__})
+        await asyncio.sleep(BEAT_SECONDS)
 
 
 def raise_open_file_limit() -> None:

@@ -16,6 +16,15 @@ Workers die with the parent even on SIGKILL (PR_SET_PDEATHSIG), a worker that
 dies is started again, and SIGTERM or SIGINT to the parent stops every worker
 gracefully (SIGTERM, then SIGKILL after the grace period). Only a store that
 several processes may open (PostgreSQL) admits more than one worker.
+
+To clients and to Prometheus the workers are one service. The parent makes the workers'
+directory in the data dir afresh at each start (`workers/`, the parent's and its workers'
+alone): prometheus-client's multiprocess mode keeps every worker's metrics in `metrics/`
+(PROMETHEUS_MULTIPROC_DIR), which any worker's `/metrics` adds up; the parent publishes its
+policy health in `policy-health.json` (`service.policy.health`), which every worker's
+`/readyz` and `/metrics` tell; and each worker beats in `beats/`, so any worker's `/readyz`
+covers all of them (`service.runtime.worker_beats`). When a worker dies, the parent drops
+its live gauges (`mark_process_dead`) and its beat; its counts stay in the sums.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,30 +40,53 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.multiprocess import mark_process_dead
 
 from service.config.settings import Settings
 from service.context import ServiceContext
 from service.observability import tracing
 from service.observability.logs import configure_logging
+from service.observability.metrics import MULTIPROC_DIR_VARIABLE
 from service.policy.sidecar import _die_with_parent
 from service.runtime.serving import raise_open_file_limit, serve_http
 from service.runtime.sidecars import Sidecars
+from service.runtime.worker_beats import BEATS_DIR, WorkerBeats, forget_beat
 
 log = logging.getLogger("sessionstate.workers")
 POLL_SECONDS = 0.2
 RESTART_BACKOFF_SECONDS = 1.0  # a worker that keeps dying at start is not spun in a loop
 STOP_GRACE_SECONDS = 15.0
+WORKERS_DIR = "workers"  # in the data dir: what the parent shares with its workers
+METRICS_DIR = "metrics"
+POLICY_HEALTH_FILE = "policy-health.json"
+
+
+def workers_dir(data_dir: Path) -> Path:
+    return data_dir / WORKERS_DIR
+
+
+def fresh_workers_dir(data_dir: Path) -> Path:
+    """The workers' directory, emptied: an earlier run's metrics and beats are not this one's."""
+    shared = workers_dir(data_dir)
+    shutil.rmtree(shared, ignore_errors=True)
+    for made in (shared, shared / METRICS_DIR, shared / BEATS_DIR):
+        made.mkdir(mode=0o700, exist_ok=True)
+    return shared
 
 
 class Workers:
     """The parent's view of its workers: spawn, restart the dead, stop them all."""
 
-    def __init__(self, listeners: list[socket.socket], sidecars: Sidecars) -> None:
+    def __init__(self, listeners: list[socket.socket], sidecars: Sidecars, shared: Path) -> None:
         self._count = count = len(listeners)  # a worker for each listening socket
         self._fds = [listener.fileno() for listener in listeners]
         for fd in self._fds:
             os.set_inheritable(fd, True)
-        self._env = dict(os.environ)
+        self._shared = shared
+        # Read by prometheus-client as it is imported: each worker's metrics go to files there.
+        self._env = dict(os.environ) | {MULTIPROC_DIR_VARIABLE: str(shared / METRICS_DIR)}
         sidecar, shadow = sidecars.live, sidecars.shadow
         if sidecar is not None:  # else the workers use SESSIONSTATE_OPA_URL as the parent does
             self._env |= {
@@ -77,7 +110,15 @@ class Workers:
     def _spawn(self, slot: int) -> None:
         fd = self._fds[slot]
         process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            [sys.executable, "-m", "service.runtime.workers", str(fd), str(slot), self._observes],
+            [
+                sys.executable,
+                "-m",
+                "service.runtime.workers",
+                str(fd),
+                str(slot),
+                str(self._count),
+                self._observes,
+            ],
             env=self._env,
             stdin=subprocess.DEVNULL,
             pass_fds=(fd,),
@@ -94,6 +135,7 @@ class Workers:
                 if process is None or process.poll() is None:
                     continue
                 log.error("worker_died", extra={"worker": slot, "exit_code": process.returncode})
+                self._forget(slot, process.pid)
                 young = time.monotonic() - self._started[slot] < RESTART_BACKOFF_SECONDS
                 if young and stop.wait(RESTART_BACKOFF_SECONDS):
                     return
@@ -111,12 +153,21 @@ class Workers:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for slot, exited in enumerate(self._processes):
+            if exited is not None:
+                self._forget(slot, exited.pid)
         log.info("workers_stopped", extra={"workers": len(running)})
+
+    def _forget(self, slot: int, pid: int) -> None:
+        """A worker that exited: its live gauges leave the sums (its counts stay), its beat goes."""
+        mark_process_dead(pid, str(self._shared / METRICS_DIR))  # type: ignore[no-untyped-call]
+        forget_beat(self._shared, slot)
 
 
 def supervise(
     listeners: list[socket.socket],
     sidecars: Sidecars,
+    shared: Path,
     on_ready: Callable[[], None] | None,
     reload: Callable[[], None],
 ) -> None:
@@ -126,7 +177,7 @@ def supervise(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload())
-    workers = Workers(listeners, sidecars)
+    workers = Workers(listeners, sidecars, shared)
     try:
         workers.start()
         if on_ready is not None:
@@ -139,7 +190,7 @@ def supervise(
     log.info("service_stopped")
 
 
-def worker_main(fd: int, slot: int, observes: bool = False) -> None:
+def worker_main(fd: int, slot: int, count: int, observes: bool = False) -> None:
     """One worker: its own context on the parent's socket and sidecar, until SIGTERM."""
     configure_logging()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the parent's
@@ -155,8 +206,10 @@ def worker_main(fd: int, slot: int, observes: bool = False) -> None:
         shadow_token=settings.shadow_opa_token,
         owns_live=False,  # the parent's
         observes_live=observes,
+        published_policy=workers_dir(settings.data_dir) / POLICY_HEALTH_FILE,
     )
     context.worker_label = f"{slot}:{os.getpid()}"
+    context.workers = WorkerBeats(workers_dir(settings.data_dir), slot, count, context.lanes)
     try:
         raise_open_file_limit()
         asyncio.run(serve_http(settings, context, listener))  # reloads are the parent's
@@ -166,4 +219,4 @@ def worker_main(fd: int, slot: int, observes: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["observe"])
+    worker_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["observe"])

@@ -679,6 +679,15 @@ class StoreReadiness(_Response):
     )
 
 
+class WorkersReadiness(_Response):
+    count: Annotated[int, Field(ge=2)] = Field(
+        description="the worker processes of `serve --workers N`"
+    )
+    up: Annotated[int, Field(ge=0)] = Field(
+        description="those serving with their store open and writable (their latest beat, or the answering worker's own probes); fewer than count makes the reason worker_unavailable"
+    )
+
+
 class Readiness(_Response):
     ready: bool
     opa_reachable: bool = Field(description="OPA answered, with a decision or a refusal")
@@ -697,11 +706,15 @@ class Readiness(_Response):
         description="tenants' decision logs found behind the head the service signed for them since it started (read when a decision first goes on one): their requests answer 503 decision_log_behind_signed_head until the loss is recorded (docs/operators.md)",
     )
     reasons: list[str] = Field(
-        description="why it is not ready: opa_unreachable, opa_refused_token, policy_decision_undefined (OPA answered the readiness probe without a decision), policy_not_loaded, store_closed, store_unreachable, store_unwritable, store_write_probe_failed, store_commit_unconfirmed (PostgreSQL: the probe write's COMMIT did not answer within its bound, as while it waits for a synchronous standby), store_sync_standby_missing (PostgreSQL: the primary's synchronous_standby_names asks for more synchronous standbys than are connected, so every COMMIT waits); empty when ready"
+        description="why it is not ready: opa_unreachable, opa_refused_token, policy_decision_undefined (OPA answered the readiness probe without a decision), policy_not_loaded, store_closed, store_unreachable, store_unwritable, store_write_probe_failed, store_commit_unconfirmed (PostgreSQL: the probe write's COMMIT did not answer within its bound, as while it waits for a synchronous standby), store_sync_standby_missing (PostgreSQL: the primary's synchronous_standby_names asks for more synchronous standbys than are connected, so every COMMIT waits), worker_unavailable (serve --workers N: a worker is not serving, or its store is closed or read-only); empty when ready"
     )
     warnings: list[str] = Field(
         default_factory=list,
-        description="what is wrong without stopping it from serving: policy_source_invalid, policy_decision_undefined (with policy_source_invalid: the last reload was refused because a decision package is undefined or does not answer the decision schema), policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), policy_bundle_rollback (with policy_source_invalid: the signed bundle of the last reload is older than the highest serial activated on the deployment, or has none, and was not offered to OPA), policy_tests_failed (with policy_source_invalid: the policy directory's tests failed, or covered it below SESSIONSTATE_POLICY_COVERAGE_MIN, at the last reload), policy_tests_skipped (the served policies' tests do not pass: an operator's `policy reload --skip-tests` served them), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head)",
+        description="what is wrong without stopping it from serving: policy_source_invalid, policy_decision_undefined (with policy_source_invalid: the last reload was refused because a decision package is undefined or does not answer the decision schema), policy_bundle_rejected (with policy_source_invalid: OPA refused the signed bundle offered at the last reload), policy_bundle_rollback (with policy_source_invalid: the signed bundle of the last reload is older than the highest serial activated on the deployment, or has none, and was not offered to OPA), policy_tests_failed (with policy_source_invalid: the policy directory's tests failed, or covered it below SESSIONSTATE_POLICY_COVERAGE_MIN, at the last reload), policy_tests_skipped (the served policies' tests do not pass: an operator's `policy reload --skip-tests` served them), decision_scrub_failed (the last whole walk of a tenant's decision chain found a problem: the decision_scrub_failed log event names the chain, the problem and the seq), decision_log_behind_signed_head (see chains_behind_signed_head), policy_health_unavailable (a worker of several could not read the policy health its parent publishes)",
+    )
+    workers: WorkersReadiness | None = Field(
+        default=None,
+        description="serve --workers N: how many workers serve; the same answer whichever worker gives it. null for a single process",
     )
 
 
