@@ -217,9 +217,12 @@ def _conninfo(cluster: patroni.PatroniCluster, via: str, dbname: str, proxy: obj
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("via", ["multi-host", "haproxy"])
+@pytest.mark.parametrize(
+    ("via", "lost"),
+    [("multi-host", "postmaster"), ("haproxy", "postmaster"), ("multi-host", "node")],
+)
 def test_leader_killed_under_load_patroni_promotes_and_nothing_is_lost(
-    cluster: patroni.PatroniCluster, via: str, opa_bin: str, tmp_path: Path
+    cluster: patroni.PatroniCluster, via: str, lost: str, opa_bin: str, tmp_path: Path
 ) -> None:
     dbname = cluster.create_database()
     leader, standby = cluster.wait_healthy()
@@ -233,7 +236,10 @@ def test_leader_killed_under_load_patroni_promotes_and_nothing_is_lost(
             with Load(instances) as ledger:
                 _until(lambda: ledger.count("acknowledged") >= SETTLE, "writes before the kill")
                 killed_at = time.monotonic()
-                leader.kill_postmaster()
+                if lost == "node":  # Patroni too: the replica waits for the leader key's ttl
+                    leader.kill_node()
+                else:  # Patroni fails over at once (primary_start_timeout: 0)
+                    leader.kill_postmaster()
                 promoted = cluster.wait_leader(other_than=leader)
                 promoted_after = time.monotonic() - killed_at
                 assert promoted is standby  # the synchronous standby, by Patroni alone
@@ -251,7 +257,7 @@ def test_leader_killed_under_load_patroni_promotes_and_nothing_is_lost(
             outage = ledger.outage_after(killed_at)
             assert outage is not None
             print(
-                f"\npatroni leader killed ({via}): write outage {outage:.1f} s, "
+                f"\npatroni leader's {lost} killed ({via}): write outage {outage:.1f} s, "
                 f"Patroni promoted {promoted.name} after {promoted_after:.1f} s, "
                 f"slowest request {ledger.slowest():.1f} s, outcomes {outcomes}"
             )

@@ -357,6 +357,16 @@ class PatroniNode:
         pg._wait_gone([pid, *children])
         return pid
 
+    def kill_node(self) -> int:
+        """kill -9 Patroni and its PostgreSQL at once, as a lost machine: its leader key stays
+        in etcd until its `ttl` runs out. Returns the killed postmaster's pid."""
+        assert self.process is not None
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # runuser and Patroni
+        pid = self.kill_postmaster()
+        self.process.wait(STOP_SECONDS)
+        return pid
+
     def stop(self) -> None:
         """Patroni stops (SIGTERM: it shuts its PostgreSQL down fast); then anything left is killed."""
         if self.process is not None:
