@@ -54,6 +54,8 @@ SETTLE = 30  # writes acknowledged before the kill, and again after the recovery
 # What a request may answer around a failover: acknowledged, or 503 with nothing (or, when
 # the kill cut a COMMIT off, an unknown outcome) stored; 412 when such a write had landed.
 EXPECTED = {"acknowledged", "store_unavailable", "store_outcome_unknown", "precondition_failed"}
+# What /readyz may say meanwhile: the store's reasons only.
+STORE_UNREADY = {"store_unreachable", "store_write_probe_failed", "store_unwritable"}
 
 
 @pytest.fixture
@@ -78,6 +80,7 @@ class Ledger:
     acknowledged: dict[tuple[str, str], str] = field(default_factory=dict)  # newest per session
     unsure: set[tuple[str, str]] = field(default_factory=set)  # a 503 since the newest ack
     decisions: list[tuple[str, str]] = field(default_factory=list)  # (tenant, decision id)
+    unready: set[str] = field(default_factory=set)  # the reasons /readyz gave, if any
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, outcome: str) -> int:
@@ -146,6 +149,22 @@ def _writer(url: str, tenant: str, session: str, ledger: Ledger, halt: threading
             known = read.json()["read_report"]["record"]["state_digest"] if read.ok else None
 
 
+def _watch_readiness(url: str, ledger: Ledger, halt: threading.Event) -> None:
+    """Ask /readyz every quarter second: the reasons it gave while not ready."""
+    http = requests.Session()
+    while not halt.wait(0.25):
+        try:
+            answer = http.get(url + "/readyz", timeout=CLIENT_TIMEOUT)
+        except requests.Timeout:
+            reasons = ["hung"]
+        except requests.RequestException:
+            reasons = ["transport_error"]
+        else:
+            reasons = [] if answer.status_code == 200 else answer.json()["reasons"]
+        with ledger.lock:
+            ledger.unready.update(reasons)
+
+
 def _until(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -172,6 +191,11 @@ class Load:
                 daemon=True,
             )
             for n in range(WRITERS)
+        ] + [
+            threading.Thread(
+                target=_watch_readiness, args=(served.url, self.ledger, self.halt), daemon=True
+            )
+            for served in instances
         ]
 
     def __enter__(self) -> Ledger:
@@ -253,13 +277,17 @@ def test_leader_killed_under_load_patroni_promotes_and_nothing_is_lost(
             outcomes = ledger.outcomes()
             assert outcomes.get("hung", 0) == 0, outcomes
             assert set(outcomes) <= EXPECTED, outcomes
+            assert ledger.unready <= STORE_UNREADY, ledger.unready
+            if lost == "node":  # ten seconds without a leader: the instances said so
+                assert ledger.unready, "/readyz never failed while there was no leader"
             _nothing_lost(instances, ledger, conninfo)
             outage = ledger.outage_after(killed_at)
             assert outage is not None
             print(
                 f"\npatroni leader's {lost} killed ({via}): write outage {outage:.1f} s, "
                 f"Patroni promoted {promoted.name} after {promoted_after:.1f} s, "
-                f"slowest request {ledger.slowest():.1f} s, outcomes {outcomes}"
+                f"slowest request {ledger.slowest():.1f} s, outcomes {outcomes}, "
+                f"/readyz reasons {sorted(ledger.unready)}"
             )
 
 
@@ -292,6 +320,7 @@ def test_sync_standby_killed_under_load_writes_continue_or_fail_never_hang(
         outcomes = ledger.outcomes()
         assert outcomes.get("hung", 0) == 0, outcomes
         assert set(outcomes) <= EXPECTED, outcomes
+        assert ledger.unready <= STORE_UNREADY, ledger.unready
         _nothing_lost(instances, ledger, conninfo)
         # Patroni starts the standby's PostgreSQL again and makes it synchronous once more.
         back = cluster.wait_healthy()
@@ -299,5 +328,6 @@ def test_sync_standby_killed_under_load_writes_continue_or_fail_never_hang(
         print(
             f"\npatroni sync standby killed: writes stalled {ledger.outage_after(killed_at) or 0:.1f} s, "
             f"slowest request {ledger.slowest():.1f} s, "
-            f"synchronous_standby_names seen {sorted(names_seen)}, outcomes {outcomes}"
+            f"synchronous_standby_names seen {sorted(names_seen)}, outcomes {outcomes}, "
+            f"/readyz reasons {sorted(ledger.unready)}"
         )
