@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 POLICIES := policies
 SCHEMAS := policies/schemas
 
-.PHONY: help run test install tools browser wrk postgres openssh schema pgbouncer lint-py types lint-rego test-rego test-py test-quick bench clean policy-manifest lock lock-check api-doc
+.PHONY: help run test install tools browser wrk postgres patroni openssh schema pgbouncer lint-py types lint-rego test-rego test-py test-quick bench clean policy-manifest lock lock-check api-doc
 
 help:
 	@echo "make run    start the OPA sidecar and the service on 127.0.0.1:8080"
@@ -79,6 +79,14 @@ postgres:
 pgbouncer:
 	@scripts/need_debian_package.sh pgbouncer /usr/sbin/pgbouncer
 
+# Debian's Patroni (3.0; it pulls python3-etcd, and runs as the system python3, not the venv),
+# etcd (3.4) and HAProxy for the automatic failover tests: tests/support/patroni.py starts an
+# etcd member, two Patroni nodes and HAProxy of its own on 127.0.0.1, in a temporary directory.
+patroni: postgres
+	@scripts/need_debian_package.sh patroni /usr/bin/patroni
+	@scripts/need_debian_package.sh etcd-server /usr/bin/etcd
+	@scripts/need_debian_package.sh haproxy /usr/sbin/haproxy
+
 # The OPA input schema is generated from service/policy/input.py, the tenant settings
 # document's (data.sessionstate.tenants) from service/policy/tenant_settings.py.
 schema: install
@@ -119,14 +127,14 @@ test-rego: tools install
 
 # Two pytest workers (pytest-xdist): most tests wait on real servers, fsync and timeouts.
 PYTEST_WORKERS ?= 2
-test-py: install tools browser wrk postgres pgbouncer openssh
+test-py: install tools browser wrk postgres pgbouncer patroni openssh
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 
 test: lock-check lint-rego test-rego lint-py types test-py
 
 # The Python suite without the cases marked slow (the longest end-to-end ones), for a quick
 # loop while working; `make test` runs them all.
-test-quick: install tools browser wrk postgres pgbouncer openssh
+test-quick: install tools browser wrk postgres pgbouncer patroni openssh
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 bench: install tools wrk

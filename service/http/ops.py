@@ -10,8 +10,8 @@ from service.api.openapi import openapi_document
 from service.api.wire import Health, Readiness, StoreReadiness, WorkersReadiness
 from service.decisions.witnessing import REFUSED_WARNING
 from service.http.common import context, json_response
-from store.backends.contract import ProbeWrite
 from service.runtime.worker_beats import WORKER_UNAVAILABLE
+from store.backends.contract import ProbeWrite
 
 bp = Blueprint("ops", __name__)
 
