@@ -14,6 +14,7 @@ settings against that OPA.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,10 +23,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import psycopg
 import pytest
 import requests
 import yaml
@@ -40,6 +44,7 @@ from tests.runtime.test_deployment import (
     opa_version,
     sidecar_command,
 )
+from tests.support import postgres as pg
 from tests.support.go_tools import go_tool
 from tests.support.paths import POLICY_DIR, ROOT
 from tests.support.ports import free_port
@@ -482,30 +487,36 @@ def test_the_opa_liveness_command_checks_the_server(pod_opa: PodOpa) -> None:
     assert subprocess.run(pod_opa.probe, capture_output=True, timeout=15).returncode == 0
 
 
-def test_the_service_with_the_pods_settings_is_ready_on_the_probe_paths(
-    built: list[dict[str, Any]], pod_opa: PodOpa, tmp_path: Path
-) -> None:
-    """The service container's environment (the image's, the ConfigMap, the pod's `env`)
-    with the pod's OPA; the store is the image default here (no PostgreSQL: the replicas'
-    PostgreSQL is shown in tests/runtime/test_postgres_replicas.py)."""
-    service = container(pod(built, "Deployment"), "sessionstate")
-    port = free_port()
+def container_env(
+    built: list[dict[str, Any]],
+    kind: str,
+    name: str,
+    pod_opa: PodOpa,
+    secrets: dict[tuple[str, str], str],
+    data_dir: Path,
+) -> dict[str, str]:
+    """A container's environment as the kubelet builds it (the image's, the ConfigMap's, the
+    container's `env` with each secretKeyRef resolved from `secrets`), run here: the pod's
+    OPA address is the test's, the data dir a temporary one, and no identity is mounted
+    (the service makes its secrets in the data dir, as where SESSIONSTATE_SECRETS_DIR is
+    unset)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
     env |= image_env()
-    for name, value in settings_of(built, service).items():
+    for variable, value in settings_of(built, container(pod(built, kind), name)).items():
         if isinstance(value, str):
-            env[name] = value.replace(OPA_ADDR, pod_opa.url.removeprefix("http://"))
-    env |= {
-        TOKEN_ENV: pod_opa.token,
-        "SESSIONSTATE_DATA_DIR": str(tmp_path / "data"),
-        "SESSIONSTATE_HOST": "127.0.0.1",  # 0.0.0.0 inside the pod's namespace
-        "SESSIONSTATE_PORT": str(port),
-    }
+            env[variable] = value.replace(OPA_ADDR, pod_opa.url.removeprefix("http://"))
+        else:
+            reference = value["valueFrom"]["secretKeyRef"]
+            env[variable] = secrets[reference["name"], reference["key"]]
     env.pop("SESSIONSTATE_OPA_BIN")  # with SESSIONSTATE_OPA_URL set, no OPA is started
-    # No mounted identity here: the service makes its secrets in the data dir, as it does
-    # where SESSIONSTATE_SECRETS_DIR is unset.
     env.pop("SESSIONSTATE_SECRETS_DIR")
-    log = tmp_path / "serve.log"
+    env["SESSIONSTATE_DATA_DIR"] = str(data_dir)
+    return env
+
+
+@contextmanager
+def serving(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`sessionstate serve` (the image's CMD) with `env`, stopped with SIGTERM at the end."""
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve"],
@@ -515,26 +526,104 @@ def test_the_service_with_the_pods_settings_is_ready_on_the_probe_paths(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+
+
+def ready(process: subprocess.Popen[bytes], url: str, log: Path) -> dict[str, Any]:
+    """The first 200 answer of `url` (the readiness probe's), within 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            answer = requests.get(url, timeout=1)
+            if answer.status_code == 200:
+                body: dict[str, Any] = answer.json()
+                return body
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(log.read_text()[-3000:])
+
+
+def test_the_service_with_the_pods_settings_is_ready_on_the_probe_paths(
+    built: list[dict[str, Any]], pod_opa: PodOpa, tmp_path: Path
+) -> None:
+    """The service container as the pod runs it, with the pod's OPA; its store is the image's
+    default here (PostgreSQL: the next test)."""
+    secrets = {(IDENTITY, "opa-token"): pod_opa.token, ("sessionstate-db-app", "uri"): ""}
+    env = container_env(built, "Deployment", "sessionstate", pod_opa, secrets, tmp_path / "data")
+    port = free_port()
+    env |= {
+        "SESSIONSTATE_HOST": "127.0.0.1",  # 0.0.0.0 inside the pod's namespace
+        "SESSIONSTATE_PORT": str(port),
+    }
+    env.pop("SESSIONSTATE_STORE")
+    service = container(pod(built, "Deployment"), "sessionstate")
     probes = {
         probe: f"http://127.0.0.1:{port}{service[probe]['httpGet']['path']}"
         for probe in ("startupProbe", "livenessProbe", "readinessProbe")
     }
-    try:
-        ready = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                answer = requests.get(probes["readinessProbe"], timeout=1)
-                if answer.status_code == 200:
-                    ready = answer.json()
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        assert ready is not None, log.read_text()[-3000:]
-        assert ready["policy_revision"] == load_bundle(POLICY_DIR).revision
+    log = tmp_path / "serve.log"
+    with serving(env, log) as process:
+        answer = ready(process, probes["readinessProbe"], log)
+        assert answer["policy_revision"] == load_bundle(POLICY_DIR).revision
         for url in probes.values():
             assert requests.get(url, timeout=5).status_code == 200, url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(30)
+
+
+@pytest.mark.slow
+def test_a_replica_waits_for_the_job_then_serves_on_postgresql(
+    built: list[dict[str, Any]], pod_opa: PodOpa, postgres: pg.PostgresServer, tmp_path: Path
+) -> None:
+    """The order `kubectl apply -k` leaves to Kubernetes: a replica started before the Job
+    has run refuses the database without its schema (exit 2, one line; Kubernetes restarts
+    it), the Job's command with its settings creates the schema, and a replica then
+    serves on it. The database URI has the form CloudNativePG's `uri` key holds."""
+    parts = psycopg.conninfo.conninfo_to_dict(postgres.create_database())
+    uri = (
+        f"postgresql://{parts['user']}:{quote(str(parts['password']), safe='')}"
+        f"@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    )
+    secrets = {(IDENTITY, "opa-token"): pod_opa.token, ("sessionstate-db-app", "uri"): uri}
+    port = free_port()
+    replica = container_env(
+        built, "Deployment", "sessionstate", pod_opa, secrets, tmp_path / "replica"
+    )
+    replica |= {"SESSIONSTATE_HOST": "127.0.0.1", "SESSIONSTATE_PORT": str(port)}
+
+    early = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve"],
+        env=replica,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert early.returncode == 2, early.stdout + early.stderr
+    assert "no sessionstate schema yet: run `sessionstate db upgrade`" in early.stderr
+    assert "Traceback" not in early.stderr and str(parts["password"]) not in early.stderr
+
+    job = container(pod(built, "Job"), "db-upgrade")
+    assert job["command"][0] == "sessionstate"
+    upgraded = subprocess.run(
+        [sys.executable, "-m", "service.cli", *job["command"][1:]],
+        env=container_env(built, "Job", "db-upgrade", pod_opa, secrets, tmp_path / "job"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert upgraded.returncode == 0, upgraded.stderr
+    done = json.loads(upgraded.stdout)
+    assert (done["store"], done["found"], done["changed"]) == ("postgresql", 0, True)
+
+    readiness = container(pod(built, "Deployment"), "sessionstate")["readinessProbe"]
+    log = tmp_path / "serve.log"
+    with serving(replica, log) as process:
+        answer = ready(process, f"http://127.0.0.1:{port}{readiness['httpGet']['path']}", log)
+    assert answer["store"]["kind"] == "postgresql" and answer["store"]["reachable"] is True
+    assert answer["policy_revision"] == load_bundle(POLICY_DIR).revision
