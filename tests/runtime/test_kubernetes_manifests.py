@@ -383,6 +383,13 @@ def test_the_job_runs_db_upgrade_with_the_replicas_settings(built: list[dict[str
     assert job["envFrom"] == container(pod(built, "Deployment"), "sessionstate")["envFrom"]
     data = [m["mountPath"] for m in job["volumeMounts"]]
     assert image_env()["SESSIONSTATE_DATA_DIR"] in data
+    # docs/deployment.md applies the Job alone with `-l app.kubernetes.io/component=db-upgrade`.
+    selected = [
+        d["kind"]
+        for d in built
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "db-upgrade"
+    ]
+    assert selected == ["Job"]
 
 
 def test_the_network_policy_admits_the_service_port_alone(built: list[dict[str, Any]]) -> None:
