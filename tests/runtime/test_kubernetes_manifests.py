@@ -146,6 +146,10 @@ def test_kustomize_builds_and_every_document_decodes_strictly_into_the_api_types
         "TestTheClusterCRDIsTheOnePublished",
     ):
         assert f"--- PASS: {test} " in done.stdout, done.stdout
+    unformatted = subprocess.run(
+        ["gofmt", "-l", "."], cwd=CHECK, capture_output=True, text=True, timeout=60
+    )
+    assert (unformatted.returncode, unformatted.stdout) == (0, "")
 
 
 def test_a_manifest_with_an_unknown_field_fails_the_check(tmp_path: Path) -> None:
