@@ -44,7 +44,8 @@ lock: install
 # Pinned OPA, Regal and Docker Compose, built with `go install` into .tools/bin on first
 # use (Compose, for tests/runtime/test_deployment.py's `docker-compose config`: about 2 minutes);
 # torchwood's litewitness and witnessctl (the witness the tests start), and logcheck
-# (examples/logcheck, the reviewer's checker), which the decision log's tests run.
+# (examples/logcheck, the reviewer's checker), which the decision log's tests run; and
+# kustomize, whose `build` of deploy/kubernetes tests/runtime/test_kubernetes_manifests.py runs.
 tools:
 	@scripts/tools.sh opa >/dev/null
 	@scripts/tools.sh regal >/dev/null
@@ -52,6 +53,7 @@ tools:
 	@scripts/tools.sh litewitness >/dev/null
 	@scripts/tools.sh witnessctl >/dev/null
 	@scripts/tools.sh logcheck >/dev/null
+	@scripts/tools.sh kustomize >/dev/null
 
 # Debian's Chromium for the reviewer page's browser test (Playwright drives it; it never
 # downloads a browser of its own). Installed unattended when we are root, as in CI.

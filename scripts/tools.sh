@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck
+# Usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck|kustomize
 # Prints the path of the pinned tool, building it with `go install` into the
 # project-local .tools/bin on first use. An `opa` already on PATH at the pinned
 # version is used as it is. `compose` is Docker Compose v2, standalone, installed
@@ -7,13 +7,15 @@
 # `litewitness` and `witnessctl` are filippo.io/torchwood's C2SP tlog-witness and its
 # database tool, the witness the tests start; `logcheck` is examples/logcheck, the
 # reviewer's checker built from the standard Go note and Merkle packages alone (its
-# own go.mod pins them), rebuilt whenever its sources change.
+# own go.mod pins them), rebuilt whenever its sources change. `kustomize` is
+# sigs.k8s.io/kustomize, whose `build` the tests run on deploy/kubernetes (no cluster needed).
 set -euo pipefail
 
 OPA_VERSION=1.22.3
 REGAL_VERSION=0.39.0
 COMPOSE_VERSION=2.32.4
 TORCHWOOD_VERSION=0.6.1
+KUSTOMIZE_VERSION=5.8.2
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="$root/.tools/bin"
@@ -109,6 +111,14 @@ case "${1:-}" in
     fi
     echo "$bin/logcheck"
     ;;
+  kustomize)
+    if ! built_from "$bin/kustomize" sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION"; then
+      need_go kustomize
+      echo "tools.sh: building kustomize v$KUSTOMIZE_VERSION into .tools/bin (first use only)" >&2
+      go install "sigs.k8s.io/kustomize/kustomize/v5@v$KUSTOMIZE_VERSION" >&2
+    fi
+    echo "$bin/kustomize"
+    ;;
   *)
-    echo "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck" >&2; exit 2 ;;
+    echo "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck|kustomize" >&2; exit 2 ;;
 esac

@@ -174,14 +174,14 @@ def test_an_unknown_tool_is_a_usage_error(sandbox: Sandbox) -> None:
     done = sandbox.run("docker")
     assert done.returncode == 2
     assert done.stderr == (
-        "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck\n"
+        "usage: scripts/tools.sh opa|regal|compose|litewitness|witnessctl|logcheck|kustomize\n"
     )
 
 
-@pytest.mark.parametrize("tool", ["litewitness", "witnessctl", "logcheck"])
+@pytest.mark.parametrize("tool", ["litewitness", "witnessctl", "logcheck", "kustomize"])
 def test_a_built_witness_tool_or_logcheck_is_not_rebuilt(tool: str) -> None:
-    """The real script over the real .tools: the torchwood binaries are told by their
-    build info (`go version -m`), logcheck by its sources' hash, so a second run (the
+    """The real script over the real .tools: the torchwood binaries and kustomize are told
+    by their build info (`go version -m`), logcheck by its sources' hash, so a second run (the
     first may build) finds the tool and builds nothing."""
     first = subprocess.run([str(SCRIPT), tool], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
