@@ -2,9 +2,10 @@
 
 Every replica of a deployment must digest with one key and sign the decision log with one
 key, or the same body gets two `state_digest`s and a reviewer must pin a key per replica.
-The store remembers the ids of the keys it was first written with (`sessionstate db
-upgrade`, or the first service to open it), one key beside the legacy chain's meta, and a
-replica whose keys differ is told so before it serves (`held_against`). Key ids are no
+The store remembers the ids of the keys of the first provisioned identity that opened it
+(`sessionstate db upgrade` or a service with `SESSIONSTATE_SECRETS_DIR`), one key beside the
+legacy chain's meta, and a replica whose keys differ is told so before it serves
+(`held_against`). Key ids are no
 secrets: a digest names its key's id, a checkpoint its key's.
 """
 
@@ -49,9 +50,10 @@ def _parsed(value: bytes | None) -> DeploymentKeyIds | None:
         raise KeyIdsUnreadable("the store's recorded key ids do not parse") from None
 
 
-def held_against(lanes: Lanes, ours: DeploymentKeyIds) -> list[str]:
-    """Compare `ours` with what the store recorded, recording what it lacks (all of it on a
-    new store; the checkpoint key's id once one exists); the fields that differ, in order.
+def held_against(lanes: Lanes, ours: DeploymentKeyIds, *, record: bool) -> list[str]:
+    """Compare `ours` with what the store recorded; the fields that differ, in order. With
+    `record`, what the store lacks is recorded (all of it on a new store; the checkpoint
+    key's id once one exists).
 
     A checkpoint key recorded while we have none differs too: we would make a new one.
     """
@@ -62,7 +64,7 @@ def held_against(lanes: Lanes, ours: DeploymentKeyIds) -> list[str]:
         if differ:
             return differ
         wanted = ours if recorded is None else _completed(recorded, ours)
-        if wanted == recorded:
+        if wanted == recorded or not record:
             return []
         try:
             with lanes.batch(sync=True) as batch:

@@ -28,6 +28,7 @@ from store.backends.registry import backend
 from store.chain.head import format_timestamp
 from store.chain.keys import chain_names
 from store.chain.tree_build import TreeBuild, build_tree
+from store.deployment_keys import recorded_key_ids
 from store.embedded.repair import repair
 from store.secrets import SecretsHome
 from store.session_dating import date_undated_sessions
@@ -70,8 +71,11 @@ def _upgrade(settings: Settings) -> int:
     steps: dict[str, Any] = {}
     if store.present:  # PostgreSQL: written by a preview before chains were per tenant?
         with _upgrading_lanes(settings, store) as lanes:
-            key_ids = hold_key_ids(lanes, settings)  # before anything is signed with them
-            steps = {**_upgrade_lanes(lanes, secrets_home(settings)), "key_ids": key_ids}
+            hold_key_ids(lanes, settings)  # before anything is signed with them
+            steps = {
+                **_upgrade_lanes(lanes, secrets_home(settings)),
+                "key_ids": recorded_key_ids(lanes),  # as the store records them now
+            }
     did = {
         "chains_migrated": None,
         "approvals_indexed": None,
@@ -84,7 +88,7 @@ def _upgrade(settings: Settings) -> int:
         **steps,
     }
     unbuildable = did.pop("trees_unbuildable", [])  # said every run: not a change
-    key_ids = did.pop("key_ids")  # said every run, as recorded (or found): not a change
+    key_ids = did.pop("key_ids")  # said every run, as the store records them: not a change
     changed = done.changed or any(value not in (None, {}) for value in did.values())
     print(
         json.dumps(

@@ -1,6 +1,11 @@
 """This replica's key ids held against the store's (`store.deployment_keys`): a replica whose
-digest key or checkpoint key differs from those the store was first written with stops
-before it serves, with one line that names where its key came from, never a value."""
+digest key or checkpoint key differs from those the store recorded stops before it serves,
+with one line that names where its key came from, never a value.
+
+Only a provisioned identity (`SESSIONSTATE_SECRETS_DIR`) is recorded: a data dir's own keys,
+made on first use on whatever host a command ran, are no deployment's identity, and a store
+that recorded them would refuse every replica after. They are still held against what a
+provisioned identity recorded."""
 
 from __future__ import annotations
 
@@ -38,11 +43,11 @@ def deployment_key_ids(settings: Settings) -> DeploymentKeyIds:
 
 
 def hold_key_ids(lanes: Lanes, settings: Settings) -> DeploymentKeyIds:
-    """Record this replica's key ids where the store has none; `ConfigurationError` where
-    they differ from those it recorded."""
+    """`ConfigurationError` where this replica's key ids differ from those the store recorded;
+    a provisioned identity's are recorded where the store has none."""
     ours = deployment_key_ids(settings)
     try:
-        differ = held_against(lanes, ours)
+        differ = held_against(lanes, ours, record=settings.secrets_dir is not None)
         recorded = recorded_key_ids(lanes) if differ else None
     except KeyIdsUnreadable as error:
         raise ConfigurationError(f"{error}: run `sessionstate db upgrade` to see it") from None
