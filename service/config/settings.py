@@ -39,6 +39,7 @@ OTHER_TOOLS_VARIABLES = frozenset(
         "SESSIONSTATE_PUBLISH",  # docker-compose.yml
         "SESSIONSTATE_PUBLISH_2",  # docker-compose.ha.yml, the second replica
         "SESSIONSTATE_POSTGRES_PASSWORD",  # docker-compose.ha.yml
+        "SESSIONSTATE_IDENTITY",  # docker-compose.ha.yml, the folder `secrets init` wrote
     }
 )
 

@@ -750,7 +750,7 @@ def test_service_configured_as_in_compose_is_ready_with_the_manifest_revision(
 
 # --- docker-compose.ha.yml ---------------------------------------------------------------
 
-HA_SECRETS = (TOKEN_ENV, "SESSIONSTATE_JWT_SECRET", "SESSIONSTATE_DIGEST_KEY")
+HA_SECRETS = (TOKEN_ENV, "SESSIONSTATE_IDENTITY")
 
 
 def _ha_config(
@@ -795,6 +795,13 @@ def test_ha_compose_is_postgresql_and_two_replicas_each_with_its_sidecar(
         for v in postgres["volumes"]
     )
     assert services["schema"]["command"] == ["sessionstate", "db", "upgrade"]
+    # One deployment identity: the one secret, mounted into the schema job and both replicas.
+    assert set(resolved["secrets"]) == {"identity"}
+    for name in ("schema", "sessionstate-1", "sessionstate-2"):
+        environment = services[name]["environment"]
+        assert [mount["source"] for mount in services[name]["secrets"]] == ["identity"]
+        assert environment["SESSIONSTATE_SECRETS_DIR"] == "/run/secrets/identity"
+        assert not {"SESSIONSTATE_JWT_SECRET", "SESSIONSTATE_DIGEST_KEY"} & set(environment)
     for replica in ("1", "2"):
         service, opa = services[f"sessionstate-{replica}"], services[f"opa-{replica}"]
         assert service["environment"]["SESSIONSTATE_STORE"].startswith("postgresql://sessionstate:")

@@ -1,6 +1,6 @@
 // Command k8scheck decodes every YAML document of the Kubernetes manifests it is given
-// strictly, each into the k8s.io/api type of its kind (a CloudNativePG Cluster against
-// the Cluster CRD's published schema): an unknown field, a field spelt in another case,
+// strictly, each into the k8s.io/api type of its kind (of a CloudNativePG Cluster, its
+// envelope and metadata): an unknown field, a field spelt in another case,
 // a key given twice or a kind the manifests may not hold fails it. `-` reads standard
 // input (`kustomize build deploy/kubernetes | k8scheck -`).
 //
