@@ -28,7 +28,7 @@ class DeploymentKeyIds(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    digest_key: str
+    digest_key: str | None
     checkpoint_key: str | None = None
 
 
@@ -78,7 +78,7 @@ def held_against(lanes: Lanes, ours: DeploymentKeyIds, *, record: bool) -> list[
 
 def _differing(recorded: DeploymentKeyIds, ours: DeploymentKeyIds) -> list[str]:
     differ = []
-    if recorded.digest_key != ours.digest_key:
+    if recorded.digest_key is not None and recorded.digest_key != ours.digest_key:
         differ.append("digest_key")
     if recorded.checkpoint_key is not None and recorded.checkpoint_key != ours.checkpoint_key:
         differ.append("checkpoint_key")
@@ -86,6 +86,8 @@ def _differing(recorded: DeploymentKeyIds, ours: DeploymentKeyIds) -> list[str]:
 
 
 def _completed(recorded: DeploymentKeyIds, ours: DeploymentKeyIds) -> DeploymentKeyIds:
-    if recorded.checkpoint_key is None and ours.checkpoint_key is not None:
-        return recorded.model_copy(update={"checkpoint_key": ours.checkpoint_key})
-    return recorded
+    """What the store lacks of ours added (a checkpoint key made since), nothing replaced."""
+    return DeploymentKeyIds(
+        digest_key=recorded.digest_key or ours.digest_key,
+        checkpoint_key=recorded.checkpoint_key or ours.checkpoint_key,
+    )

@@ -16,6 +16,7 @@ from service.cli.store_access import review_lanes
 from service.config.log_witnesses import log_witnesses
 from service.config.secret_values import secrets_home
 from service.config.settings import Settings
+from service.config.store import configured_store
 from service.decisions import log_review, revisions
 from service.decisions import review as decision_review
 from service.decisions.evidence_bundle import BundleTree
@@ -176,6 +177,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 def _log_proofs(settings: Settings, args: argparse.Namespace) -> int:
     """`decisions log-key`, `prove`, `consistency`: what the proof routes answer."""
     if args.review == "log-key":
+        if configured_store(settings).capabilities.shared:  # read while the service runs
+            with review_lanes(settings):  # the key the store recorded, or a refusal
+                pass
         print(log_review.log_key(settings))
         return 0
     with review_lanes(settings) as lanes:

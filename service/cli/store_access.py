@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from service.config.key_ids import hold_key_ids
 from service.config.settings import Settings
 from service.config.store import configured_store
 from service.decisions import review as decision_review
@@ -30,6 +31,9 @@ def holding_data_dir(data_dir: Path, database: Path) -> Iterator[None]:
 @contextmanager
 def review_lanes(settings: Settings) -> Iterator[Lanes]:
     """The store to review: PostgreSQL read while the service runs, by its own client; a
-    LevelDB data dir only while no service holds it (`decision_review.open_store`)."""
+    LevelDB data dir only while no service holds it (`decision_review.open_store`). Keys
+    other than those the store recorded are refused (`hold_key_ids`), so no command
+    signs, proves or prints a key of another identity against it."""
     with decision_review.open_store(configured_store(settings), settings.data_dir) as lanes:
+        hold_key_ids(lanes, settings, review=True)
         yield lanes

@@ -27,27 +27,35 @@ from store.deployment_keys import (
     held_against,
     recorded_key_ids,
 )
+from store.digests import DigestKey
 
 _NAMES = {"digest_key": "digest key", "checkpoint_key": "checkpoint key"}
 
 
-def deployment_key_ids(settings: Settings) -> DeploymentKeyIds:
+def deployment_key_ids(settings: Settings, *, make: bool = True) -> DeploymentKeyIds:
     """The ids of the keys this replica digests and signs with: a provisioned checkpoint key
-    must be there; a data dir's may not be made yet (None), and is not made here."""
+    must be there; a data dir's may not be made yet (None), and is not made here. Without
+    `make` (a review), a data dir's digest key is not made either (None)."""
     home = secrets_home(settings)
     signer = checkpoint_signer(settings) if home.provisioned else CheckpointSigner.existing(home)
+    if make or home.provisioned or settings.digest_key is not None:
+        digest: str | None = digest_key(settings).key_id
+    else:
+        stored = home.stored(DIGEST_KEY_FILE)
+        digest = None if stored is None else DigestKey(stored).key_id
     return DeploymentKeyIds(
-        digest_key=digest_key(settings).key_id,
+        digest_key=digest,
         checkpoint_key=None if signer is None else signer.key_id,
     )
 
 
-def hold_key_ids(lanes: Lanes, settings: Settings) -> DeploymentKeyIds:
+def hold_key_ids(lanes: Lanes, settings: Settings, *, review: bool = False) -> DeploymentKeyIds:
     """`ConfigurationError` where this replica's key ids differ from those the store recorded;
-    a provisioned identity's are recorded where the store has none."""
-    ours = deployment_key_ids(settings)
+    a provisioned identity's are recorded where the store has none. A `review` (a command
+    that reads the store) records nothing and makes no key."""
+    ours = deployment_key_ids(settings, make=not review)
     try:
-        differ = held_against(lanes, ours, record=settings.secrets_dir is not None)
+        differ = held_against(lanes, ours, record=settings.secrets_dir is not None and not review)
         recorded = recorded_key_ids(lanes) if differ else None
     except KeyIdsUnreadable as error:
         raise ConfigurationError(f"{error}: run `sessionstate db upgrade` to see it") from None

@@ -40,8 +40,9 @@ class ProvisionedIdentity(BaseModel):
 
 
 def provision(folder: Path) -> ProvisionedIdentity:
-    """Write the four secrets into folder (made mode 0700 if missing); `ConfigurationError`
-    naming the first file it already holds, before anything is written."""
+    """Write the four secrets into folder (new, or empty; mode 0700); `ConfigurationError`
+    for a folder that holds anything (naming the first secret it already holds), before
+    anything is written."""
     if folder.exists() and not folder.is_dir():
         raise ConfigurationError("--out must name a folder (it is a file)")
     held = [name for name in IDENTITY_FILES if (folder / name).exists()]
@@ -50,6 +51,10 @@ def provision(folder: Path) -> ProvisionedIdentity:
             f"--out already holds {held[0]}: a deployment's secrets are made once; "
             "name an empty or new folder"
         )
+    if folder.exists() and any(folder.iterdir()):
+        raise ConfigurationError("--out is not empty: name an empty or new folder")
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)  # an empty folder made before, under any umask: the owner's alone
     for name in (JWT_SECRET_FILE, DIGEST_KEY_FILE, CHECKPOINT_KEY_FILE):
         local_key_file(folder, name, _new_secret)
     local_key_file(folder, SIGNING_KEY_NAME, SigningKey.generated)

@@ -57,6 +57,9 @@ FIELDS = (
     "why",  # which check a timestamp failed (log_timestamp_failed): a code, never a body
     "failure",  # why the driver could not connect (store_connect_failed): a StoreFailure
     "detail",  # the driver's message template (store_driver_log), never its arguments
+    "worker",  # a worker's slot (worker_started, worker_died)
+    "pid",
+    "workers",  # how many workers stopped (workers_stopped)
 )
 
 

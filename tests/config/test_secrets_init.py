@@ -68,6 +68,20 @@ def test_init_refuses_a_folder_that_holds_any_of_them_and_writes_nothing(tmp_pat
     made = init(tmp_path / "fresh")
     again = cli("secrets", "init", "--out", str(tmp_path / "fresh"), env={})
     assert again.returncode == 2 and made["digest_key_id"]  # never overwritten
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "README").write_text("notes\n")
+    refused = cli("secrets", "init", "--out", str(other), env={})
+    assert refused.returncode == 2 and "--out is not empty" in refused.stderr
+    assert {path.name for path in other.iterdir()} == {"README"}
+
+
+def test_an_empty_folder_made_before_is_made_the_owners_alone(tmp_path: Path) -> None:
+    folder = tmp_path / "identity"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    init(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
 def test_the_settings_read_every_secret_from_the_provisioned_folder(tmp_path: Path) -> None:
