@@ -205,6 +205,20 @@ def test_a_replica_or_an_upgrade_with_other_keys_is_refused_in_one_line(
         serve = _serve_refused(opa_bin, tmp_path, conninfo, env)
         assert serve.returncode == 2, serve.stdout
         _one_line_naming(serve.stdout, named, other)
+    # The commands that read the store hold the keys too: none verifies, proves or prints
+    # the log key of another identity against it.
+    for command in (("decisions", "verify", "--all-tenants"), ("decisions", "log-key")):
+        env = {
+            "SESSIONSTATE_STORE": conninfo,
+            "SESSIONSTATE_SECRETS_DIR": str(other),
+            "SESSIONSTATE_DATA_DIR": str(tmp_path / "review"),
+        }
+        refused = cli(*command, env=env)
+        assert refused.returncode == 2, refused.stdout
+        assert refused.stdout == ""
+        _one_line_naming(refused.stderr, "SESSIONSTATE_SECRETS_DIR (digest.key)", other)
+        allowed = cli(*command, env=env | {"SESSIONSTATE_SECRETS_DIR": str(secrets)})
+        assert allowed.returncode == 0, allowed.stderr
     assert requests.get(f"{running.url}/readyz", timeout=10).status_code == 200
 
 
