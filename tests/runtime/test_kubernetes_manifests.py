@@ -506,6 +506,29 @@ def test_the_opa_liveness_command_checks_the_server(pod_opa: PodOpa) -> None:
     assert subprocess.run(pod_opa.probe, capture_output=True, timeout=15).returncode == 0
 
 
+def secret_volume(folder: Path) -> Path:
+    """The deployment identity as the kubelet mounts the Secret (`defaultMode: 0400`,
+    `fsGroup` adding group read): `sessionstate secrets init`'s files behind `..data`,
+    each name a link into it, as an atomic-writer volume lays them out."""
+    made = subprocess.run(
+        [sys.executable, "-m", "service.cli", "secrets", "init", "--out", str(folder / "made")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    volume = folder / "volume"
+    timestamped = volume / "..2026_12_03_00_00_00.000000000"
+    timestamped.mkdir(parents=True)
+    for name in IDENTITY_FILES:
+        shutil.copyfile(folder / "made" / name, timestamped / name)
+        (timestamped / name).chmod(0o440)
+        (volume / name).symlink_to(Path("..data") / name)
+    (volume / "..data").symlink_to(timestamped.name)
+    return volume
+
+
 def container_env(
     built: list[dict[str, Any]],
     kind: str,
@@ -513,12 +536,12 @@ def container_env(
     pod_opa: PodOpa,
     secrets: dict[tuple[str, str], str],
     data_dir: Path,
+    identity: Path,
 ) -> dict[str, str]:
     """A container's environment as the kubelet builds it (the image's, the ConfigMap's, the
     container's `env` with each secretKeyRef resolved from `secrets`), run here: the pod's
-    OPA address is the test's, the data dir a temporary one, and no identity is mounted
-    (the service makes its secrets in the data dir, as where SESSIONSTATE_SECRETS_DIR is
-    unset)."""
+    OPA address is the test's, the data dir a temporary one, and the identity the Secret
+    volume `identity` (`secret_volume`) where the pod mounts it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
     env |= image_env()
     for variable, value in settings_of(built, container(pod(built, kind), name)).items():
@@ -528,7 +551,7 @@ def container_env(
             reference = value["valueFrom"]["secretKeyRef"]
             env[variable] = secrets[reference["name"], reference["key"]]
     env.pop("SESSIONSTATE_OPA_BIN")  # with SESSIONSTATE_OPA_URL set, no OPA is started
-    env.pop("SESSIONSTATE_SECRETS_DIR")
+    env["SESSIONSTATE_SECRETS_DIR"] = str(identity)
     env["SESSIONSTATE_DATA_DIR"] = str(data_dir)
     return env
 
@@ -574,7 +597,10 @@ def test_the_service_with_the_pods_settings_is_ready_on_the_probe_paths(
     """The service container as the pod runs it, with the pod's OPA; its store is the image's
     default here (PostgreSQL: the next test)."""
     secrets = {(IDENTITY, "opa-token"): pod_opa.token, ("sessionstate-db-app", "uri"): ""}
-    env = container_env(built, "Deployment", "sessionstate", pod_opa, secrets, tmp_path / "data")
+    identity = secret_volume(tmp_path / "identity")
+    env = container_env(
+        built, "Deployment", "sessionstate", pod_opa, secrets, tmp_path / "data", identity
+    )
     port = free_port()
     env |= {
         "SESSIONSTATE_HOST": "127.0.0.1",  # 0.0.0.0 inside the pod's namespace
@@ -609,8 +635,9 @@ def test_a_replica_waits_for_the_job_then_serves_on_postgresql(
     )
     secrets = {(IDENTITY, "opa-token"): pod_opa.token, ("sessionstate-db-app", "uri"): uri}
     port = free_port()
+    identity = secret_volume(tmp_path / "identity")
     replica = container_env(
-        built, "Deployment", "sessionstate", pod_opa, secrets, tmp_path / "replica"
+        built, "Deployment", "sessionstate", pod_opa, secrets, tmp_path / "replica", identity
     )
     replica |= {"SESSIONSTATE_HOST": "127.0.0.1", "SESSIONSTATE_PORT": str(port)}
 
@@ -630,7 +657,7 @@ def test_a_replica_waits_for_the_job_then_serves_on_postgresql(
     assert job["command"][0] == "sessionstate"
     upgraded = subprocess.run(
         [sys.executable, "-m", "service.cli", *job["command"][1:]],
-        env=container_env(built, "Job", "db-upgrade", pod_opa, secrets, tmp_path / "job"),
+        env=container_env(built, "Job", "db-upgrade", pod_opa, secrets, tmp_path / "job", identity),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -639,6 +666,7 @@ def test_a_replica_waits_for_the_job_then_serves_on_postgresql(
     assert upgraded.returncode == 0, upgraded.stderr
     done = json.loads(upgraded.stdout)
     assert (done["store"], done["found"], done["changed"]) == ("postgresql", 0, True)
+    assert done["key_ids"]["checkpoint_key"].startswith("ed25519:")  # the Secret's, recorded
 
     readiness = container(pod(built, "Deployment"), "sessionstate")["readinessProbe"]
     log = tmp_path / "serve.log"
@@ -646,3 +674,4 @@ def test_a_replica_waits_for_the_job_then_serves_on_postgresql(
         answer = ready(process, f"http://127.0.0.1:{port}{readiness['httpGet']['path']}", log)
     assert answer["store"]["kind"] == "postgresql" and answer["store"]["reachable"] is True
     assert answer["policy_revision"] == load_bundle(POLICY_DIR).revision
+    assert not (tmp_path / "replica" / "secrets").exists()  # every secret from the volume
