@@ -23,6 +23,7 @@ import requests
 
 from service.auth.tokens import mint_token
 from store.secrets import SecretsHome
+from tests.config.test_secrets import cli
 from tests.runtime.test_postgres_service import stop
 from tests.support import postgres as pg
 from tests.support.factories import state_input
@@ -35,18 +36,6 @@ GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
 JWT_TYPE = "urn:ietf:params:oauth:token-type:jwt"
 
 pytestmark = pytest.mark.skipif(pg.unavailable_reason() is not None, reason="no PostgreSQL")
-
-
-def cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTATE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "service.cli", *argv],
-        env=clean | env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def identity(folder: Path) -> dict[str, Any]:
