@@ -605,7 +605,7 @@ class PostgresLaneStore:
         if self._pool.closed:
             return False
         try:
-            with self._pool.connection(timeout=timeout) as conn:
+            with self._pool.connection(timeout=timeout) as conn, self._probing(conn, timeout):
                 conn.execute("SELECT 1").fetchone()
         except (psycopg.Error, PoolClosed):
             return False
@@ -618,29 +618,38 @@ class PostgresLaneStore:
         every batch's upserts take, so a table held from elsewhere in a mode that blocks
         writes fails it), then an upsert of the probe row, committed. `lock_timeout` and
         `statement_timeout` bound the steps, and a watch the COMMIT: one that does not
-        answer in time (waiting for a synchronous standby) is `COMMIT_UNCONFIRMED`. A
-        probe that fails wrote nothing that matters.
+        answer in time (waiting for a synchronous standby) is `COMMIT_UNCONFIRMED`. Behind
+        a pooler one watch bounds the whole transaction, BEGIN included (twice `timeout`):
+        a probe that waits for a server connection is `REFUSED`. A probe that fails wrote
+        nothing that matters.
         """
         if self._pool.closed:
             return ProbeWrite.REFUSED
         bound = max(1, int(timeout * 1000))
         watch: Watch | None = None
+        commit_sent = False
         try:
             with self._pool.connection(timeout=timeout) as conn:
                 try:
-                    with ExitStack() as watching, conn.transaction():
-                        conn.execute(  # no parameters: one simple query, one round trip
-                            f"SET LOCAL lock_timeout = {bound}; "
-                            f"SET LOCAL statement_timeout = {bound}"
-                        )
-                        conn.execute(_PROBE_LOCK)
-                        conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
-                        watch = watching.enter_context(self._deadlines.watch(conn, timeout))
+                    with ExitStack() as watching:
+                        if self._in_band:  # BEGIN may wait there too, for a server connection
+                            watch = watching.enter_context(self._deadlines.watch(conn, 2 * timeout))
+                        with conn.transaction():
+                            conn.execute(  # no parameters: one simple query, one round trip
+                                f"SET LOCAL lock_timeout = {bound}; "
+                                f"SET LOCAL statement_timeout = {bound}"
+                            )
+                            conn.execute(_PROBE_LOCK)
+                            conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
+                            commit_sent = True  # leaving the block sends COMMIT, watched
+                            if watch is None:
+                                watch = watching.enter_context(self._deadlines.watch(conn, timeout))
                 finally:
                     if watch is not None and watch.fired:
                         conn.close()
         except (psycopg.Error, PoolClosed):
-            return ProbeWrite.COMMIT_UNCONFIRMED if watch and watch.fired else ProbeWrite.REFUSED
+            cut_off = commit_sent and watch is not None and watch.fired
+            return ProbeWrite.COMMIT_UNCONFIRMED if cut_off else ProbeWrite.REFUSED
         return ProbeWrite.COMMIT_UNCONFIRMED if watch and watch.fired else ProbeWrite.COMMITTED
 
     def sync_standby_missing(self, timeout: float = 1.0) -> bool | None:
@@ -652,7 +661,7 @@ class PostgresLaneStore:
         if self._pool.closed:
             return None
         try:
-            with self._pool.connection(timeout=timeout) as conn:
+            with self._pool.connection(timeout=timeout) as conn, self._probing(conn, timeout):
                 row = conn.execute(_SYNC_STANDBYS).fetchone()
         except (psycopg.Error, PoolClosed):
             return None
@@ -701,7 +710,8 @@ class PostgresLaneStore:
 
     def _read_in_band(self, conn: Connection, work: Callable[[Connection], T]) -> T:
         """Behind a pooler: work bounded from the client (no statement_timeout of the
-        session's), in a READ ONLY transaction when the store is read-only."""
+        session's), in a READ ONLY transaction when the store is read-only. Work the watch
+        cut off is not run again: it already waited the store's whole timeout."""
         watch: Watch | None = None
         try:
             with self._deadlines.watch(conn, self._timeout) as watch:
@@ -709,6 +719,29 @@ class PostgresLaneStore:
                     return work(conn)
                 with conn.transaction():
                     return work(conn)
+        except psycopg.Error as error:
+            if watch is not None and watch.fired:
+                raise StoreOffline(
+                    f"the store did not answer within its timeout ({_sqlstate(error)})"
+                ) from None
+            raise
+        finally:
+            if watch is not None and watch.fired:
+                conn.close()
+
+    @contextmanager
+    def _probing(self, conn: Connection, timeout: float) -> Iterator[None]:
+        """A readiness probe's work, behind a pooler bounded from the client by `timeout`: a
+        wait for a server connection is no statement, so no `statement_timeout` ends it (nor,
+        on PgBouncer, a cancel: the watch then shuts the connection down). A connection whose
+        watch fired is closed, never reused."""
+        if not self._in_band:  # the server bounds it, and answers (or its connection fails)
+            yield
+            return
+        watch: Watch | None = None
+        try:
+            with self._deadlines.watch(conn, timeout) as watch:
+                yield
         finally:
             if watch is not None and watch.fired:
                 conn.close()
