@@ -477,21 +477,29 @@ class PostgresLaneStore:
         """
         self._check_writable()
         hold = ExitStack()
+        watch: Watch | None = None
         try:
             conn = hold.enter_context(self._pool.connection())
-            # Rolled back at the end, never committed: a COMMIT of its row lock would wait
-            # for a synchronous standby, and the hold wrote nothing to keep.
-            hold.enter_context(conn.transaction(force_rollback=True))
-            conn.execute(  # one round trip: no parameters, so all go as one simple query
-                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}; "
-                f"SET LOCAL statement_timeout = {self._statement_ms}"
-            )
-            conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
+            with ExitStack() as steps:
+                if self._in_band:  # a pooler's wait for a server: no lock_timeout ends it
+                    watch = steps.enter_context(self._deadlines.watch(conn, 2 * self._timeout))
+                # Rolled back at the end, never committed: a COMMIT of its row lock would wait
+                # for a synchronous standby, and the hold wrote nothing to keep.
+                hold.enter_context(conn.transaction(force_rollback=True))
+                conn.execute(  # one round trip: no parameters, so all go as one simple query
+                    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                    f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}; "
+                    f"SET LOCAL statement_timeout = {self._statement_ms}"
+                )
+                conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
+            if watch is not None and watch.fired:  # a cancel was sent: not reused
+                raise psycopg.OperationalError("the hold did not answer within the timeout")
         except pg_errors.LockNotAvailable:
             _release(hold)
             self.hold_timeouts += 1
         except (psycopg.Error, PoolClosed) as error:
+            if watch is not None and watch.fired:
+                conn.close()
             _release(hold)
             raise StoreOffline(f"the store cannot be reached now ({_sqlstate(error)})") from None
         try:
@@ -512,21 +520,30 @@ class PostgresLaneStore:
             self._check_writable()
             commit_sent = False
             watch: Watch | None = None
+            steps: Watch | None = None  # behind a pooler: BEGIN to the last write, bounded
             try:
                 with self._pool.connection() as conn:
                     try:
-                        with ExitStack() as watching, conn.transaction():
-                            settings = self._transaction_settings(sync)
-                            if settings:
-                                conn.execute(settings)
-                            _check_expected(conn, pending)
-                            _apply(conn, pending)
-                            commit_sent = True  # leaving the block sends COMMIT, watched
-                            watch = watching.enter_context(
-                                self._deadlines.watch(conn, self._timeout)
-                            )
+                        with ExitStack() as watching, ExitStack() as stepping:
+                            if self._in_band:  # a wait for a server: no statement_timeout
+                                steps = stepping.enter_context(
+                                    self._deadlines.watch(conn, 2 * self._timeout)
+                                )
+                            with conn.transaction():
+                                settings = self._transaction_settings(sync)
+                                if settings:
+                                    conn.execute(settings)
+                                _check_expected(conn, pending)
+                                _apply(conn, pending)
+                                stepping.close()  # the steps' watch ends before COMMIT
+                                if steps is not None and steps.fired:
+                                    raise StoreOffline("the store did not answer in time")
+                                commit_sent = True  # leaving the block sends COMMIT, watched
+                                watch = watching.enter_context(
+                                    self._deadlines.watch(conn, self._timeout)
+                                )
                     finally:
-                        if watch is not None and watch.fired:
+                        if any(w is not None and w.fired for w in (watch, steps)):
                             conn.close()  # never back to the pool: a cancel may be pending
                 if watch is not None and watch.fired:  # COMMIT answered, maybe with a WARNING
                     raise self._unknown("COMMIT did not answer within the store's timeout")
@@ -549,6 +566,10 @@ class PostgresLaneStore:
                         f"within the store's timeout ({_sqlstate(error)})"
                     ) from None
                 # Not committed (the server rolls back what it did not see committed).
+                if steps is not None and steps.fired:  # it waited its whole bound already
+                    raise StoreOffline(
+                        f"the store did not answer within its timeout ({_sqlstate(error)})"
+                    ) from None
                 offline += 1
                 if not _lost(error) or offline >= READ_ATTEMPTS or _waited(error):
                     raise StoreOffline(f"the store cannot write now ({_sqlstate(error)})") from None

@@ -250,8 +250,9 @@ def test_the_store_bounds_its_probes_while_postgres_behind_pgbouncer_is_down(
     postgres_own: pg.PostgresServer,
 ) -> None:
     """PgBouncer queues a statement on a connection it has while the server is down, and
-    drops a cancel for it: each probe and read gives up (its connection shut down), and
-    answers as on a store that cannot be reached, long before `query_wait_timeout`."""
+    drops a cancel for it: each probe, read, write and hold gives up (its connection shut
+    down), and answers as on a store that cannot be reached, long before
+    `query_wait_timeout`."""
     reason = bouncers.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -270,6 +271,10 @@ def test_the_store_bounds_its_probes_while_postgres_behind_pgbouncer_is_down(
                     assert store.sync_standby_missing() is None
                     with pytest.raises(StoreOffline):
                         store.get(_key("t0", 0))
+                    with pytest.raises(StoreOffline):
+                        store.put(_key("t0", 0), b"while down")
+                    with pytest.raises(StoreOffline), store.exclusive(_key("t0", 0)):
+                        pass
                 # a cancel did not end the queued wait: the watch shut the connection down
                 assert store._deadlines.severed >= 1, bouncer.log_tail()
             finally:
