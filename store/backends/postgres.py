@@ -477,21 +477,29 @@ class PostgresLaneStore:
         """
         self._check_writable()
         hold = ExitStack()
+        watch: Watch | None = None
         try:
             conn = hold.enter_context(self._pool.connection())
-            # Rolled back at the end, never committed: a COMMIT of its row lock would wait
-            # for a synchronous standby, and the hold wrote nothing to keep.
-            hold.enter_context(conn.transaction(force_rollback=True))
-            conn.execute(  # one round trip: no parameters, so all go as one simple query
-                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}; "
-                f"SET LOCAL statement_timeout = {self._statement_ms}"
-            )
-            conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
+            with ExitStack() as steps:
+                if self._in_band:  # a pooler's wait for a server: no lock_timeout ends it
+                    watch = steps.enter_context(self._deadlines.watch(conn, 2 * self._timeout))
+                # Rolled back at the end, never committed: a COMMIT of its row lock would wait
+                # for a synchronous standby, and the hold wrote nothing to keep.
+                hold.enter_context(conn.transaction(force_rollback=True))
+                conn.execute(  # one round trip: no parameters, so all go as one simple query
+                    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                    f"SET LOCAL lock_timeout = {int(self._timeout * 1000)}; "
+                    f"SET LOCAL statement_timeout = {self._statement_ms}"
+                )
+                conn.execute(_HOLD, (key_tenant(key), key.encode())).fetchone()
+            if watch is not None and watch.fired:  # a cancel was sent: not reused
+                raise psycopg.OperationalError("the hold did not answer within the timeout")
         except pg_errors.LockNotAvailable:
             _release(hold)
             self.hold_timeouts += 1
         except (psycopg.Error, PoolClosed) as error:
+            if watch is not None and watch.fired:
+                conn.close()
             _release(hold)
             raise StoreOffline(f"the store cannot be reached now ({_sqlstate(error)})") from None
         try:
@@ -512,21 +520,30 @@ class PostgresLaneStore:
             self._check_writable()
             commit_sent = False
             watch: Watch | None = None
+            steps: Watch | None = None  # behind a pooler: BEGIN to the last write, bounded
             try:
                 with self._pool.connection() as conn:
                     try:
-                        with ExitStack() as watching, conn.transaction():
-                            settings = self._transaction_settings(sync)
-                            if settings:
-                                conn.execute(settings)
-                            _check_expected(conn, pending)
-                            _apply(conn, pending)
-                            commit_sent = True  # leaving the block sends COMMIT, watched
-                            watch = watching.enter_context(
-                                self._deadlines.watch(conn, self._timeout)
-                            )
+                        with ExitStack() as watching, ExitStack() as stepping:
+                            if self._in_band:  # a wait for a server: no statement_timeout
+                                steps = stepping.enter_context(
+                                    self._deadlines.watch(conn, 2 * self._timeout)
+                                )
+                            with conn.transaction():
+                                settings = self._transaction_settings(sync)
+                                if settings:
+                                    conn.execute(settings)
+                                _check_expected(conn, pending)
+                                _apply(conn, pending)
+                                stepping.close()  # the steps' watch ends before COMMIT
+                                if steps is not None and steps.fired:
+                                    raise StoreOffline("the store did not answer in time")
+                                commit_sent = True  # leaving the block sends COMMIT, watched
+                                watch = watching.enter_context(
+                                    self._deadlines.watch(conn, self._timeout)
+                                )
                     finally:
-                        if watch is not None and watch.fired:
+                        if any(w is not None and w.fired for w in (watch, steps)):
                             conn.close()  # never back to the pool: a cancel may be pending
                 if watch is not None and watch.fired:  # COMMIT answered, maybe with a WARNING
                     raise self._unknown("COMMIT did not answer within the store's timeout")
@@ -549,6 +566,10 @@ class PostgresLaneStore:
                         f"within the store's timeout ({_sqlstate(error)})"
                     ) from None
                 # Not committed (the server rolls back what it did not see committed).
+                if steps is not None and steps.fired:  # it waited its whole bound already
+                    raise StoreOffline(
+                        f"the store did not answer within its timeout ({_sqlstate(error)})"
+                    ) from None
                 offline += 1
                 if not _lost(error) or offline >= READ_ATTEMPTS or _waited(error):
                     raise StoreOffline(f"the store cannot write now ({_sqlstate(error)})") from None
@@ -605,7 +626,7 @@ class PostgresLaneStore:
         if self._pool.closed:
             return False
         try:
-            with self._pool.connection(timeout=timeout) as conn:
+            with self._pool.connection(timeout=timeout) as conn, self._probing(conn, timeout):
                 conn.execute("SELECT 1").fetchone()
         except (psycopg.Error, PoolClosed):
             return False
@@ -618,29 +639,38 @@ class PostgresLaneStore:
         every batch's upserts take, so a table held from elsewhere in a mode that blocks
         writes fails it), then an upsert of the probe row, committed. `lock_timeout` and
         `statement_timeout` bound the steps, and a watch the COMMIT: one that does not
-        answer in time (waiting for a synchronous standby) is `COMMIT_UNCONFIRMED`. A
-        probe that fails wrote nothing that matters.
+        answer in time (waiting for a synchronous standby) is `COMMIT_UNCONFIRMED`. Behind
+        a pooler one watch bounds the whole transaction, BEGIN included (twice `timeout`):
+        a probe that waits for a server connection is `REFUSED`. A probe that fails wrote
+        nothing that matters.
         """
         if self._pool.closed:
             return ProbeWrite.REFUSED
         bound = max(1, int(timeout * 1000))
         watch: Watch | None = None
+        commit_sent = False
         try:
             with self._pool.connection(timeout=timeout) as conn:
                 try:
-                    with ExitStack() as watching, conn.transaction():
-                        conn.execute(  # no parameters: one simple query, one round trip
-                            f"SET LOCAL lock_timeout = {bound}; "
-                            f"SET LOCAL statement_timeout = {bound}"
-                        )
-                        conn.execute(_PROBE_LOCK)
-                        conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
-                        watch = watching.enter_context(self._deadlines.watch(conn, timeout))
+                    with ExitStack() as watching:
+                        if self._in_band:  # BEGIN may wait there too, for a server connection
+                            watch = watching.enter_context(self._deadlines.watch(conn, 2 * timeout))
+                        with conn.transaction():
+                            conn.execute(  # no parameters: one simple query, one round trip
+                                f"SET LOCAL lock_timeout = {bound}; "
+                                f"SET LOCAL statement_timeout = {bound}"
+                            )
+                            conn.execute(_PROBE_LOCK)
+                            conn.execute(_PROBE_WRITE, (NO_TENANT, PROBE_ROW))
+                            commit_sent = True  # leaving the block sends COMMIT, watched
+                            if watch is None:
+                                watch = watching.enter_context(self._deadlines.watch(conn, timeout))
                 finally:
                     if watch is not None and watch.fired:
                         conn.close()
         except (psycopg.Error, PoolClosed):
-            return ProbeWrite.COMMIT_UNCONFIRMED if watch and watch.fired else ProbeWrite.REFUSED
+            cut_off = commit_sent and watch is not None and watch.fired
+            return ProbeWrite.COMMIT_UNCONFIRMED if cut_off else ProbeWrite.REFUSED
         return ProbeWrite.COMMIT_UNCONFIRMED if watch and watch.fired else ProbeWrite.COMMITTED
 
     def sync_standby_missing(self, timeout: float = 1.0) -> bool | None:
@@ -652,7 +682,7 @@ class PostgresLaneStore:
         if self._pool.closed:
             return None
         try:
-            with self._pool.connection(timeout=timeout) as conn:
+            with self._pool.connection(timeout=timeout) as conn, self._probing(conn, timeout):
                 row = conn.execute(_SYNC_STANDBYS).fetchone()
         except (psycopg.Error, PoolClosed):
             return None
@@ -701,7 +731,8 @@ class PostgresLaneStore:
 
     def _read_in_band(self, conn: Connection, work: Callable[[Connection], T]) -> T:
         """Behind a pooler: work bounded from the client (no statement_timeout of the
-        session's), in a READ ONLY transaction when the store is read-only."""
+        session's), in a READ ONLY transaction when the store is read-only. Work the watch
+        cut off is not run again: it already waited the store's whole timeout."""
         watch: Watch | None = None
         try:
             with self._deadlines.watch(conn, self._timeout) as watch:
@@ -709,6 +740,29 @@ class PostgresLaneStore:
                     return work(conn)
                 with conn.transaction():
                     return work(conn)
+        except psycopg.Error as error:
+            if watch is not None and watch.fired:
+                raise StoreOffline(
+                    f"the store did not answer within its timeout ({_sqlstate(error)})"
+                ) from None
+            raise
+        finally:
+            if watch is not None and watch.fired:
+                conn.close()
+
+    @contextmanager
+    def _probing(self, conn: Connection, timeout: float) -> Iterator[None]:
+        """A readiness probe's work, behind a pooler bounded from the client by `timeout`: a
+        wait for a server connection is no statement, so no `statement_timeout` ends it (nor,
+        on PgBouncer, a cancel: the watch then shuts the connection down). A connection whose
+        watch fired is closed, never reused."""
+        if not self._in_band:  # the server bounds it, and answers (or its connection fails)
+            yield
+            return
+        watch: Watch | None = None
+        try:
+            with self._deadlines.watch(conn, timeout) as watch:
+                yield
         finally:
             if watch is not None and watch.fired:
                 conn.close()

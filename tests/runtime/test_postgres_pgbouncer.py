@@ -16,6 +16,13 @@ statements from the client, and prepares no statements.
    table locked from a direct connection makes a PUT answer `503 store_unavailable`
    (it does not hang) and `/readyz` `503 store_write_probe_failed`, and writes
    succeed once it is released.
+3. A served instance through it while PostgreSQL behind it is stopped: PgBouncer
+   queues a client waiting for a server connection (until `query_wait_timeout`,
+   120 s) and drops a cancel request for it, yet `/readyz` answers `503` with a
+   store reason (the store bounds its probes from the client and shuts down a
+   connection that a cancel did not free), a PUT `503 store_unavailable`, and
+   `/readyz` `200` again once PostgreSQL is back (after PgBouncer's
+   `server_login_retry`). The store alone shows the same for each probe and a read.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import requests
 
 from store.backends.contract import Mode, ProbeWrite, StoreOffline
 from store.backends.postgres import PostgresLaneStore
-from store.backends.postgres_schema import LANES_TABLE
+from store.backends.postgres_schema import LANES_TABLE, upgrade
 from store.key_codec import LaneKey, TenantResourceLane
 from tests.runtime.test_postgres_replicas import (
     SessionLedger,
@@ -44,16 +51,19 @@ from tests.runtime.test_postgres_replicas import (
     _check_chains,
     _contender,
     _read_digest,
+    _ready,
     _run_all,
     _state,
     _two_instances,
     _until,
 )
+from tests.runtime.test_postgres_service import stop
 from tests.support import pgbouncer as bouncers
 from tests.support import postgres as pg
-from tests.support.served import ROOT
+from tests.support.served import ROOT, start
 
 CLIENT_SECONDS = 30  # a request still unanswered by then hung: the test fails
+OUTAGE_CLIENT_SECONDS = 20  # /readyz still unanswered by then, with PostgreSQL down, hung
 
 
 @pytest.fixture(params=["", "options"], ids=["options-refused", "options-dropped"])
@@ -234,3 +244,103 @@ def test_two_instances_serve_through_pgbouncer_in_transaction_pooling(
             after = _put_answers(instances[1].url, "tenant-a", "after")
             assert after.status_code == 201, after.text
             _check_chains(instances, tenants, through)
+
+
+def test_the_store_bounds_its_probes_while_postgres_behind_pgbouncer_is_down(
+    postgres_own: pg.PostgresServer,
+) -> None:
+    """PgBouncer queues a statement on a connection it has while the server is down, and
+    drops a cancel for it: each probe, read, write and hold gives up (its connection shut
+    down), and answers as on a store that cannot be reached, long before
+    `query_wait_timeout`."""
+    reason = bouncers.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    direct = postgres_own.create_database()
+    dbname = str(psycopg.conninfo.conninfo_to_dict(direct)["dbname"])
+    upgrade(direct)
+    with bouncers.pgbouncer(postgres_own, pool_size=4) as bouncer:
+        store = PostgresLaneStore(bouncer.conninfo(dbname), timeout=2.0)
+        try:
+            assert store.reachable() is True
+            postgres_own.stop("immediate")
+            try:
+                for _ in range(2):  # on the pooled connection PgBouncer queues, then on others
+                    assert store.reachable() is False
+                    assert store.write_probe() is ProbeWrite.REFUSED
+                    assert store.sync_standby_missing() is None
+                    with pytest.raises(StoreOffline):
+                        store.get(_key("t0", 0))
+                    with pytest.raises(StoreOffline):
+                        store.put(_key("t0", 0), b"while down")
+                    with pytest.raises(StoreOffline), store.exclusive(_key("t0", 0)):
+                        pass
+                # a cancel did not end the queued wait: the watch shut the connection down
+                assert store._deadlines.severed >= 1, bouncer.log_tail()
+            finally:
+                postgres_own.start()
+            _until(store.reachable, "reachable once PostgreSQL is back")
+            assert store.write_probe() is ProbeWrite.COMMITTED
+        finally:
+            store.close()
+
+
+def _upgraded(through: str, bouncer: bouncers.PgBouncer) -> None:
+    upgraded = subprocess.run(
+        [sys.executable, "-m", "service.cli", "db", "upgrade"],
+        env={**os.environ, "SESSIONSTATE_STORE": through, "SESSIONSTATE_DATA_DIR": "unused"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert upgraded.returncode == 0, upgraded.stderr + bouncer.log_tail()
+
+
+@pytest.mark.slow
+def test_readyz_answers_while_postgres_behind_pgbouncer_is_down(
+    postgres_own: pg.PostgresServer, opa_bin: str, tmp_path: Path
+) -> None:
+    reason = bouncers.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    direct = postgres_own.create_database()
+    dbname = str(psycopg.conninfo.conninfo_to_dict(direct)["dbname"])
+    with bouncers.pgbouncer(postgres_own, pool_size=40) as bouncer:
+        through = bouncer.conninfo(dbname)
+        _upgraded(through, bouncer)
+        env = {
+            "SESSIONSTATE_STORE": through,
+            "SESSIONSTATE_RATE_LIMIT": "off",
+            "SESSIONSTATE_DENIAL_RATE_LIMIT": "off",
+        }
+        instance = start(opa_bin, tmp_path / "var", tmp_path, env)
+        try:
+            _approve(instance.url, "tenant-a")
+            assert _put_answers(instance.url, "tenant-a", "before").status_code == 201
+            assert _ready(instance.url)
+            postgres_own.stop("immediate")  # PgBouncer stays up, its clients connected
+            try:
+                for _ in range(3):  # each time on a pooled connection PgBouncer queues
+                    answer = requests.get(instance.url + "/readyz", timeout=OUTAGE_CLIENT_SECONDS)
+                    assert answer.status_code == 503, answer.text
+                    reasons = answer.json()["reasons"]
+                    assert any(reason.startswith("store_") for reason in reasons), reasons
+                    assert answer.json()["store"]["takes_writes"] is not True
+                held = _put_answers(instance.url, "tenant-a", "during")
+                assert held.status_code == 503, held.text
+                assert held.json()["reason"] == "store_unavailable", held.text
+            finally:
+                postgres_own.start()
+            _until(lambda: _ready(instance.url), "ready again once PostgreSQL is back")
+            after = _put_answers(instance.url, "tenant-a", "after")
+            assert after.status_code == 201, after.text
+        except Exception as failure:  # with what the instance and PgBouncer logged
+            raise AssertionError(
+                f"{type(failure).__name__}: {failure}\n--- instance\n"
+                + instance.log.read_text()[-4000:]
+                + "\n--- pgbouncer\n"
+                + bouncer.log_tail()
+            ) from failure
+        finally:
+            stop(instance)

@@ -71,6 +71,11 @@ class PgBouncer:
                     f"pidfile = {root / 'pgbouncer.pid'}",
                     "server_reset_query =",
                     f"ignore_startup_parameters = {ignored}",
+                    # PgBouncer's defaults, named (docs/operators.md, Behind PgBouncer): a
+                    # client queued for a server waits up to 120 s; after a failed login
+                    # to the server it tries again 15 s later.
+                    "query_wait_timeout = 120",
+                    "server_login_retry = 15",
                     "",
                 ]
             )
