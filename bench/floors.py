@@ -178,6 +178,7 @@ def serve_governed(port: int, opa_url: str, store_dir: str) -> None:
         os.environ[TOKEN_VARIABLE],
         timeout=Settings().opa_timeout_ms / 1000,
         transport="keep-alive",
+        grouped=Settings().opa_grouped,
     )
     db = plyvel.DB(store_dir, create_if_missing=True, paranoid_checks=True, compression=None)
     question = allowed_input("read")

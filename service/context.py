@@ -147,6 +147,7 @@ class ServiceContext:
             opa_token,
             timeout=settings.opa_timeout_ms / 1000,
             transport=settings.opa_transport,
+            grouped=settings.opa_grouped,
         )
         live = LiveRevisions(lanes, instance_id(settings.data_dir), clock, owns=owns_live)
         if owns_live:
@@ -156,7 +157,12 @@ class ServiceContext:
         shadow = (
             None
             if shadow_url is None
-            else ShadowPolicy(shadow_url, shadow_token, timeout_ms=settings.shadow_timeout_ms)
+            else ShadowPolicy(
+                shadow_url,
+                shadow_token,
+                timeout_ms=settings.shadow_timeout_ms,
+                grouped=settings.opa_grouped,
+            )
         )
         gate = PolicyGate(
             client,

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     # How request decisions reach OPA: one kept-alive connection per thread, or
     # opa-python-client (which probes, reload checks and engine checks always use).
     opa_transport: Literal["keep-alive", "opa-python-client"] = "keep-alive"
+    # Decisions asked while one is in flight share the next query (service.policy.grouping);
+    # off: one query per decision. Only the keep-alive transport groups.
+    opa_grouped: bool = True
     opa_bin: str | None = None
     policy_dir: Path = default_policy_dir()
     # Local sidecar: serve every edit of policy_dir that compiles, without a reload.

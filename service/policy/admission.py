@@ -20,11 +20,13 @@ from pathlib import Path
 
 from service.policy.admission_check import AdmissionCheck, Candidate, Refusal
 from service.policy.admission_memo import admission_key, remember, remembered
+from service.policy.batch_reserved import batch_reserved
 from service.policy.bundle import PolicyBundle
 from service.policy.defined import decisions_defined
 from service.policy.invariants import invariant_modules, invariants_hold
 
 CHECKS: list[AdmissionCheck] = [
+    batch_reserved,  # `sessionstate.batch` is the service's own
     decisions_defined,  # every decision package defined, of the decision schema
     invariants_hold,  # the deployment's invariants, on generated inputs
 ]

@@ -3,6 +3,11 @@
 The revision names exactly the Rego and data OPA evaluates: the same in every
 decision trace until a policy file or a data document (the tenant settings,
 `service.policy.tenant_settings`) changes, and different as soon as one does.
+Beside the policy set's files, every bundle written, served or signed carries the
+service's own `sessionstate.batch` module (`service.policy.batch`), which decides
+each input of a grouped query by the set's own packages and nothing else; it is
+fixed by the service's version, so the revision, a hash of the set's files,
+leaves it out.
 
 A policy directory's own `.manifest` (`make policy-manifest`) may name the commit its
 files came from (`metadata.commit`, `git describe --always --dirty` where it was
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from service.policy.batch import LIVE_BATCH_MODULE_PATH, live_batch_module
 from store.canonical import canonical_digest
 
 BUNDLE_ROOTS = ("sessionstate", "system")
@@ -70,11 +76,20 @@ class PolicyBundle:
             manifest["metadata"] = metadata
         return json.dumps(manifest).encode()
 
-    def write_to(self, root: Path, *, serial: int | None = None) -> None:
-        """The bundle as a directory under root: `.manifest` and its files (for `opa check`
-        and `opa build`)."""
+    @property
+    def served_files(self) -> tuple[tuple[str, bytes], ...]:
+        """What OPA is given: the set's files and the service's batch module (once: a signed
+        bundle's files carry it already)."""
+        if any(name == LIVE_BATCH_MODULE_PATH for name, _ in self.files):
+            return self.files
+        return (*self.files, (LIVE_BATCH_MODULE_PATH, live_batch_module()))
+
+    def write_to(self, root: Path, *, serial: int | None = None, served: bool = True) -> None:
+        """The bundle as a directory under root: `.manifest` and the files OPA is given (for
+        `opa check` and `opa build`), or the set's own files alone (`served` false: what its
+        tests must cover)."""
         (root / ".manifest").write_bytes(self.manifest(serial))
-        for name, content in self.files:
+        for name, content in self.served_files if served else self.files:
             path = root / name.lstrip("/")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
@@ -82,7 +97,7 @@ class PolicyBundle:
     def tarball(self) -> bytes:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for name, content in (("/.manifest", self.manifest()), *self.files):
+            for name, content in (("/.manifest", self.manifest()), *self.served_files):
                 info = tarfile.TarInfo(name)
                 info.size = len(content)
                 info.mode = 0o444

@@ -20,8 +20,9 @@ from typing import Any
 
 from service.api.reasons import Reason
 from service.api.v1 import DECISION_PACKAGES
+from service.policy.grouping import DecisionGroups, ItemAnswer
 from service.policy.input import PolicyActor, PolicyDeployment, PolicyInput, PolicyTarget
-from service.policy.trace import DecisionEngine, DecisionTrace
+from service.policy.trace import DecisionBatch, DecisionEngine, DecisionTrace
 from service.policy.transport import (
     REFUSED,
     DecisionTransport,
@@ -31,6 +32,7 @@ from service.policy.transport import (
 from store.canonical import canonical_json, sha256_digest
 
 UNKNOWN = "unknown"
+MAX_BATCH_ID = 60  # OPA's decision id (a UUID: 36), so that `<id>.<index>` fits in 64
 
 # A fixed, harmless question whose answer proves OPA decides with a loaded policy.
 PROBE = PolicyInput(
@@ -59,7 +61,8 @@ class EncodedInput:
 
 
 class PolicyClient:
-    """One HTTP round trip per decision over a reused connection (service.policy.transport)."""
+    """A decision per call over a reused connection (service.policy.transport); with
+    `grouped`, the decisions of concurrent calls share queries (service.policy.grouping)."""
 
     def __init__(
         self,
@@ -68,6 +71,7 @@ class PolicyClient:
         timeout: float = 0.25,
         *,
         transport: str = "opa-python-client",
+        grouped: bool = False,
     ) -> None:
         self.url = url
         self.timeout = timeout
@@ -75,6 +79,8 @@ class PolicyClient:
         self._hot: DecisionTransport = (
             KeepAliveTransport(url, token, timeout) if transport == "keep-alive" else self._opa
         )
+        keep_alive = transport == "keep-alive"  # a batch's bytes go as they are: this one only
+        self.groups = DecisionGroups(self._ask_alone) if grouped and keep_alive else None
         self._engine_version = UNKNOWN
 
     def decide(
@@ -85,24 +91,43 @@ class PolicyClient:
         it was asked in, which the trace records)."""
         if isinstance(policy_input, PolicyInput):
             policy_input = EncodedInput.of(policy_input)
-        return self._decide(policy_input, self._hot, trace_id)
+        return self._decide(policy_input, self._hot, trace_id, grouped=self.groups is not None)
 
     def probe(self) -> DecisionTrace:
         """The decision on `PROBE`: readiness and reloads ask it which revision decides."""
         return self._decide(EncodedInput.of(PROBE), self._opa)
 
+    def _ask_alone(self, package: str, encoded: bytes) -> Any:
+        """One query of the hot transport (a decision's, or a batch's): `DecisionGroups`'."""
+        return self._hot.query(package, {}, encoded)
+
     def _decide(
-        self, question: EncodedInput, transport: DecisionTransport, trace_id: str | None = None
+        self,
+        question: EncodedInput,
+        transport: DecisionTransport,
+        trace_id: str | None = None,
+        *,
+        grouped: bool = False,
     ) -> DecisionTrace:
         policy_input, encoded = question.policy_input, question.encoded
         package = DECISION_PACKAGES[policy_input.action]
         evaluated_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         started = time.perf_counter()
-        answer = transport.query(package, question.document, encoded)
+        if grouped and self.groups is not None:
+            answer = self.groups.ask(package, encoded)
+        else:
+            answer = transport.query(package, question.document, encoded)
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        allow, reasons, decision_id, revision, version = _read_answer(answer)
+        item = answer if isinstance(answer, ItemAnswer) else None
+        allow, reasons, decision_id, revision, version = _read_answer(
+            answer if item is None else item.answer
+        )
         if version != UNKNOWN:
             self._engine_version = version
+        where = None
+        if item is not None and item.answer.get("decision_id") == decision_id:
+            where = DecisionBatch(decision_id=decision_id, index=item.index, size=item.size)
+            decision_id = f"{decision_id}.{item.index}"
         return DecisionTrace(
             decision_id=decision_id,
             action=policy_input.action,
@@ -115,6 +140,7 @@ class PolicyClient:
             engine=DecisionEngine(version=self._engine_version),
             latency_ms=latency_ms,
             trace_id=trace_id,
+            batch=where,
         )
 
     def close(self) -> None:
@@ -132,7 +158,7 @@ def _read_answer(answer: Any) -> tuple[bool, list[str], str, str, str]:
     if not isinstance(answer, dict):
         return unavailable
     decision_id = answer.get("decision_id")
-    if not isinstance(decision_id, str) or not decision_id or len(decision_id) > 64:
+    if not isinstance(decision_id, str) or not decision_id or len(decision_id) > MAX_BATCH_ID:
         return unavailable
     provenance = answer.get("provenance")
     provenance = provenance if isinstance(provenance, dict) else {}

@@ -104,8 +104,9 @@ class CoverageGate:
 
 def _write_tested(root: Path, policy_dir: Path, bundle: PolicyBundle) -> None:
     """Under root: the snapshot's files, and the directory's tests as they are now (but the
-    invariants', which test modules never served: `service.policy.invariants`)."""
-    bundle.write_to(root)
+    invariants', which test modules never served: `service.policy.invariants`); not the
+    service's batch module, which is not the set's to test."""
+    bundle.write_to(root, served=False)
     for path in sorted(policy_dir.rglob("*" + TEST_SUFFIX)):
         if path.is_file() and not is_invariant(path, policy_dir):
             copy = root / path.relative_to(policy_dir)

@@ -104,9 +104,13 @@ class ShadowQuestion:
 class ShadowPolicy:
     """Asks the shadow OPA beside every live decision, on a few threads of its own."""
 
-    def __init__(self, url: str, token: str | None, *, timeout_ms: int) -> None:
+    def __init__(
+        self, url: str, token: str | None, *, timeout_ms: int, grouped: bool = True
+    ) -> None:
         self.bound = timeout_ms / 1000
-        self.client = PolicyClient(url, token, timeout=self.bound, transport="keep-alive")
+        self.client = PolicyClient(
+            url, token, timeout=self.bound, transport="keep-alive", grouped=grouped
+        )
         self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shadow")
         self._free = threading.BoundedSemaphore(THREADS)
 

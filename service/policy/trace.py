@@ -35,6 +35,20 @@ def service_engine() -> DecisionEngine:
     return DecisionEngine(name="sessionstate", version=release)
 
 
+class DecisionBatch(BaseModel):
+    """Where a decision was asked: in one query to OPA with others (`service.policy.grouping`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    decision_id: str = Field(
+        max_length=64,
+        description="OPA's decision id of the query that asked for this decision and the others "
+        "of its batch: the `decision_id` of OPA's own decision log event",
+    )
+    index: int = Field(ge=0, description="this decision's place in the query's `input.batch`")
+    size: int = Field(ge=2, description="how many decisions the query asked for")
+
+
 # What the service decides of itself, without OPA: never asked of a policy.
 ServiceAction = Literal["policy.activate"]
 TraceAction = Literal[PolicyAction, ServiceAction]
@@ -47,7 +61,9 @@ class DecisionTrace(BaseModel):
 
     decision_id: str = Field(
         max_length=64,
-        description="OPA's decision id (local when OPA failed; `ratelimit-` for a rate limit summary)",
+        description="OPA's decision id (local when OPA failed; `ratelimit-` for a rate limit "
+        "summary); for a decision asked in a batch (`batch`), OPA's id of the query, a dot and "
+        "the decision's index in it",
     )
     action: TraceAction = Field(
         description="the policy action decided; `policy.activate` for a policy activation "
@@ -67,6 +83,14 @@ class DecisionTrace(BaseModel):
         exclude_if=lambda value: value is None,
         description="the W3C trace id of the request's OpenTelemetry trace, when tracing is "
         "configured and the request was sampled; absent otherwise (docs/operators.md, Tracing)",
+    )
+
+    batch: DecisionBatch | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="when OPA decided this in one query with other decisions (docs/operators.md, "
+        "Grouped decisions): that query's decision id in OPA's own log, and this decision's "
+        "index in it; absent for a decision asked on its own",
     )
 
     @property

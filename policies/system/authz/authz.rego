@@ -3,7 +3,9 @@
 # description: >-
 #   Locks down OPA's own HTTP API (OPA runs with --authentication=token
 #   --authorization=basic). The sessionstate service may only ask for the
-#   decisions it serves (one per package the contract names), with the shared token from SESSIONSTATE_OPA_TOKEN;
+#   decisions it serves (one per package the contract names, and several of
+#   them at once through the service's own `sessionstate.batch`), with the
+#   shared token from SESSIONSTATE_OPA_TOKEN;
 #   anyone may check liveness. Nothing may read or change policies or data,
 #   or run ad-hoc queries: a leaked token lets an attacker ask for decisions,
 #   nothing more.
@@ -43,6 +45,7 @@ _only_params(permitted) if {
 _decision_packages := {
 	"write", "read", "replay", "approval", "audit", "token",
 	"list", "erase", "history", "rewind", "fork",
+	"batch",
 }
 
 # A short token is as good as none: with the variable unset or weak, only

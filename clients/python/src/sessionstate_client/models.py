@@ -133,6 +133,18 @@ class ApprovalGrantInput(_Request):
     reason: Annotated[str, Field(max_length=256, min_length=1)]
 
 
+class DecisionBatch(_Response):
+    """Where a decision was asked: in one query to OPA with others (`service.policy.grouping`)."""
+
+    decision_id: Annotated[str, Field(max_length=64)] = Field(
+        description="OPA's decision id of the query that asked for this decision and the others of its batch: the `decision_id` of OPA's own decision log event"
+    )
+    index: Annotated[int, Field(ge=0)] = Field(
+        description="this decision's place in the query's `input.batch`"
+    )
+    size: Annotated[int, Field(ge=2)] = Field(description="how many decisions the query asked for")
+
+
 class DecisionEngine(_Response):
     """Who decided: OPA, or (for rate limit summaries) the service itself."""
 
@@ -147,7 +159,7 @@ class DecisionTrace(_Response):
     """One decision: who decided what, under which policy revision, how fast."""
 
     decision_id: Annotated[str, Field(max_length=64)] = Field(
-        description="OPA's decision id (local when OPA failed; `ratelimit-` for a rate limit summary)"
+        description="OPA's decision id (local when OPA failed; `ratelimit-` for a rate limit summary); for a decision asked in a batch (`batch`), OPA's id of the query, a dot and the decision's index in it"
     )
     action: Literal[
         "preview",
@@ -180,6 +192,10 @@ class DecisionTrace(_Response):
     trace_id: Annotated[str, Field(pattern="^[0-9a-f]{32}$")] | None = Field(
         default=None,
         description="the W3C trace id of the request's OpenTelemetry trace, when tracing is configured and the request was sampled; absent otherwise (docs/operators.md, Tracing)",
+    )
+    batch: DecisionBatch | None = Field(
+        default=None,
+        description="when OPA decided this in one query with other decisions (docs/operators.md, Grouped decisions): that query's decision id in OPA's own log, and this decision's index in it; absent for a decision asked on its own",
     )
 
 
