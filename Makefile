@@ -139,7 +139,8 @@ test: lock-check lint-rego test-rego lint-py types test-py
 test-quick: install tools browser wrk postgres pgbouncer patroni openssh
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "not slow"
 
-bench: install tools wrk
+# postgres: bench/peer_bench.py starts a throwaway PostgreSQL (tests/support/postgres.py).
+bench: install tools wrk postgres
 	@for script in bench/*_bench.py; do \
 	  echo "== $$script"; SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(PY) $$script || exit 1; \
 	done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The dependency lock. uv.lock pins every package of pyproject.toml's dependencies and
-# of its `dev` extra, with the hash of every file; requirements/runtime.txt (the image,
-# an install from a wheel) and requirements/dev.txt (`make install`) are its exports
-# for pip's --require-hashes mode. docs/operators.md, "Locked dependencies".
+# of its `dev` and `bench` extras, with the hash of every file; requirements/runtime.txt (the
+# image, an install from a wheel) and requirements/dev.txt (`make install`: dev and bench)
+# are its exports for pip's --require-hashes mode. docs/operators.md, "Locked dependencies".
 #
 #   scripts/lock.sh check     exit 1 when pyproject.toml, uv.lock and the exports disagree
 #                             (offline: nothing is asked of the package index)
@@ -17,7 +17,7 @@ exported() {  # the lock as requirements for pip, without the project itself
   "$UV" export --quiet --frozen --no-emit-project --no-header --format requirements-txt "$@"
 }
 runtime() { exported; }
-dev() { exported --extra dev; }
+dev() { exported --extra dev --extra bench; }
 
 case "${1:-}" in
   check)

@@ -5,6 +5,7 @@ tests.)"""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -32,11 +33,17 @@ SMALL_RUNS = {
     "impact_bench.py": ["--entries", "50"],
     "merkle_bench.py": ["--sizes", "100", "300", "--proofs", "20"],
     "merkle_store_bench.py": ["--entries", "50", "--batch", "1", "8", "--repeat", "1", "--sizes", "100", "300", "--proofs", "20"],
+    "peer_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
 }  # fmt: skip
 PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
     "service_bench.py": [
         "hello-world Flask", "governed floor: hello + 1 decision + 1 fsync",
         "read req/s / governed floor req/s",
+    ],
+    "peer_bench.py": [
+        "governed write: PUT S/state", "governed read: GET S/state", "PostgresSaver.put",
+        "PostgresSaver.get_tuple", "governed write / PostgresSaver.put",
+        "governed read / PostgresSaver.get_tuple",
     ],
 }  # fmt: skip
 
@@ -53,7 +60,8 @@ def test_bench_runs(script: str, args: list[str], opa_bin: str) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"SESSIONSTATE_OPA_BIN": opa_bin, "PATH": "/usr/bin:/bin"},
+        # /usr/sbin: as root, peer_bench.py's throwaway PostgreSQL runs as its own user (runuser)
+        env={"SESSIONSTATE_OPA_BIN": opa_bin, "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip()
@@ -91,6 +99,37 @@ def test_store_bench_on_postgresql(postgres_conninfo: str, opa_bin: str, tmp_pat
     with psycopg.connect(postgres_conninfo) as conn:
         left = conn.execute(
             "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'bench_raw_inserts_%'"
+        ).fetchone()
+    assert left == (0,)
+
+
+def test_peer_bench_on_postgresql(postgres_conninfo: str, opa_bin: str, tmp_path: Path) -> None:
+    """`--store`: the service and LangGraph's PostgresSaver on the same database, figures,
+    CPU per operation and ratios printed as JSON; afterwards no process it started is
+    left, nor the schema of LangGraph's tables."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "peer_bench.py"), "--store", postgres_conninfo,
+         "--seconds", "1", "--clients", "2", "--warmup", "0", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=bench_env(opa_bin, tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert set(report["figures"]) == {
+        "governed write: PUT S/state", "governed read: GET S/state",
+        "PostgresSaver.put", "PostgresSaver.get_tuple", "PostgresSaver.get_tuple, after puts",
+    }  # fmt: skip
+    for figures in report["figures"].values():
+        assert figures["operations"] > 0
+        assert figures["cpu_ms_per_op"] is not None
+    assert [ratio["target"] for ratio in report["ratios"]] == [0.3, 0.4, None]
+    assert processes_using(tmp_path) == []
+    with psycopg.connect(postgres_conninfo) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_peer_%'"
         ).fetchone()
     assert left == (0,)
 
