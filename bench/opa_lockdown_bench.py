@@ -19,7 +19,8 @@ over a kept-alive connection, `service.policy.transport.KeepAliveTransport`):
   through the batch entrypoint `data.sessionstate.batch.decision` of
   `service.policy.batch.batch_module("batch")` (each item `{package, input}`),
   loaded beside a copy of policies/ with a bench-only authz rule that also
-  admits POST /v1/data/sessionstate/batch/decision (policies/ is not changed).
+  admits POST /v1/data/sessionstate/batch/decision (policies/ is not changed);
+- f. shape c asked the same batches: both levers together.
 
 Load: `--clients` (16) concurrent clients, each a thread with its own
 kept-alive connection, spread over `--processes` client processes (wrk speaks
@@ -37,7 +38,7 @@ Run (`make bench` runs every bench):
 
     SESSIONSTATE_OPA_BIN=$(scripts/tools.sh opa) .venv/bin/python bench/opa_lockdown_bench.py \\
         [--seconds 5] [--warmup 1] [--clients 16] [--processes 4] [--batches 1 4 16] \\
-        [--shapes a b c d e] [--json]
+        [--shapes a b c d e f] [--json]
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ SHAPES = (
     Shape("c", "c. Unix socket in 0700 dir, no token/authz", authz=False, unix=True),
     Shape("d", "d. Unix socket in 0700 dir, token + authz", authz=True, unix=True),
     Shape("e", "e. TCP, token + authz, N per query", authz=True, unix=False, batched=True),
+    Shape("f", "f. Unix socket, no token/authz, N per query", authz=False, unix=True, batched=True),
 )
 
 
@@ -195,9 +197,9 @@ class ShapedSidecar(OpaSidecar):
         self._asker.close()
 
 
-def batch_policies(tmp: Path) -> Path:
-    """A copy of policies/ with the batch entrypoint and the bench's authz rule beside it."""
-    copy = tmp / "batch-policies"
+def batch_policies(copy: Path) -> Path:
+    """A copy of policies/ at `copy`, with the batch entrypoint and the bench's authz rule
+    beside it."""
     shutil.copytree(ROOT / "policies", copy)
     (copy / "sessionstate" / BATCH_PACKAGE).mkdir()
     (copy / "sessionstate" / BATCH_PACKAGE / "batch.rego").write_text(batch_module(BATCH_PACKAGE))
@@ -352,7 +354,7 @@ def measure_shape(
         socket_dir.chmod(0o700)
         if len(str(socket_dir / SOCKET_NAME)) > MAX_SOCKET_PATH:
             raise LockdownFailure(f"socket path too long for AF_UNIX: {socket_dir}")
-    policies = batch_policies(tmp) if shape.batched else ROOT / "policies"
+    policies = batch_policies(tmp / f"policies-{shape.key}") if shape.batched else ROOT / "policies"
     sidecar = ShapedSidecar(opa, policies, tmp / f"opa-{shape.key}", shape, socket_dir)
     found = []
     try:
