@@ -17,6 +17,9 @@
   query the service's `PolicyClient` sends).
 - `leveldb_floor`: raw plyvel get and synced put of a stored record's bytes,
   in-process, at 1 and N threads.
+
+`hello_world` and `governed_floor` give the floor's URL and the pid of its
+process, whose CPU the bench reads from /proc (bench/process_cpu.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,14 @@ class FloorFailure(RuntimeError):
     """A floor could not be measured as it should (not served, denied): the run stops."""
 
 
+@dataclass(frozen=True)
+class Floor:
+    """A floor served in a process of its own: where it answers, and its process."""
+
+    url: str
+    pid: int
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -85,9 +97,9 @@ def wait_answering(url: str, process: subprocess.Popen[bytes], timeout: float = 
 @contextlib.contextmanager
 def served_floor(
     what: str, kind: str, *arguments: str, env: dict[str, str] | None = None
-) -> Iterator[str]:
+) -> Iterator[Floor]:
     """`floors.py KIND PORT ARGUMENTS...` in a process (and process group) of its own: its
-    URL."""
+    URL and pid."""
     port = free_port()
     process: subprocess.Popen[bytes] | None = None
     try:
@@ -101,21 +113,22 @@ def served_floor(
             )
         url = f"http://127.0.0.1:{port}"
         wait_answering(url + "/", process)
-        yield url
+        yield Floor(url, process.pid)
     finally:
         if process is not None:
             stop_group(process, 15, what)
 
 
-def hello_world() -> contextlib.AbstractContextManager[str]:
-    """The hello-world floor, served: its URL."""
+def hello_world() -> contextlib.AbstractContextManager[Floor]:
+    """The hello-world floor, served: its URL and pid."""
     return served_floor("hello-world floor", "hello-world")
 
 
 def governed_floor(
     opa_url: str, token: str, work_dir: Path
-) -> contextlib.AbstractContextManager[str]:
-    """The governed floor, served over the OPA at opa_url and LevelDB in work_dir: its URL."""
+) -> contextlib.AbstractContextManager[Floor]:
+    """The governed floor, served over the OPA at opa_url and LevelDB in work_dir: its URL
+    and pid."""
     return served_floor(
         "governed floor", "governed", opa_url, str(work_dir), env={TOKEN_VARIABLE: token}
     )

@@ -31,13 +31,20 @@ reads and replay-previews >= 1,000 req/s, previews >= 700, writes >= 500;
 then, with no target, the governed floor against hello-world and the read
 against the governed floor.
 Each figure is preceded by an unrecorded warm-up of `--warmup` seconds.
+Beside each wrk figure it prints the CPU each request cost (issue 32): the
+utime + stime the server's processes spent during the wrk run (from /proc,
+bench/process_cpu.py), divided by the requests wrk counted; the service's
+process(es) (the serve process and any worker below it, the floor's process)
+apart from its OPA sidecar's. A target line holds the read's total to 1.5 ms
+at 16 connections (printed, never asserted).
 
 Run (needs `wrk`: `make wrk` installs it as root; `make bench` runs every bench):
 
     SESSIONSTATE_OPA_BIN=$(scripts/tools.sh opa) .venv/bin/python bench/service_bench.py \\
         [--seconds 10] [--clients 16] [--warmup 1] [--wrk-threads 1] [--json]
 
-`--json` prints one JSON document (figures, targets, the governed floor's
+`--json` prints one JSON document (figures, each wrk figure with its
+`cpu_ms_per_request` {service, opa, total}, targets, the governed floor's
 ratios, settings) instead of the table, to copy figures into
 docs/performance.md.
 """
@@ -57,7 +64,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import floors
+from bench import floors, process_cpu
 from bench.instances import (
     DIGEST_KEY,
     JSON,
@@ -70,8 +77,10 @@ from bench.instances import (
     stopped_report,
 )
 from bench.loadgen import Load, LoadFailure, Request, Result, run
+from bench.process_cpu import ROLES
 from bench.processes import exit_on_sigterm
 from service.config.settings import Settings
+from service.policy.sidecar import OpaSidecar
 from service.runtime.serving import THREADS
 from tests.support.factories import state_input
 
@@ -126,11 +135,16 @@ def request_of(operation: Operation, auth: dict[str, str]) -> Request:
     return Request(operation.method, operation.path, headers, operation.body)
 
 
-def measured(load: Load, warmup: int) -> Result:
-    """An unrecorded warm-up of `warmup` seconds (checked all the same), then the figure."""
+def measured(load: Load, warmup: int, processes: tuple[int, ...]) -> dict[str, Any]:
+    """An unrecorded warm-up of `warmup` seconds (checked all the same), then the figure,
+    with the CPU per request of `processes` and every process below them."""
     if warmup > 0:
         run(replace(load, seconds=warmup, what=load.what + " warm-up"))
-    return run(load)
+    before = process_cpu.sample(processes)
+    result: Result = run(load)
+    after = process_cpu.sample(processes)
+    cpu = process_cpu.per_request(before, after, result.requests)
+    return result.figures() | {"cpu_ms_per_request": cpu}
 
 
 def wrk_load(
@@ -173,7 +187,8 @@ def measure_service(opa: str, tmp: Path, args: argparse.Namespace) -> dict[str, 
                     what = f"{op.key} at {clients} connections"
                     request = request_of(op, bearer("model-service"))
                     load = wrk_load(served.url, request, clients, args, what, op.expected)
-                    found.setdefault(op.key, {})[clients] = measured(load, args.warmup).figures()
+                    pids = (served.process.pid,)  # its OPA sidecar and any worker below it
+                    found.setdefault(op.key, {})[clients] = measured(load, args.warmup, pids)
         except (BenchFailure, LoadFailure) as failure:
             raise BenchFailure(f"{failure}\n{stopped_report(instances.stop_all())}") from None
         stopped = instances.stop_all()
@@ -190,18 +205,24 @@ def measure_floors(
     with floors.opa_sidecar(opa, tmp / "floor-opa") as (sidecar, decision):
         for clients in counts:
             load = wrk_load(sidecar.url, decision, clients, args, f"raw OPA at {clients}")
-            found["opa"][clients] = measured(load, args.warmup).figures()
-        with floors.governed_floor(sidecar.url, sidecar.token, tmp / "floor-governed") as url:
+            found["opa"][clients] = measured(load, args.warmup, opa_pid(sidecar))
+        with floors.governed_floor(sidecar.url, sidecar.token, tmp / "floor-governed") as floor:
+            pids = (floor.pid, *opa_pid(sidecar))
             for clients in counts:
-                load = wrk_load(url, Request(), clients, args, f"governed floor at {clients}")
-                found["governed"][clients] = measured(load, args.warmup).figures()
+                load = wrk_load(floor.url, Request(), clients, args, f"governed floor at {clients}")
+                found["governed"][clients] = measured(load, args.warmup, pids)
     with floors.hello_world() as hello:
         for clients in counts:
-            load = wrk_load(hello, Request(), clients, args, f"hello-world at {clients}")
-            found["hello-world"][clients] = measured(load, args.warmup).figures()
+            load = wrk_load(hello.url, Request(), clients, args, f"hello-world at {clients}")
+            found["hello-world"][clients] = measured(load, args.warmup, (hello.pid,))
     leveldb, size = floors.leveldb_floor(tmp / "floor-leveldb", DIGEST_KEY, counts, args.seconds)
     found["leveldb-get"], found["leveldb-put"] = leveldb["get"], leveldb["put"]
     return found, size
+
+
+def opa_pid(sidecar: OpaSidecar) -> tuple[int, ...]:
+    """The sidecar's OPA process, for its CPU (none while it is being restarted)."""
+    return () if sidecar.pid is None else (sidecar.pid,)
 
 
 def targets(figures: dict[str, dict[int, Any]], clients: int) -> list[dict[str, Any]]:
@@ -232,6 +253,12 @@ def targets(figures: dict[str, dict[int, Any]], clients: int) -> list[dict[str, 
             "read p50 / (raw OPA p50 + hello-world p50), 1 conn",
             figures["read"][1]["p50_ms"] / read_floor,
             2.0,
+            False,
+        ),
+        target(
+            f"CPU ms per read, service + OPA, {clients} conn",
+            figures["read"][clients]["cpu_ms_per_request"]["total"],
+            1.5,
             False,
         ),
     ]
@@ -275,6 +302,13 @@ def ms(value: float) -> str:
     return f"{value:.4f}" if value < 0.01 else f"{value:.3f}"
 
 
+def cpu_cell(figure: dict[str, Any]) -> str:
+    """The CPU per request as `service/OPA` ms, "-" for a part with no process (or a figure
+    with no CPU read: the in-process LevelDB floors)."""
+    cpu = figure.get("cpu_ms_per_request") or {}
+    return "/".join("-" if cpu.get(role) is None else f"{cpu[role]:.2f}" for role in ROLES)
+
+
 def print_report(report: dict[str, Any]) -> None:
     settings, figures = report["settings"], report["figures"]
     counts = (1, settings["clients"])
@@ -282,15 +316,19 @@ def print_report(report: dict[str, Any]) -> None:
         f"served: hypercorn, one process x {settings['threads']} threads, OPA sidecar, durable "
         f"writes, rate limits off; record {settings['record_bytes']} bytes; wrk "
         f"{settings['wrk_threads']} thread(s), {settings['seconds']} s per figure after "
-        f"{settings['warmup']} s warm-up; {settings['cpus']} CPUs shared by wrk, service and OPA"
+        f"{settings['warmup']} s warm-up; {settings['cpus']} CPUs shared by wrk, service and OPA; "
+        "CPU ms per request (utime + stime from /proc during the wrk run / requests): the "
+        "service's process(es) / its OPA sidecar"
     )
-    head = "".join(f"{f'{n} conn: req/s':>16}{'p50 ms':>9}{'p99 ms':>9}" for n in counts)
+    head = "".join(
+        f"{f'{n} conn: req/s':>16}{'p50 ms':>9}{'p99 ms':>9}{'CPU svc/OPA':>14}" for n in counts
+    )
     print(f"{'figure':<44}{head}")
     labels = {op.key: op.label for op in operations()} | FLOOR_LABELS
     for key, label in labels.items():
         cells = "".join(
             f"{figures[key][n]['requests_per_second']:>16,.0f}{ms(figures[key][n]['p50_ms']):>9}"
-            f"{ms(figures[key][n]['p99_ms']):>9}"
+            f"{ms(figures[key][n]['p99_ms']):>9}{cpu_cell(figures[key][n]):>14}"
             for n in counts
         )
         print(f"{label:<44}{cells}")

@@ -34,11 +34,16 @@ SMALL_RUNS = {
     "merkle_bench.py": ["--sizes", "100", "300", "--proofs", "20"],
     "merkle_store_bench.py": ["--entries", "50", "--batch", "1", "8", "--repeat", "1", "--sizes", "100", "300", "--proofs", "20"],
     "peer_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
+    "opa_lockdown_bench.py": ["--seconds", "1", "--warmup", "0", "--clients", "2", "--processes", "1", "--batches", "1", "4"],
 }  # fmt: skip
 PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
     "service_bench.py": [
         "hello-world Flask", "governed floor: hello + 1 decision + 1 fsync",
-        "read req/s / governed floor req/s",
+        "read req/s / governed floor req/s", "CPU svc/OPA", "CPU ms per read, service + OPA",
+    ],
+    "opa_lockdown_bench.py": [
+        "a. TCP, token + authz", "c. Unix socket in 0700 dir, no token/authz",
+        "e. TCP, token + authz, N per query",
     ],
     "peer_bench.py": [
         "governed write: PUT S/state", "governed read: GET S/state", "PostgresSaver.put",
