@@ -17,6 +17,7 @@ from sessionstate_client import SessionStateClient, SessionStateError
 from service.api import v1 as contract
 from service.api.openapi import OPERATIONS, openapi_document
 from service.app import create_app
+from service.policy.batch import LIVE_BATCH_PACKAGE
 from service.context import ServiceContext
 from store.scope import TenantScope
 from tests.support.paths import ROOT
@@ -82,11 +83,12 @@ def test_a_version_in_a_path_is_bounded_as_the_route_bounds_it() -> None:
 
 
 def test_opa_serves_exactly_the_packages_that_decide_an_action() -> None:
-    """`_decision_packages` in authz.rego is the set of `DECISION_PACKAGES`' packages."""
+    """`_decision_packages` in authz.rego is the set of `DECISION_PACKAGES`' packages, and the
+    service's batch of them (`service.policy.batch`)."""
     authz = (ROOT / "policies" / "system" / "authz" / "authz.rego").read_text()
     (listed,) = re.findall(r"^_decision_packages := \{([^}]*)\}$", authz, re.MULTILINE)
     in_rego = set(re.findall(r'"([a-z_]+)"', listed))
-    assert in_rego == set(contract.DECISION_PACKAGES.values())
+    assert in_rego == {*contract.DECISION_PACKAGES.values(), LIVE_BATCH_PACKAGE}
     for package in in_rego:  # and each is a package with a decision
         source = (ROOT / "policies" / "sessionstate" / package / f"{package}.rego").read_text()
         assert f"package sessionstate.{package}\n" in source
