@@ -17,8 +17,8 @@ from sessionstate_client import SessionStateClient, SessionStateError
 from service.api import v1 as contract
 from service.api.openapi import OPERATIONS, openapi_document
 from service.app import create_app
-from service.policy.batch import LIVE_BATCH_PACKAGE
 from service.context import ServiceContext
+from service.policy.batch import LIVE_BATCH_PACKAGE
 from store.scope import TenantScope
 from tests.support.paths import ROOT
 
