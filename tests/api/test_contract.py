@@ -89,7 +89,7 @@ def test_opa_serves_exactly_the_packages_that_decide_an_action() -> None:
     (listed,) = re.findall(r"^_decision_packages := \{([^}]*)\}$", authz, re.MULTILINE)
     in_rego = set(re.findall(r'"([a-z_]+)"', listed))
     assert in_rego == {*contract.DECISION_PACKAGES.values(), LIVE_BATCH_PACKAGE}
-    for package in in_rego:  # and each is a package with a decision
+    for package in in_rego - {LIVE_BATCH_PACKAGE}:  # and each is a package with a decision
         source = (ROOT / "policies" / "sessionstate" / package / f"{package}.rego").read_text()
         assert f"package sessionstate.{package}\n" in source
         assert re.search(r"^decision := ", source, re.MULTILINE)
