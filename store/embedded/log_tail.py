@@ -122,9 +122,19 @@ _CRC32C_TABLE = _crc32c_table()
 
 
 def newest_log(db_dir: Path) -> Path | None:
-    """The write-ahead log LevelDB appended to last (the highest number), if any."""
-    logs = [path for path in db_dir.glob("*.log") if path.stem.isdigit()]
-    return max(logs, key=lambda path: int(path.stem), default=None)
+    """The write-ahead log LevelDB appended to last (the highest number), if any. Taken
+    before every synced write: one `scandir`, no pattern matching (`Path.glob` cost a read
+    about 3% of its CPU)."""
+    newest, number = None, -1
+    try:
+        with os.scandir(db_dir) as entries:
+            for entry in entries:
+                stem, dot, suffix = entry.name.partition(".")
+                if suffix == "log" and dot and stem.isdigit() and int(stem) > number:
+                    newest, number = entry.name, int(stem)
+    except OSError:  # no such directory (yet), or unreadable: no log, as a glob finds none
+        return None
+    return None if newest is None else db_dir / newest
 
 
 def torn_log_tail(db_dir: Path) -> int:
