@@ -75,7 +75,8 @@ class PolicyStatus(BaseModel):
         description="the admission checks' reason codes when they refused the policies "
         "(policy_decision_undefined: a decision package is undefined, or does not answer "
         "the decision schema; policy_invariant_violated: an input generated from the input "
-        "schema breaks one of the deployment's invariants); empty otherwise",
+        "schema breaks one of the deployment's invariants; policy_package_reserved: a file "
+        "declares sessionstate.batch, the service's own package); empty otherwise",
     )
     reason: str | None = Field(
         default=None,
