@@ -125,12 +125,16 @@ def hello_world() -> contextlib.AbstractContextManager[Floor]:
 
 
 def governed_floor(
-    opa_url: str, token: str, work_dir: Path
+    opa_url: str, token: str, work_dir: Path, settings: dict[str, str] | None = None
 ) -> contextlib.AbstractContextManager[Floor]:
-    """The governed floor, served over the OPA at opa_url and LevelDB in work_dir: its URL
-    and pid."""
+    """The governed floor, served over the OPA at opa_url and LevelDB in work_dir (with
+    `settings`, service settings such as SESSIONSTATE_OPA_GROUPED): its URL and pid."""
     return served_floor(
-        "governed floor", "governed", opa_url, str(work_dir), env={TOKEN_VARIABLE: token}
+        "governed floor",
+        "governed",
+        opa_url,
+        str(work_dir),
+        env={TOKEN_VARIABLE: token, **(settings or {})},
     )
 
 

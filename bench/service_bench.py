@@ -167,11 +167,16 @@ def wrk_load(
     )
 
 
+def grouping(args: argparse.Namespace) -> dict[str, str]:
+    """The service's and the governed floor's `SESSIONSTATE_OPA_GROUPED`, as `--opa-grouped`."""
+    return {"SESSIONSTATE_OPA_GROUPED": args.opa_grouped}
+
+
 def measure_service(opa: str, tmp: Path, args: argparse.Namespace) -> dict[str, dict[int, Any]]:
     found: dict[str, dict[int, Any]] = {}
     with Instances(opa, tmp) as instances:
         try:
-            served = instances.start()
+            served = instances.start(extra_env=grouping(args))
             grant_approval(served.url)
             ops = operations()
             write = ops[-1]
@@ -313,8 +318,9 @@ def print_report(report: dict[str, Any]) -> None:
     settings, figures = report["settings"], report["figures"]
     counts = (1, settings["clients"])
     print(
-        f"served: hypercorn, one process x {settings['threads']} threads, OPA sidecar, durable "
-        f"writes, rate limits off; record {settings['record_bytes']} bytes; wrk "
+        f"served: hypercorn, one process x {settings['threads']} threads, OPA sidecar, decisions "
+        f"{'grouped' if settings['opa_grouped'] else 'one per query'}, durable writes, rate "
+        "limits off; record {settings['record_bytes']} bytes; wrk "
         f"{settings['wrk_threads']} thread(s), {settings['seconds']} s per figure after "
         f"{settings['warmup']} s warm-up; {settings['cpus']} CPUs shared by wrk, service and OPA; "
         "CPU ms per request (utime + stime from /proc during the wrk run / requests): the "
@@ -353,6 +359,13 @@ def main() -> None:
         "--warmup", type=int, default=1, help="unrecorded seconds before each figure"
     )
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (at most clients)")
+    parser.add_argument(
+        "--opa-grouped",
+        choices=("true", "false"),
+        default="true",
+        help="SESSIONSTATE_OPA_GROUPED for the service and the governed floor (default true, "
+        "the service's default): false asks OPA one query per decision",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args()
     if args.seconds < 1 or args.clients < 1 or args.warmup < 0 or args.wrk_threads < 1:
@@ -376,6 +389,7 @@ def main() -> None:
             "warmup": args.warmup,
             "wrk_threads": args.wrk_threads,
             "threads": THREADS,
+            "opa_grouped": args.opa_grouped == "true",
             "record_bytes": size,
             "cpus": os.cpu_count(),
         },
