@@ -32,6 +32,9 @@ from typing import Any
 
 from service.policy.batch import LIVE_BATCH_PACKAGE, encoded_batch
 
+# Queries in flight at once: more let OPA's two threads overlap but make batches smaller;
+# 2 and 4 served no more reads than 1 (docs/performance.md, Grouped decisions).
+IN_FLIGHT = 1
 MAX_ITEMS = 64  # decisions per query: a batch's input stays well under OPA's body limit
 FALLBACK_SECONDS = 30.0  # after a batch OPA would not decide: one decision per query
 ASK_ALONE = object()  # an item's answer: not decided in its batch, to be asked on its own
@@ -60,14 +63,17 @@ class _Ask:
 
 
 class DecisionGroups:
-    """One query in flight at a time; what arrives meanwhile goes in the next, together."""
+    """At most `in_flight` queries at a time; what arrives meanwhile goes in the next, together."""
 
-    def __init__(self, query: Query, *, max_items: int = MAX_ITEMS) -> None:
+    def __init__(
+        self, query: Query, *, max_items: int = MAX_ITEMS, in_flight: int = IN_FLIGHT
+    ) -> None:
         self._query = query
         self._max_items = max_items
+        self._most_in_flight = in_flight
         self._lock = threading.Lock()
         self._waiting: deque[_Ask] = deque()
-        self._busy = False
+        self._in_flight = 0
         self._alone_until = 0.0  # monotonic: until then, every decision on its own
         self.batches = 0  # queries of more than one decision asked (for the bench and tests)
         self.fallbacks = 0  # batches OPA would not decide, asked again one by one
@@ -79,9 +85,9 @@ class DecisionGroups:
             return self._query(package, encoded)
         ask = _Ask(package, encoded)
         with self._lock:
-            lead = not self._busy
+            lead = self._in_flight < self._most_in_flight
             if lead:
-                self._busy = True
+                self._in_flight += 1
             else:
                 self._waiting.append(ask)
         if not lead:
@@ -103,7 +109,8 @@ class DecisionGroups:
             ask.answer, ask.settled = answer, True
         with self._lock:
             following = self._waiting.popleft() if self._waiting else None
-            self._busy = following is not None
+            if following is None:
+                self._in_flight -= 1
         for ask in batch[1:]:
             ask.wake.set()
         if following is not None:

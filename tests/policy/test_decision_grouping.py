@@ -163,7 +163,7 @@ def _grouped_answers(groups: DecisionGroups, followers: int) -> list[Any]:
 
     first = threading.Thread(target=one, args=(0,))
     first.start()
-    while not groups._busy:
+    while not groups._in_flight:
         pass
     others = [threading.Thread(target=one, args=(i,)) for i in range(1, followers + 1)]
     for thread in others:
