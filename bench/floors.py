@@ -9,12 +9,16 @@
   Flask route that asks the service's own `PolicyClient` (keep-alive transport)
   for one read decision and appends one synced LevelDB put of a decision
   entry's size before answering (`python bench/floors.py governed PORT OPA_URL
-  DIR`, the sidecar's token in `SESSIONSTATE_BENCH_OPA_TOKEN`). Nothing else of
-  a read: no token, record, chain, answer document, log line or metric.
+  DIR`, a TCP sidecar's token in `SESSIONSTATE_BENCH_OPA_TOKEN`). Nothing else
+  of a read: no token, record, chain, answer document, log line or metric. Its
+  OPA is `socket_sidecar`'s, as the service's own.
 - `opa_sidecar`: an OPA sidecar over policies/, configured as the service's
-  own, and the request of a raw read decision (POST straight at its
+  own but on loopback TCP with token and authz (wrk cannot reach a Unix
+  socket), and the request of a raw read decision (POST straight at its
   /v1/data/sessionstate/read/decision with the read's allowed input, the
   query the service's `PolicyClient` sends).
+- `socket_sidecar`: the sidecar exactly as the service starts its own, on a
+  Unix socket in a private directory, without token or authz.
 - `leveldb_floor`: raw plyvel get and synced put of a stored record's bytes,
   in-process, at 1 and N threads.
 
@@ -125,16 +129,13 @@ def hello_world() -> contextlib.AbstractContextManager[Floor]:
 
 
 def governed_floor(
-    opa_url: str, token: str, work_dir: Path, settings: dict[str, str] | None = None
+    opa_url: str, token: str | None, work_dir: Path, settings: dict[str, str] | None = None
 ) -> contextlib.AbstractContextManager[Floor]:
     """The governed floor, served over the OPA at opa_url and LevelDB in work_dir (with
     `settings`, service settings such as SESSIONSTATE_OPA_GROUPED): its URL and pid."""
+    env = {} if token is None else {TOKEN_VARIABLE: token}
     return served_floor(
-        "governed floor",
-        "governed",
-        opa_url,
-        str(work_dir),
-        env={TOKEN_VARIABLE: token, **(settings or {})},
+        "governed floor", "governed", opa_url, str(work_dir), env={**env, **(settings or {})}
     )
 
 
@@ -192,7 +193,7 @@ def serve_governed(port: int, opa_url: str, store_dir: str) -> None:
 
     client = PolicyClient(
         opa_url,
-        os.environ[TOKEN_VARIABLE],
+        os.environ.get(TOKEN_VARIABLE),
         timeout=Settings().opa_timeout_ms / 1000,
         transport="keep-alive",
         grouped=Settings().opa_grouped,
@@ -214,10 +215,23 @@ def serve_governed(port: int, opa_url: str, store_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[OpaSidecar, Request]]:
-    """A sidecar over policies/ (as the service starts its own), and the request of the raw
-    read decision, checked once to be allowed."""
+def socket_sidecar(opa: str, work_dir: Path) -> Iterator[OpaSidecar]:
+    """A sidecar over policies/ exactly as the service starts its own (a Unix socket in a
+    private directory, no token or authz)."""
     sidecar = OpaSidecar(opa, ROOT / "policies", work_dir)
+    try:
+        sidecar.start()
+        yield sidecar
+    finally:
+        sidecar.stop()
+
+
+@contextlib.contextmanager
+def opa_sidecar(opa: str, work_dir: Path) -> Iterator[tuple[OpaSidecar, Request]]:
+    """A sidecar over policies/ (as the service starts its own, but on loopback TCP with
+    token and authz, where wrk can reach it), and the request of the raw read decision,
+    checked once to be allowed."""
+    sidecar = OpaSidecar(opa, ROOT / "policies", work_dir, listen="tcp")
     try:
         sidecar.start()
         path = f"/v1/data/sessionstate/{DECISION_PACKAGES['read']}/decision?provenance=true"

@@ -24,8 +24,8 @@ over a kept-alive connection, `service.policy.transport.KeepAliveTransport`):
 
 Load: `--clients` (16) concurrent clients, each a thread with its own
 kept-alive connection, spread over `--processes` client processes (wrk speaks
-no Unix sockets; a bench-local subclass of `KeepAliveTransport` connects to the
-socket). Every answer must be 200 with every decision allowed, or the run
+no Unix sockets; `KeepAliveTransport` reaches the socket at its `http+unix://`
+URL, as the service does). Every answer must be 200 with every decision allowed, or the run
 stops. After an unrecorded warm-up of `--warmup` seconds, for `--seconds`: the
 answers that arrived in that window are counted, and OPA's utime + stime from
 /proc (bench/process_cpu.py) is read at its start and end. It prints, per
@@ -49,7 +49,6 @@ import multiprocessing
 import os
 import queue
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,7 +69,7 @@ from service.config.settings import Settings
 from service.policy.batch import batch_answers, batch_document, batch_module
 from service.policy.client import PROBE, EncodedInput, bundle_revision
 from service.policy.sidecar import OpaSidecar
-from service.policy.transport import KeepAliveTransport
+from service.policy.transport import KeepAliveTransport, unix_url
 from store.canonical import canonical_json
 from tests.support.policy_inputs import allowed_input
 
@@ -118,30 +117,11 @@ SHAPES = (
 )
 
 
-class UnixKeepAliveTransport(KeepAliveTransport):
-    """`KeepAliveTransport` over a Unix domain socket: the same requests and answers, one
-    persistent connection per thread to the socket at `path`."""
-
-    def __init__(self, path: str, token: str | None, timeout: float) -> None:
-        super().__init__("http://localhost", token, timeout)
-        self._path = path
-
-    def _connect(self, deadline: float) -> socket.socket:
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            connection.settimeout(max(0.001, deadline - time.monotonic()))
-            connection.connect(self._path)
-        except BaseException:
-            connection.close()
-            raise
-        return connection
-
-
 def transport_to(address: str, token: str | None, timeout: float) -> KeepAliveTransport:
     """A kept-alive transport to an `http://` URL, or to a Unix socket's path."""
     if address.startswith("http://"):
         return KeepAliveTransport(address, token, timeout)
-    return UnixKeepAliveTransport(address, token, timeout)
+    return KeepAliveTransport(unix_url(address), token, timeout)
 
 
 class ShapedSidecar(OpaSidecar):
@@ -152,7 +132,8 @@ class ShapedSidecar(OpaSidecar):
     def __init__(
         self, opa: str, policy_dir: Path, work_dir: Path, shape: Shape, socket_dir: Path | None
     ) -> None:
-        super().__init__(opa, policy_dir, work_dir)
+        # A port and a token for every shape; each shape's own command says what OPA listens on.
+        super().__init__(opa, policy_dir, work_dir, listen="tcp")
         self.shape = shape
         self.socket_path = None if socket_dir is None else socket_dir / SOCKET_NAME
         self._asker = transport_to(self.address, self.token, 1.0)

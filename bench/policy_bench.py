@@ -76,7 +76,8 @@ def main() -> None:
     opa = Settings().resolved_opa_bin()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        sidecar = OpaSidecar(opa, ROOT / "policies", tmp / "opa")
+        # On loopback TCP: opa-python-client, one of the transports compared, has no other.
+        sidecar = OpaSidecar(opa, ROOT / "policies", tmp / "opa", listen="tcp")
         sidecar.start()
         clients = {
             transport: PolicyClient(sidecar.url, sidecar.token, timeout=1.0, transport=transport)

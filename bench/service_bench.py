@@ -13,12 +13,16 @@ a workspace approval and stores one record, then drives with `wrk`
 then stops it and measures the floors the same way, one after the other:
 
 - raw OPA: POST straight at an OPA sidecar over the same policies/ (its
-  /v1/data/sessionstate/read/decision, the read decision's input);
+  /v1/data/sessionstate/read/decision, the read decision's input), on
+  loopback TCP with token and authz, since wrk cannot reach a Unix socket
+  (the service's own sidecar listens on one, without them: its OPA CPU per
+  decision is lower than this floor's);
 - hello-world Flask served exactly as the service is (hypercorn, the same
   front, the same thread count and timeouts: bench/floors.py);
 - the governed floor: that hello-world route made to do the least any governed
   read must, one read decision through the service's own `PolicyClient` and one
-  synced LevelDB append of a decision entry's size, over the raw-OPA sidecar;
+  synced LevelDB append of a decision entry's size, over a sidecar on a Unix
+  socket, as the service's own;
 - raw LevelDB get and synced put (plyvel, in-process, a stored record's bytes,
   1 and 16 threads).
 
@@ -121,7 +125,7 @@ def operations() -> list[Operation]:
 
 
 FLOOR_LABELS = {
-    "opa": "raw OPA, read decision, keep-alive",
+    "opa": "raw OPA, TCP+token+authz, read, keep-alive",
     "hello-world": "hello-world Flask, same hypercorn settings",
     "governed": "governed floor: hello + 1 decision + 1 fsync",
     "leveldb-get": "raw LevelDB get (in-process)",
@@ -210,11 +214,16 @@ def measure_floors(
         for clients in counts:
             load = wrk_load(sidecar.url, decision, clients, args, f"raw OPA at {clients}")
             found["opa"][clients] = measured(load, args.warmup, opa_pid(sidecar))
-        with floors.governed_floor(sidecar.url, sidecar.token, tmp / "floor-governed") as floor:
-            pids = (floor.pid, *opa_pid(sidecar))
-            for clients in counts:
-                load = wrk_load(floor.url, Request(), clients, args, f"governed floor at {clients}")
-                found["governed"][clients] = measured(load, args.warmup, pids)
+    with (
+        floors.socket_sidecar(opa, tmp / "floor-socket-opa") as sidecar,
+        floors.governed_floor(
+            sidecar.url, sidecar.token, tmp / "floor-governed", grouping(args)
+        ) as floor,
+    ):
+        pids = (floor.pid, *opa_pid(sidecar))
+        for clients in counts:
+            load = wrk_load(floor.url, Request(), clients, args, f"governed floor at {clients}")
+            found["governed"][clients] = measured(load, args.warmup, pids)
     with floors.hello_world() as hello:
         for clients in counts:
             load = wrk_load(hello.url, Request(), clients, args, f"hello-world at {clients}")

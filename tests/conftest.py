@@ -76,8 +76,19 @@ def opa_bin() -> str:
 
 @pytest.fixture(scope="session")
 def sidecar(opa_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpaSidecar]:
-    """One real, locked-down OPA over the project's policies for the whole run."""
+    """One real OPA over the project's policies for the whole run, as the service starts its
+    own: on a Unix socket in a private directory."""
     running = OpaSidecar(opa_bin, POLICY_DIR, tmp_path_factory.mktemp("opa"))
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def tcp_sidecar(opa_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpaSidecar]:
+    """A real OPA as an operator runs one apart from the service (SESSIONSTATE_OPA_URL):
+    on loopback TCP, locked down with a token of its own and `system.authz`."""
+    running = OpaSidecar(opa_bin, POLICY_DIR, tmp_path_factory.mktemp("opa-tcp"), listen="tcp")
     running.start()
     yield running
     running.stop()

@@ -39,7 +39,7 @@ class ActivationApprovals:
         self,
         journal: DecisionJournal,
         opa_url: str,
-        opa_token: str,
+        opa_token: str | None,
         *,
         approvals: int,
         durable_writes: bool,

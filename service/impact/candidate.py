@@ -4,8 +4,9 @@ The check is `opa check --strict` against the input schema (the candidate's own
 `schemas/` when it has one, else the live policy directory's), so a candidate
 that would not pass `make test` is refused before anything is evaluated. The
 candidate is then served by an `OpaSidecar` of its own, on a scratch work dir,
-with the service's lock-down (token authentication, `system.authz`, a bundle
-from a loopback bundle server). Beside the candidate's files (a copy: the
+with the service's lock-down (a Unix socket in a private directory, a bundle
+from a loopback bundle server; the `system.authz` rule it adds for the batch
+query matters only to an OPA locked with a token). Beside the candidate's files (a copy: the
 candidate itself is never changed) it serves one more query, which decides a
 batch of inputs, each by the package of its action exactly as the service's
 query would: one HTTP round trip per decision costs some twenty times what

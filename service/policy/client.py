@@ -28,6 +28,7 @@ from service.policy.transport import (
     DecisionTransport,
     KeepAliveTransport,
     OpaClientTransport,
+    is_unix_url,
 )
 from store.canonical import canonical_json, sha256_digest
 
@@ -75,11 +76,18 @@ class PolicyClient:
     ) -> None:
         self.url = url
         self.timeout = timeout
-        self._opa = OpaClientTransport(url, token, timeout)  # probes always use it
+        # Probes use opa-python-client; an OPA on a Unix socket, which it cannot reach, is
+        # asked everything over the kept-alive socket.
+        self._opa: DecisionTransport
+        if is_unix_url(url):
+            self._opa = KeepAliveTransport(url, token, timeout)
+        else:
+            self._opa = OpaClientTransport(url, token, timeout)
         self._hot: DecisionTransport = (
             KeepAliveTransport(url, token, timeout) if transport == "keep-alive" else self._opa
         )
-        keep_alive = transport == "keep-alive"  # a batch's bytes go as they are: this one only
+        # A batch's bytes go as they are: only over the kept-alive transport.
+        keep_alive = isinstance(self._hot, KeepAliveTransport)
         self.groups = DecisionGroups(self._ask_alone) if grouped and keep_alive else None
         self._engine_version = UNKNOWN
 

@@ -1,8 +1,15 @@
-"""The OPA sidecar: a locked-down `opa run --server` on loopback, supervised.
+"""The OPA sidecar: a locked-down `opa run --server`, supervised.
 
-- OPA's API is locked: token authentication and the `system.authz` policy
-  admit only the service's per-start secret, and only for decision queries;
-  nobody can PUT or DELETE policies or data at runtime.
+- OPA's API is locked. By default (`listen="unix"`: the sidecars the service
+  starts itself) OPA listens on a Unix domain socket, 0600, in a 0700
+  directory of the service's user under the work dir
+  (`service.policy.private_socket`): no other local user can connect at all,
+  so OPA runs without token authentication and `system.authz`, at about half
+  their CPU per decision (docs/performance.md). With `listen="tcp"` it
+  listens on loopback, where any local user can connect: token
+  authentication and the `system.authz` policy admit only the service's
+  per-start secret, and only for decision queries; nobody can PUT or DELETE
+  policies or data at runtime.
 - Policies arrive as a bundle from `BundleServer`, so the decision and the
   policy revision it was made under come from one snapshot. The snapshot is
   taken at start and replaced only by `reload_policies()` (SIGHUP or
@@ -47,9 +54,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import requests
+from typing import Any, Literal
 
 from service.observability.tracing import OpaTracing
 from service.policy.activation import (
@@ -71,6 +76,7 @@ from service.policy.activation_hold import (
 from service.policy.bundle_server import BUNDLE_PATH, BundleServer
 from service.policy.client import PolicyClient
 from service.policy.coverage_gate import CoverageGate
+from service.policy.private_socket import SOCKET_PERM, SocketDirError, fitting, private_socket
 from service.policy.reload import (
     REQUEST_FILE,
     PolicyStatus,
@@ -82,11 +88,15 @@ from service.policy.rollback import ROLLBACK, RollbackGuard
 from service.policy.sidecar_port import sidecar_port
 from service.policy.signed_bundle import REJECTED, OpaStatusBoard, SignedBundleSource, SigningAlg
 from service.policy.source import PolicySnapshots, PolicySource, ReloadResult
+from service.policy.transport import KeepAliveTransport, unix_url
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "SESSIONSTATE_OPA_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 BUNDLE_NAME = "sessionstate"
+SOCKET_DIR = "socket"  # in the work dir: the Unix socket's private directory
+
+Listen = Literal["unix", "tcp"]
 
 
 class SidecarError(RuntimeError):
@@ -128,14 +138,24 @@ class OpaSidecar:
         tests: CoverageGate | None = None,
         policy_set: PolicySet = "live",
         hold: ActivationHold | None = None,
+        listen: Listen = "unix",
     ) -> None:
         if (bundle_file is None) != (verification_key is None):
             raise ValueError("a signed bundle needs both the bundle file and the verification key")
         self.opa_bin = opa_bin
         self.policy_dir = policy_dir
         self.work_dir = work_dir
-        self.port = sidecar_port()
-        self.token = secrets.token_urlsafe(32)
+        self.listen: Listen = listen
+        # On a Unix socket: its path, and no token (nobody else can connect); on loopback
+        # TCP: a port, and the per-start secret OPA's authentication asks for.
+        self.socket_path: Path | None = None
+        if listen == "unix":
+            try:
+                self.socket_path = fitting(work_dir / SOCKET_DIR / "opa.sock")
+            except SocketDirError as error:
+                raise SidecarError(str(error)) from None
+        self.port = sidecar_port() if listen == "tcp" else None
+        self.token = secrets.token_urlsafe(32) if listen == "tcp" else None
         self.poll_seconds = poll_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self.watch_policies = watch_policies
@@ -174,6 +194,7 @@ class OpaSidecar:
             )
             self._bundles = BundleServer(lambda: self.policies.served)
         self._probe = PolicyClient(self.url, self.token, timeout=1.0)
+        self._health = KeepAliveTransport(self.url, self.token, timeout=0.5)
         self._reload_requested = threading.Event()
         self._reload_lock = threading.Lock()
         self._reloader: threading.Thread | None = None
@@ -202,6 +223,9 @@ class OpaSidecar:
 
     @property
     def url(self) -> str:
+        """Where OPA listens: `http+unix://<its socket's path>`, or `http://127.0.0.1:<port>`."""
+        if self.socket_path is not None:
+            return unix_url(self.socket_path)
         return f"http://127.0.0.1:{self.port}"
 
     @property
@@ -233,6 +257,11 @@ class OpaSidecar:
         if refusal is not None:
             raise SidecarError(refusal)
         self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.socket_path is not None:
+            try:
+                private_socket(self.socket_path.parent, self.socket_path.name)
+            except (SocketDirError, OSError) as error:
+                raise SidecarError(str(error)) from None
         self._bundles.start()
         self._write_config()
         mark = 0 if self.signed is None else self.signed.board.mark()
@@ -531,16 +560,7 @@ class OpaSidecar:
 
     def ready(self) -> bool:
         """OPA answers and has activated the policy bundle."""
-        try:
-            response = requests.get(
-                f"{self.url}/health",
-                params={"bundles": "true"},
-                headers={"Authorization": f"Bearer {self.token}"},
-                timeout=0.5,
-            )
-        except requests.RequestException:
-            return False
-        return response.status_code == 200
+        return self._health.status("/health?bundles=true") == 200
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -569,6 +589,7 @@ class OpaSidecar:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout)
         self._probe.close()
+        self._health.close()
         self._bundles.stop()
 
     def _write_config(self) -> None:
@@ -610,14 +631,20 @@ class OpaSidecar:
         path.write_text(json.dumps(config, indent=2))
 
     def _command(self) -> list[str]:
+        if self.socket_path is not None:  # the directory keeps others out: no token, no authz
+            listening = ["--addr", f"unix://{self.socket_path}", "--unix-socket-perm", SOCKET_PERM]
+        else:
+            listening = [
+                "--addr",
+                f"127.0.0.1:{self.port}",
+                "--authentication=token",
+                "--authorization=basic",
+            ]
         return [
             self.opa_bin,
             "run",
             "--server",
-            "--addr",
-            f"127.0.0.1:{self.port}",
-            "--authentication=token",
-            "--authorization=basic",
+            *listening,
             "--skip-version-check",
             "--config-file",
             str(self.work_dir / "opa-config.json"),
@@ -627,10 +654,13 @@ class OpaSidecar:
         env = {
             key: value for key, value in os.environ.items() if not key.startswith("SESSIONSTATE_")
         }
-        env[TOKEN_ENV] = self.token
+        if self.token is not None:
+            env[TOKEN_ENV] = self.token
         with self._lock:
             if self._stopping.is_set():
                 return
+            if self.socket_path is not None:  # an OPA that died leaves its socket behind
+                self.socket_path.unlink(missing_ok=True)
             with open(self.log_path, "ab") as opa_log:
                 self._process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
                     self._command(),

@@ -7,8 +7,12 @@ request's hot path (readiness probes, reload checks, engine checks).
 `KeepAliveTransport` asks the same question, the same way (POST
 `/v1/data/sessionstate/<package>/decision?provenance=true`, body
 `{"input": ...}`, the sidecar's bearer token, the decision span's
-`traceparent`), over one persistent TCP socket per thread (TLS for an
-`https://` OPA). Each request is written whole in one send, and OPA's
+`traceparent`), over one persistent socket per thread: TCP (TLS for an
+`https://` OPA), or the Unix domain socket an `http+unix://` URL names (the
+socket's path percent-encoded, `unix_url`: how the service reaches the
+sidecar it starts itself, which opa-python-client and requests cannot
+speak). `status` asks it for a GET's status (`/health`) the same way.
+Each request is written whole in one send, and OPA's
 answer is parsed by httptools (llhttp, the C parser uvicorn uses).
 requests spends most of its time per call on work a loopback query to one
 fixed host never needs (proxy and netrc lookups in the environment, merging
@@ -38,8 +42,10 @@ import socket
 import ssl
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 import requests
@@ -62,12 +68,59 @@ class DecisionTransport(Protocol):
     def close(self) -> None: ...
 
 
-def _endpoint(url: str) -> tuple[str, int, bool]:
+UNIX_SCHEME = "http+unix"
+UNIX_HOST = "localhost"  # the Host field of a request over a Unix socket
+# AF_UNIX's sun_path holds 108 bytes on Linux, the terminating NUL among them.
+MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where an OPA listens: a host and port (TLS for https), or a Unix socket's path."""
+
+    host: str
+    port: int
+    secure: bool = False
+    unix_path: str | None = None
+
+
+def unix_url(path: Path | str) -> str:
+    """The URL of an OPA on the Unix socket at `path`: `http+unix://` and the path,
+    percent-encoded (so that its slashes do not read as the URL's)."""
+    return f"{UNIX_SCHEME}://{quote(str(path), safe='')}"
+
+
+def is_unix_url(url: str) -> bool:
+    return url.startswith(f"{UNIX_SCHEME}://")
+
+
+def endpoint(url: str) -> Endpoint:
+    """The endpoint of an `http(s)://host[:port]` or `http+unix://<encoded path>` URL."""
     parts = urlsplit(url)
+    if parts.scheme == UNIX_SCHEME:
+        path = unquote(parts.netloc)
+        if (
+            not path.startswith("/")
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or "\x00" in path
+            or len(path.encode()) > MAX_SOCKET_PATH
+        ):
+            raise ValueError("an OPA url on a Unix socket must be http+unix://<encoded path>")
+        return Endpoint(UNIX_HOST, 80, unix_path=path)
     if parts.scheme not in {"http", "https"} or parts.hostname is None:
         raise ValueError("OPA url must be http(s)://host:port")
     secure = parts.scheme == "https"
-    return parts.hostname, parts.port or (443 if secure else 80), secure
+    return Endpoint(parts.hostname, parts.port or (443 if secure else 80), secure)
+
+
+def _endpoint(url: str) -> tuple[str, int, bool]:
+    """A TCP endpoint's host, port and TLS, for opa-python-client (which has no other)."""
+    found = endpoint(url)
+    if found.unix_path is not None:
+        raise ValueError("opa-python-client cannot reach an OPA on a Unix socket")
+    return found.host, found.port, found.secure
 
 
 class OpaClientTransport:
@@ -167,22 +220,27 @@ def _remaining(deadline: float) -> float:
 
 
 class KeepAliveTransport:
-    """One persistent TCP socket per thread to OPA; httptools reads."""
+    """One persistent socket per thread to OPA (TCP, or a Unix socket); httptools reads."""
 
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
-        self._host, self._port, secure = _endpoint(url)
-        self._tls = ssl.create_default_context() if secure else None
+        self._endpoint = found = endpoint(url)
+        self._host, self._port = found.host, found.port
+        self._tls = ssl.create_default_context() if found.secure else None
         self._timeout = timeout
         host = f"[{self._host}]" if ":" in self._host else self._host
-        if self._port != (443 if secure else 80):
+        if found.unix_path is None and self._port != (443 if found.secure else 80):
             host = f"{host}:{self._port}"
-        fields: dict[str, str] = {"Host": host, "Content-Type": "application/json"}
+        fields: dict[str, str] = {"Host": host}
         if token:
             fields["Authorization"] = f"Bearer {token}"
         try:
-            self._fields: bytes | None = b"".join(_field(*item) for item in fields.items())
+            # A GET's fields (`status`), then a decision query's.
+            self._get_fields: bytes | None = b"".join(_field(*item) for item in fields.items())
+            self._fields: bytes | None = self._get_fields + _field(
+                "Content-Type", "application/json"
+            )
         except ValueError:  # a token no header can carry: every query fails closed
-            self._fields = None
+            self._get_fields = self._fields = None
         self._heads: dict[str, bytes] = {}  # by package: the request line and fixed fields
         self._local = threading.local()
         self._opened: list[socket.socket] = []
@@ -194,6 +252,33 @@ class KeepAliveTransport:
             request = self._request(package, encoded)
         except ValueError:
             return None
+        answered = self._ask(request, deadline)
+        if answered is None:
+            return None
+        status, body = answered
+        if status in REFUSING_STATUSES:
+            return REFUSED
+        if status != 200:
+            return None
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def status(self, target: str) -> int | None:
+        """The status of OPA's answer to `GET target` (`/health?bundles=true`, say); None when
+        none came within the timeout."""
+        if self._get_fields is None or _NOT_IN_A_FIELD.search(target) or " " in target:
+            return None
+        request = f"GET {target} HTTP/1.1\r\n".encode() + self._get_fields + b"\r\n"
+        answered = self._ask(request, time.monotonic() + self._timeout)
+        return None if answered is None else answered[0]
+
+    def _ask(self, request: bytes, deadline: float) -> tuple[int, bytearray] | None:
+        """Send request on this thread's connection and read its whole answer: its status
+        and body; None when none came (refused, a timeout, a reset, a broken or cut answer).
+        A reused connection found closed before any byte of the answer is opened once more."""
         for fresh in (False, True):
             try:
                 connection, reused = self._connection(fresh, deadline)
@@ -211,15 +296,7 @@ class KeepAliveTransport:
                 return None
             if not keep:
                 self._drop(connection)
-            if status in REFUSING_STATUSES:
-                return REFUSED
-            if status != 200:
-                return None
-            try:
-                answer = json.loads(body)
-            except ValueError:
-                return None
-            return answer if isinstance(answer, dict) else None
+            return status, body
         return None
 
     def _request(self, package: str, encoded: bytes) -> bytes:
@@ -256,6 +333,8 @@ class KeepAliveTransport:
         return connection, False
 
     def _connect(self, deadline: float) -> socket.socket:
+        if self._endpoint.unix_path is not None:
+            return _connect_unix(self._endpoint.unix_path, deadline)
         connection = socket.create_connection(
             (self._host, self._port), timeout=_remaining(deadline)
         )
@@ -283,6 +362,19 @@ class KeepAliveTransport:
         for connection in opened:
             connection.close()
         self._local = threading.local()
+
+
+def _connect_unix(path: str, deadline: float) -> socket.socket:
+    """A connection to the Unix socket at path (EACCES for a user the socket's directory
+    or mode keeps out)."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.settimeout(_remaining(deadline))
+        connection.connect(path)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 def _quiet(connection: socket.socket) -> bool:

@@ -49,7 +49,7 @@ from service.context import ServiceContext
 from service.observability import tracing
 from service.observability.logs import configure_logging
 from service.observability.metrics import MULTIPROC_DIR_VARIABLE
-from service.policy.sidecar import _die_with_parent
+from service.policy.sidecar import OpaSidecar, _die_with_parent
 from service.runtime.serving import raise_open_file_limit, serve_http
 from service.runtime.sidecars import Sidecars
 from service.runtime.worker_beats import BEATS_DIR, WorkerBeats, forget_beat
@@ -89,19 +89,22 @@ class Workers:
         self._env = dict(os.environ) | {MULTIPROC_DIR_VARIABLE: str(shared / METRICS_DIR)}
         sidecar, shadow = sidecars.live, sidecars.shadow
         if sidecar is not None:  # else the workers use SESSIONSTATE_OPA_URL as the parent does
-            self._env |= {
-                "SESSIONSTATE_OPA_URL": sidecar.url,
-                "SESSIONSTATE_OPA_TOKEN": sidecar.token,
-            }
+            self._reach(sidecar, "SESSIONSTATE_OPA_URL", "SESSIONSTATE_OPA_TOKEN")
         if shadow is not None:  # the workers ask the parent's shadow sidecar
-            self._env |= {
-                "SESSIONSTATE_SHADOW_OPA_URL": shadow.url,
-                "SESSIONSTATE_SHADOW_OPA_TOKEN": shadow.token,
-            }
+            self._reach(shadow, "SESSIONSTATE_SHADOW_OPA_URL", "SESSIONSTATE_SHADOW_OPA_TOKEN")
         # Without the parent's sidecar, a worker learns the live revision from OPA's answers.
         self._observes = "observe" if sidecar is None else "follow"
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._started: list[float] = [0.0] * count
+
+    def _reach(self, sidecar: OpaSidecar, url: str, token: str) -> None:
+        """The workers reach the parent's sidecar where it listens (its Unix socket, which
+        the workers' user may open too: it is the parent's), with its token if it has one."""
+        self._env[url] = sidecar.url
+        if sidecar.token is None:
+            self._env.pop(token, None)
+        else:
+            self._env[token] = sidecar.token
 
     def start(self) -> None:
         for slot in range(self._count):

@@ -175,10 +175,10 @@ def test_a_missing_opa_binary_stops_the_start_at_once(tmp_path: Path, opa: str) 
 
 @pytest.mark.parametrize("token", ["a-token-this-opa-was-not-started-with-0123456789", None])
 def test_an_external_opa_that_refuses_the_token_stops_the_start(
-    sidecar: OpaSidecar, opa_bin: str, tmp_path: Path, token: str | None
+    tcp_sidecar: OpaSidecar, opa_bin: str, tmp_path: Path, token: str | None
 ) -> None:
-    # The session's sidecar is a real OPA locked to a token of its own.
-    changes = {"SESSIONSTATE_OPA_URL": sidecar.url}
+    # A real OPA on TCP locked to a token of its own.
+    changes = {"SESSIONSTATE_OPA_URL": tcp_sidecar.url}
     if token is not None:
         changes["SESSIONSTATE_OPA_TOKEN"] = token
     refused = _serve(changes, tmp_path / "var", opa_bin)
@@ -195,9 +195,9 @@ def test_an_external_opa_that_refuses_the_token_stops_the_start(
 
 
 @pytest.fixture
-def refused_service(sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService]:
+def refused_service(tcp_sidecar: OpaSidecar, tmp_path: Path) -> Iterator[LiveService]:
     """A service whose OPA refuses its token (OPA restarted with another one, say)."""
-    wrong = SimpleNamespace(url=sidecar.url, token="a-token-this-opa-was-not-started-with-0123")
+    wrong = SimpleNamespace(url=tcp_sidecar.url, token="a-token-this-opa-was-not-started-with-0123")
     with live_service(cast(OpaSidecar, wrong), service_settings(tmp_path / "var")) as live:
         yield live
 
@@ -238,10 +238,10 @@ def test_the_client_raises_policy_engine_refused_without_retrying(
 
 
 def test_the_context_needs_no_policy_source_with_an_external_opa(
-    sidecar: OpaSidecar, tmp_path: Path
+    tcp_sidecar: OpaSidecar, tmp_path: Path
 ) -> None:
     context = ServiceContext.open(
-        service_settings(tmp_path / "var"), opa_url=sidecar.url, opa_token=sidecar.token
+        service_settings(tmp_path / "var"), opa_url=tcp_sidecar.url, opa_token=tcp_sidecar.token
     )
     try:
         assert context.policy_source is None

@@ -1,4 +1,10 @@
-"""Decisions through the real, locked-down OPA sidecar and the policy client."""
+"""Decisions through the real, locked-down OPA sidecar and the policy client.
+
+The service's own sidecar listens on a Unix socket in a private directory
+(tests/policy/test_sidecar_socket.py tries another user's connect); an OPA of
+the operator's on TCP is locked with its token and `system.authz` (`tcp_sidecar`).
+The fail-closed tests run on both.
+"""
 
 from __future__ import annotations
 
@@ -233,11 +239,11 @@ def test_the_committed_input_schema_is_current() -> None:
 # --- the sidecar's lock-down -------------------------------------------------------------
 
 
-def test_unauthenticated_reads_of_opa_data_are_refused(sidecar: OpaSidecar) -> None:
-    assert requests.get(f"{sidecar.url}/v1/data", timeout=2).status_code == 401
+def test_unauthenticated_reads_of_opa_data_are_refused_on_tcp(tcp_sidecar: OpaSidecar) -> None:
+    assert requests.get(f"{tcp_sidecar.url}/v1/data", timeout=2).status_code == 401
     assert (
         requests.post(
-            f"{sidecar.url}/v1/data/sessionstate/write/decision", json={}, timeout=2
+            f"{tcp_sidecar.url}/v1/data/sessionstate/write/decision", json={}, timeout=2
         ).status_code
         == 401
     )
@@ -255,14 +261,14 @@ def test_unauthenticated_reads_of_opa_data_are_refused(sidecar: OpaSidecar) -> N
         ("POST", "/v1/query"),
     ],
 )
-def test_runtime_changes_are_refused_even_with_the_token(
-    sidecar: OpaSidecar, method: str, path: str
+def test_runtime_changes_are_refused_on_tcp_even_with_the_token(
+    tcp_sidecar: OpaSidecar, method: str, path: str
 ) -> None:
     response = requests.request(
         method,
-        sidecar.url + path,
+        tcp_sidecar.url + path,
         json={"query": "data"} if path == "/v1/query" else {"allow": True},
-        headers={"Authorization": f"Bearer {sidecar.token}"},
+        headers={"Authorization": f"Bearer {tcp_sidecar.token}"},
         timeout=2,
     )
     assert response.status_code == 401
@@ -273,6 +279,13 @@ def test_runtime_changes_are_refused_even_with_the_token(
 
 # Both ways a decision reaches OPA fail closed the same way (service.policy.transport).
 TRANSPORTS = pytest.mark.parametrize("transport", ["keep-alive", "opa-python-client"])
+# Where the sidecar listens, and how it is asked: on its Unix socket (the service's own: one
+# transport, the kept-alive socket), or on TCP (an operator's OPA: both transports).
+LISTENING = pytest.mark.parametrize(
+    ("private_sidecar", "transport"),
+    [("unix", "keep-alive"), ("tcp", "keep-alive"), ("tcp", "opa-python-client")],
+    indirect=["private_sidecar"],
+)
 
 
 def assert_unavailable(client: PolicyClient) -> None:
@@ -293,9 +306,9 @@ def test_fails_closed_when_nothing_listens(transport: str) -> None:
 
 
 @TRANSPORTS
-def test_a_wrong_token_fails_closed_as_a_refusal(sidecar: OpaSidecar, transport: str) -> None:
+def test_a_wrong_token_fails_closed_as_a_refusal(tcp_sidecar: OpaSidecar, transport: str) -> None:
     for token in ("not-the-token", None):
-        trace = PolicyClient(sidecar.url, token, timeout=0.5, transport=transport).decide(
+        trace = PolicyClient(tcp_sidecar.url, token, timeout=0.5, transport=transport).decide(
             allowed_input("read")
         )
         assert trace.allow is False
@@ -305,17 +318,23 @@ def test_a_wrong_token_fails_closed_as_a_refusal(sidecar: OpaSidecar, transport:
 
 
 @pytest.fixture
-def private_sidecar(opa_bin: str, tmp_path: Path) -> Iterator[tuple[OpaSidecar, Path]]:
-    """A sidecar of this test's own over a copy of the policies it may edit or break."""
+def private_sidecar(
+    opa_bin: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[OpaSidecar, Path]]:
+    """A sidecar of this test's own over a copy of the policies it may edit or break, on a
+    Unix socket unless the test asks for TCP."""
     policies = tmp_path / "policies"
     shutil.copytree(POLICY_DIR, policies)
-    running = OpaSidecar(opa_bin, policies, tmp_path / "opa", max_backoff_seconds=0.5)
+    listen = getattr(request, "param", "unix")
+    running = OpaSidecar(
+        opa_bin, policies, tmp_path / "opa", max_backoff_seconds=0.5, listen=listen
+    )
     running.start()
     yield running, policies
     running.stop()
 
 
-@TRANSPORTS
+@LISTENING
 def test_fails_closed_when_opa_is_killed_and_recovers_by_itself(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
@@ -333,7 +352,7 @@ def test_fails_closed_when_opa_is_killed_and_recovers_by_itself(
     assert client.decide(allowed_input("read")).allow
 
 
-@TRANSPORTS
+@LISTENING
 def test_fails_closed_when_opa_is_paused(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
@@ -384,7 +403,7 @@ def assert_undefined(client: PolicyClient, revision: str) -> None:
     assert client.decide(allowed_input("read")).allow  # every other tenant's reads decide
 
 
-@TRANSPORTS
+@LISTENING
 def test_fails_closed_when_the_decision_is_undefined(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:
@@ -399,7 +418,7 @@ def test_fails_closed_when_the_decision_is_undefined(
     assert_undefined(client, load_bundle(policies).revision)
 
 
-@TRANSPORTS
+@LISTENING
 def test_fails_closed_on_a_malformed_result(
     private_sidecar: tuple[OpaSidecar, Path], transport: str
 ) -> None:

@@ -330,7 +330,7 @@ def test_served_watch_policies_serves_edits_by_themselves(opa_bin: str, tmp_path
 
 
 def test_policy_reload_needs_a_running_service_with_a_policy_directory(
-    sidecar: OpaSidecar, opa_bin: str, tmp_path: Path
+    tcp_sidecar: OpaSidecar, opa_bin: str, tmp_path: Path
 ) -> None:
     nobody = _policy_reload(tmp_path / "nothing-runs-here")
     assert nobody.returncode == 2
@@ -340,7 +340,7 @@ def test_policy_reload_needs_a_running_service_with_a_policy_directory(
         opa_bin,
         tmp_path / "var",
         tmp_path,
-        {"SESSIONSTATE_OPA_URL": sidecar.url, "SESSIONSTATE_OPA_TOKEN": sidecar.token},
+        {"SESSIONSTATE_OPA_URL": tcp_sidecar.url, "SESSIONSTATE_OPA_TOKEN": str(tcp_sidecar.token)},
     )
     try:
         refused = _policy_reload(external.data_dir)

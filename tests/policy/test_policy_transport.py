@@ -2,26 +2,37 @@
 
 What a real OPA cannot be made to do on cue (garbage, a cut answer, a second answer, an
 answer a byte at a time, a connection closed while idle) comes from `ScriptedOpa`: it
-reads each request whole and sends the next scripted reply. Real OPA's failures (killed,
-restarted, paused, a wrong token) are tests/policy/test_policy_engine.py's.
+reads each request whole and sends the next scripted reply. It listens on loopback TCP
+(an OPA of the operator's) or on a Unix socket (the sidecar the service starts), and
+every test runs on both. Real OPA's failures (killed, restarted, paused, a wrong token)
+are tests/policy/test_policy_engine.py's.
 """
 
 from __future__ import annotations
 
 import json
 import select
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httptools
 import pytest
 
 from service.policy.client import PolicyClient
-from service.policy.transport import REFUSED, KeepAliveTransport
+from service.policy.transport import (
+    MAX_SOCKET_PATH,
+    REFUSED,
+    KeepAliveTransport,
+    endpoint,
+    unix_url,
+)
 from tests.support.policy_inputs import allowed_input
 
 TOKEN = "t0ken-of-the-sidecar"
@@ -55,7 +66,7 @@ class ScriptedOpa:
     """Answers the requests it reads, on any connection, with the next of its replies;
     with none left it reads the request and closes the connection without a byte."""
 
-    def __init__(self, replies: list[Reply]) -> None:
+    def __init__(self, replies: list[Reply], unix_path: Path | None = None) -> None:
         self.replies = list(replies)
         self.requests: list[bytes] = []
         self.connections = 0
@@ -64,9 +75,14 @@ class ScriptedOpa:
         self.changed = threading.Condition()
         self.release_late = threading.Event()
         self.late_sent = threading.Event()
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        if unix_path is None:
+            self.listener = socket.socket()
+            self.listener.bind(("127.0.0.1", 0))
+            self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        else:
+            self.listener = socket.socket(socket.AF_UNIX)
+            self.listener.bind(str(unix_path))
+            self.url = unix_url(unix_path)
         self.listener.listen()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -145,19 +161,31 @@ def answer(status: str, body: bytes, *fields: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-@pytest.fixture
-def scripted() -> Iterator[Callable[..., ScriptedOpa]]:
-    """Makes a scripted OPA on a loopback port with the replies given."""
+@pytest.fixture(params=["tcp", "unix"])
+def scripted(request: pytest.FixtureRequest) -> Iterator[Callable[..., ScriptedOpa]]:
+    """Makes a scripted OPA with the replies given, on a loopback port or a Unix socket."""
     started: list[ScriptedOpa] = []
+    # A short directory: a Unix socket's path holds at most 107 bytes.
+    sockets = Path(tempfile.mkdtemp(prefix="opa-")) if request.param == "unix" else None
 
     def make(*replies: Reply) -> ScriptedOpa:
-        server = ScriptedOpa(list(replies))
+        path = None if sockets is None else sockets / f"{len(started)}.sock"
+        server = ScriptedOpa(list(replies), path)
         started.append(server)
         return server
 
     yield make
     for server in started:
         server.close()
+    if sockets is not None:
+        shutil.rmtree(sockets)
+
+
+def _host_field(opa: ScriptedOpa) -> bytes:
+    """What Host says: the port's address, or `localhost` on a Unix socket."""
+    if opa.url.startswith("http+unix://"):
+        return b"localhost"
+    return b"127.0.0.1:" + opa.url.rsplit(":", 1)[1].encode()
 
 
 # --- the request ----------------------------------------------------------------------
@@ -206,7 +234,7 @@ def test_the_request_on_the_wire_is_one_well_formed_decision_query(
     fields = dict(seen.fields)
     assert len(fields) == len(seen.fields)  # no field twice
     expected = {
-        b"host": b"127.0.0.1:" + opa.url.rsplit(":", 1)[1].encode(),
+        b"host": _host_field(opa),
         b"content-type": b"application/json",
         b"content-length": str(len(seen.body)).encode(),
     }
@@ -396,3 +424,77 @@ def test_close_closes_the_connection_of_every_thread(scripted: Callable[..., Scr
     assert opa.finished == 0
     transport.close()
     assert opa.wait_finished(2)
+
+
+# --- a GET's status (/health) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", [TOKEN, None])
+def test_a_get_is_well_formed_and_its_status_is_read(
+    scripted: Callable[..., ScriptedOpa], token: str | None
+) -> None:
+    opa = scripted(Reply(answer("200 OK", b"{}")), Reply(answer("500 Internal Server Error", b"")))
+    transport = opa.transport(token=token)
+    assert transport.status("/health?bundles=true") == 200
+    assert transport.status("/health?bundles=true") == 500
+    assert opa.connections == 1
+    seen = _Seen()
+    parser = httptools.HttpRequestParser(seen)
+    parser.feed_data(opa.requests[0])
+    assert seen.complete
+    assert parser.get_method() == b"GET"
+    assert seen.url == b"/health?bundles=true"
+    expected = {b"host": _host_field(opa)}
+    if token is not None:
+        expected[b"authorization"] = f"Bearer {token}".encode()
+    assert dict(seen.fields) == expected
+    assert seen.body == b""
+
+
+def test_a_get_without_an_answer_has_no_status(scripted: Callable[..., ScriptedOpa]) -> None:
+    opa = scripted(Reply(b""), Reply(b"HTTP/1.1 200 OK\r\nContent-Le", "close"))
+    transport = opa.transport(timeout=0.25)
+    assert transport.status("/health") is None  # never answered
+    assert transport.status("/health") is None  # cut short
+    assert transport.status("/health HTTP/1.1\r\nX: y") is None  # never sent
+    assert len(opa.requests) == 2
+
+
+def test_probes_reach_an_opa_on_a_unix_socket(scripted: Callable[..., ScriptedOpa]) -> None:
+    """opa-python-client cannot reach a Unix socket: there the probe takes the kept-alive
+    socket, and so does every decision, whatever transport the client was asked for."""
+    opa = scripted(Reply(OK), Reply(OK))
+    client = PolicyClient(opa.url, TOKEN, timeout=1.0)
+    try:
+        assert client.probe().decision_id == "d-1"
+        assert client.decide(allowed_input("read")).decision_id == "d-1"
+    finally:
+        client.close()
+
+
+# --- where OPA listens ----------------------------------------------------------------
+
+
+def test_a_unix_url_names_its_socket_and_nothing_else(tmp_path: Path) -> None:
+    path = tmp_path / "dir with space%" / "opa.sock"
+    found = endpoint(unix_url(path))
+    assert (found.unix_path, found.host) == (str(path), "localhost")
+    assert endpoint("http://127.0.0.1:8181").unix_path is None
+    for wrong in (
+        "http+unix://opa.sock",  # not an absolute path
+        "http+unix://%2Frun%2Fopa.sock/v1/data",  # a path after the socket
+        "http+unix://%2Frun%2Fopa.sock?x=1",
+        "http+unix://%2Frun%2Fopa%00.sock",
+        unix_url("/" + "s" * MAX_SOCKET_PATH),  # longer than a socket's path can be
+        "unix:///run/opa.sock",
+    ):
+        with pytest.raises(ValueError):
+            endpoint(wrong)
+
+
+def test_a_socket_nobody_listens_on_fails_closed_at_once(tmp_path: Path) -> None:
+    transport = KeepAliveTransport(unix_url(tmp_path / "gone.sock"), None, 1.0)
+    started = time.monotonic()
+    assert transport.query("read", {}, b"{}") is None
+    assert transport.status("/health") is None
+    assert time.monotonic() - started < 0.5

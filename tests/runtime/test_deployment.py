@@ -184,8 +184,10 @@ def load_manifest_tool() -> ModuleType:
 
 
 def sidecar_command() -> list[str]:
-    """The argv the local sidecar runs OPA with (service/policy/sidecar.py)."""
-    stub = SimpleNamespace(opa_bin="opa", port=8181, work_dir=Path("/work"))
+    """The argv a sidecar on TCP runs OPA with (service/policy/sidecar.py, `listen="tcp"`):
+    the lock-down of an OPA reached over the network. The service's own sidecar listens on
+    a Unix socket instead, which keeps every other user out without a token."""
+    stub = SimpleNamespace(opa_bin="opa", port=8181, work_dir=Path("/work"), socket_path=None)
     command: list[str] = OpaSidecar._command(stub)  # type: ignore[arg-type]
     return command
 
@@ -373,7 +375,8 @@ def test_opa_mounts_the_policies_read_only_and_loads_them_as_a_bundle() -> None:
 
 
 def test_opa_command_has_the_lockdown_of_the_local_sidecar() -> None:
-    """The same flags as service/policy/sidecar.py, so the two cannot drift apart."""
+    """The same flags as a sidecar on TCP (service/policy/sidecar.py), so the two cannot
+    drift apart."""
     local = sidecar_command()
     assert local[1] == "run" and opa_command()[0] == "run"
     # The local sidecar's address and config file are its own; every other flag is shared.

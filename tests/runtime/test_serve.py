@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -157,6 +158,37 @@ def test_bad_configuration_is_refused_before_anything_starts(
     assert "Traceback" not in refused.stderr
     assert "too-short" not in refused.stderr
     assert not (tmp_path / "var" / "opa").exists()  # no OPA was started
+
+
+def test_the_service_decides_over_its_sidecars_private_socket(served: Served) -> None:
+    """End to end over HTTP: the sidecar listens on its socket only, without token or authz."""
+    assert _write(served.url).status_code == 201
+    directory = served.data_dir / "opa" / "socket"
+    assert stat.S_IMODE(os.lstat(directory).st_mode) == 0o700
+    assert stat.S_ISSOCK(os.lstat(directory / "opa.sock").st_mode)
+    opa = [
+        Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        for pid in processes_using(served.data_dir)
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"run"]
+    ]
+    assert len(opa) == 1
+    assert f"unix://{directory / 'opa.sock'}".encode() in opa[0]
+    assert not any(arg.startswith((b"--authentication", b"--authorization")) for arg in opa[0])
+
+
+def test_a_socket_directory_others_can_open_stops_the_start(opa_bin: str, tmp_path: Path) -> None:
+    directory = tmp_path / "var" / "opa" / "socket"
+    directory.mkdir(parents=True)
+    directory.chmod(0o755)
+    refused = _run_serve({}, tmp_path / "var", opa_bin)
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert lines[-1] == (
+        f"sessionstate: the OPA sidecar's socket directory {directory} has mode 0755; it must "
+        f"be a directory of uid {os.geteuid()} with mode 0700 (remove it and the service makes it)"
+    )
+    assert "Traceback" not in refused.stderr
+    assert not (directory / "opa.sock").exists()  # no OPA was started
 
 
 def test_a_malformed_chunked_body_is_400(served: Served) -> None:
