@@ -16,7 +16,10 @@ decision_request(package_name) := {
 write_request := decision_request("write")
 
 test_service_may_ask_for_each_decision if {
-	packages := ["write", "read", "replay", "approval", "audit", "token", "list", "erase", "history", "rewind", "fork", "batch"]
+	packages := [
+		"write", "read", "replay", "approval", "audit", "token",
+		"list", "erase", "history", "rewind", "fork", "batch",
+	]
 	every package_name in packages {
 		authz.allow with input as decision_request(package_name) with opa.runtime as runtime
 	}
