@@ -308,7 +308,7 @@ def print_report(report: dict[str, Any]) -> None:
     print(
         f"served: hypercorn, one process x {settings['threads']} threads, OPA sidecar, decisions "
         f"{'grouped' if settings['opa_grouped'] else 'one per query'}, durable writes, rate "
-        "limits off; record {settings['record_bytes']} bytes; wrk "
+        f"limits off; record {settings['record_bytes']} bytes; wrk "
         f"{settings['wrk_threads']} thread(s), {settings['seconds']} s per figure after "
         f"{settings['warmup']} s warm-up; {settings['cpus']} CPUs shared by wrk, service and OPA; "
         "CPU ms per request (utime + stime from /proc during the wrk run / requests): the "

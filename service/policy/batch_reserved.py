@@ -27,8 +27,8 @@ def batch_reserved(candidate: Candidate) -> list[Refusal]:
     return [
         Refusal(
             RESERVED,
-            f"{name} declares package sessionstate.{LIVE_BATCH_PACKAGE}, which is the "
-            "service's own (grouped decisions); move it to another package",
+            f"{name} declares package sessionstate.{LIVE_BATCH_PACKAGE} (or one under it), "
+            "which is the service's own (grouped decisions); move it to another package",
         )
         for name, content in candidate.bundle.files
         if name.endswith(".rego")

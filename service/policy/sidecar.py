@@ -151,7 +151,8 @@ class OpaSidecar:
         self.socket_path: Path | None = None
         if listen == "unix":
             try:
-                self.socket_path = fitting(work_dir / SOCKET_DIR / "opa.sock")
+                # absolute: a relative data dir (`./var`, the default) names no socket URL
+                self.socket_path = fitting(work_dir.absolute() / SOCKET_DIR / "opa.sock")
             except SocketDirError as error:
                 raise SidecarError(str(error)) from None
         self.port = sidecar_port() if listen == "tcp" else None

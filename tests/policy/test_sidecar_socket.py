@@ -187,3 +187,23 @@ def test_the_probe_question_decides_over_the_socket(sidecar: OpaSidecar) -> None
         assert trace.policy_revision == sidecar.policies.served.revision
     finally:
         client.close()
+
+
+def test_a_relative_work_dir_still_names_one_socket(
+    opa_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data dir's default is the relative `./var` (`make run`): the socket is found
+    by its absolute path, whatever the working directory is later."""
+    monkeypatch.chdir(tmp_path)
+    sidecar = OpaSidecar(opa_bin, POLICY_DIR, Path("var") / "opa")
+    sidecar.start()
+    try:
+        assert sidecar.socket_path == tmp_path / "var" / "opa" / "socket" / "opa.sock"
+        assert sidecar.url.startswith("http+unix://%2F")
+        client = PolicyClient(sidecar.url, None, timeout=1.0, transport="keep-alive")
+        try:
+            assert not client.decide(PROBE).engine_unavailable
+        finally:
+            client.close()
+    finally:
+        sidecar.stop()
