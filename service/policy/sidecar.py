@@ -47,9 +47,11 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -149,12 +151,9 @@ class OpaSidecar:
         # On a Unix socket: its path, and no token (nobody else can connect); on loopback
         # TCP: a port, and the per-start secret OPA's authentication asks for.
         self.socket_path: Path | None = None
+        self._socket_home: Path | None = None  # a directory of its own, removed at stop
         if listen == "unix":
-            try:
-                # absolute: a relative data dir (`./var`, the default) names no socket URL
-                self.socket_path = fitting(work_dir.absolute() / SOCKET_DIR / "opa.sock")
-            except SocketDirError as error:
-                raise SidecarError(str(error)) from None
+            self.socket_path = self._socket_in(work_dir)
         self.port = sidecar_port() if listen == "tcp" else None
         self.token = secrets.token_urlsafe(32) if listen == "tcp" else None
         self.poll_seconds = poll_seconds
@@ -221,6 +220,21 @@ class OpaSidecar:
         self._supervisor: threading.Thread | None = None
         # A forked child inherits this object; only the owner may stop OPA.
         self._owner_pid = os.getpid()
+
+    def _socket_in(self, work_dir: Path) -> Path:
+        """The socket's path: in the work dir (absolute: a relative data dir, `./var` by
+        default, names no socket URL), or, where that path would not fit a Unix socket (a
+        deep data dir), in a private directory of its own that `mkdtemp` makes (0700, a
+        random name) under the system's temporary directory."""
+        try:
+            return fitting(work_dir.absolute() / SOCKET_DIR / "opa.sock")
+        except SocketDirError:
+            pass
+        try:
+            self._socket_home = Path(tempfile.mkdtemp(prefix="sessionstate-opa-"))
+            return fitting(self._socket_home / "opa.sock")
+        except (SocketDirError, OSError) as error:
+            raise SidecarError(f"no path for the OPA sidecar's socket: {error}") from None
 
     @property
     def url(self) -> str:
@@ -592,6 +606,8 @@ class OpaSidecar:
         self._probe.close()
         self._health.close()
         self._bundles.stop()
+        if self._socket_home is not None:
+            shutil.rmtree(self._socket_home, ignore_errors=True)
 
     def _write_config(self) -> None:
         config: dict[str, Any] = {

@@ -101,8 +101,10 @@ def test_an_authorization_policy_without_the_batch_is_asked_one_by_one(
 ) -> None:
     policies = _copy(tmp_path)
     authz = policies / AUTHZ
-    authz.write_text(authz.read_text().replace('\t"batch",\n', ""))
-    sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa")
+    without = authz.read_text().replace('\t"batch",\n', "")
+    assert '"batch"' not in without
+    authz.write_text(without)
+    sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa", listen="tcp")  # authz on TCP
     sidecar.start()
     client = PolicyClient(
         sidecar.url, sidecar.token, timeout=2, transport="keep-alive", grouped=True

@@ -173,10 +173,27 @@ def test_a_socket_left_behind_is_replaced_and_anything_else_is_refused(tmp_path:
         private_socket(directory)
 
 
-def test_a_socket_path_too_long_stops_the_sidecar_at_once(opa_bin: str) -> None:
-    deep = Path("/nonexistent") / ("d" * 120)
-    with pytest.raises(SidecarError, match="longer than a Unix socket's 107 bytes"):
-        OpaSidecar(opa_bin, POLICY_DIR, deep)
+def test_a_work_dir_too_deep_for_a_socket_gets_a_private_one_elsewhere(
+    opa_bin: str, tmp_path: Path
+) -> None:
+    """A Unix socket's path holds at most 107 bytes: under a deeper data dir the socket
+    lives in a directory `mkdtemp` makes (0700), removed at stop."""
+    deep = tmp_path / ("d" * 100)
+    sidecar = OpaSidecar(opa_bin, POLICY_DIR, deep)
+    assert sidecar.socket_path is not None
+    home = sidecar.socket_path.parent
+    assert home.name.startswith("sessionstate-opa-") and not home.is_relative_to(deep)
+    sidecar.start()
+    try:
+        assert stat.S_IMODE(os.lstat(home).st_mode) == 0o700
+        client = PolicyClient(sidecar.url, None, timeout=1.0, transport="keep-alive")
+        try:
+            assert not client.decide(PROBE).engine_unavailable
+        finally:
+            client.close()
+    finally:
+        sidecar.stop()
+    assert not home.exists()
 
 
 def test_the_probe_question_decides_over_the_socket(sidecar: OpaSidecar) -> None:
