@@ -50,6 +50,19 @@ def _concurrent_reads(client: PolicyClient, count: int = 16) -> list[DecisionTra
     return traces
 
 
+def _grouped_reads(sidecar: OpaSidecar) -> tuple[list[DecisionTrace], PolicyClient]:
+    """Concurrent reads through a grouping client of the sidecar, started and stopped here."""
+    sidecar.start()
+    client = PolicyClient(
+        sidecar.url, sidecar.token, timeout=2, transport="keep-alive", grouped=True
+    )
+    try:
+        return _concurrent_reads(client), client
+    finally:
+        client.close()
+        sidecar.stop()
+
+
 def test_a_set_that_declares_the_batch_package_is_refused(opa_bin: str, tmp_path: Path) -> None:
     policies = _copy(tmp_path)
     mine = policies / "sessionstate" / "mine" / "mine.rego"
@@ -82,15 +95,7 @@ def test_a_signed_bundle_carries_the_module_and_is_asked_in_batches(
     sidecar = OpaSidecar(
         opa_bin, POLICY_DIR, tmp_path / "opa", bundle_file=out, verification_key=public
     )
-    sidecar.start()
-    client = PolicyClient(
-        sidecar.url, sidecar.token, timeout=2, transport="keep-alive", grouped=True
-    )
-    try:
-        traces = _concurrent_reads(client)
-    finally:
-        client.close()
-        sidecar.stop()
+    traces, client = _grouped_reads(sidecar)
     assert all(trace.allow for trace in traces)
     assert client.groups is not None and client.groups.batches > 0
     assert any(trace.batch is not None for trace in traces)
@@ -105,14 +110,6 @@ def test_an_authorization_policy_without_the_batch_is_asked_one_by_one(
     assert '"batch"' not in without
     authz.write_text(without)
     sidecar = OpaSidecar(opa_bin, policies, tmp_path / "opa", listen="tcp")  # authz on TCP
-    sidecar.start()
-    client = PolicyClient(
-        sidecar.url, sidecar.token, timeout=2, transport="keep-alive", grouped=True
-    )
-    try:
-        traces = _concurrent_reads(client)
-    finally:
-        client.close()
-        sidecar.stop()
+    traces, client = _grouped_reads(sidecar)
     assert all(trace.allow and trace.batch is None for trace in traces)
     assert client.groups is not None and client.groups.fallbacks >= 1

@@ -52,8 +52,11 @@ AUDITOR = _token("auditor", tenant=TENANT)
 READS = ("read", "history")
 
 
-@pytest.fixture
-def shadowed(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
+def served_with_read_refusing_shadow(
+    opa_bin: str, tmp_path: Path, timeout_ms: int
+) -> Iterator[Served]:
+    """`sessionstate serve` over `policies/`, its shadow a copy whose read policy refuses
+    every read, answering within timeout_ms; killed on the way out."""
     candidate = tmp_path / "candidate"
     shutil.copytree(POLICY_DIR, candidate)
     read_policy = candidate / "sessionstate" / "read" / "read.rego"
@@ -62,12 +65,20 @@ def shadowed(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
         opa_bin,
         tmp_path / "var",
         tmp_path,
-        {"SESSIONSTATE_SHADOW_POLICIES": str(candidate), "SESSIONSTATE_SHADOW_TIMEOUT_MS": "500"},
+        {
+            "SESSIONSTATE_SHADOW_POLICIES": str(candidate),
+            "SESSIONSTATE_SHADOW_TIMEOUT_MS": str(timeout_ms),
+        },
     )
     yield running
     if running.process.poll() is None:
         os.killpg(running.process.pid, signal.SIGKILL)
         running.process.wait()
+
+
+@pytest.fixture
+def shadowed(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
+    yield from served_with_read_refusing_shadow(opa_bin, tmp_path, 500)
 
 
 def _call(served: Served, method: str, path: str, token: str, **kwargs: Any) -> requests.Response:

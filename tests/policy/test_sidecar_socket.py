@@ -186,11 +186,7 @@ def test_a_work_dir_too_deep_for_a_socket_gets_a_private_one_elsewhere(
     sidecar.start()
     try:
         assert stat.S_IMODE(os.lstat(home).st_mode) == 0o700
-        client = PolicyClient(sidecar.url, None, timeout=1.0, transport="keep-alive")
-        try:
-            assert not client.decide(PROBE).engine_unavailable
-        finally:
-            client.close()
+        _decides_the_probe(sidecar)
     finally:
         sidecar.stop()
     assert not home.exists()
@@ -217,10 +213,14 @@ def test_a_relative_work_dir_still_names_one_socket(
     try:
         assert sidecar.socket_path == tmp_path / "var" / "opa" / "socket" / "opa.sock"
         assert sidecar.url.startswith("http+unix://%2F")
-        client = PolicyClient(sidecar.url, None, timeout=1.0, transport="keep-alive")
-        try:
-            assert not client.decide(PROBE).engine_unavailable
-        finally:
-            client.close()
+        _decides_the_probe(sidecar)
     finally:
         sidecar.stop()
+
+
+def _decides_the_probe(sidecar: OpaSidecar) -> None:
+    client = PolicyClient(sidecar.url, None, timeout=1.0, transport="keep-alive")
+    try:
+        assert not client.decide(PROBE).engine_unavailable
+    finally:
+        client.close()

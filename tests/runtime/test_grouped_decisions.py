@@ -10,9 +10,6 @@ carries the shadow's decision, asked the same way; the chain verifies.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,35 +22,21 @@ from tests.policy.test_shadow_policies import (
     AUDITOR,
     MODEL,
     OPERATOR,
-    REFUSE_READS,
     SESSION_PATH,
     TENANT,
     WORKSPACE,
+    served_with_read_refusing_shadow,
 )
 from tests.support.factories import state_input
 from tests.support.hash_recipe import hashes_as_the_recipe_says
-from tests.support.paths import POLICY_DIR
-from tests.support.served import Served, start
+from tests.support.served import Served
 
 CLIENTS, READS_EACH = 16, 12
 
 
 @pytest.fixture
 def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
-    candidate = tmp_path / "candidate"
-    shutil.copytree(POLICY_DIR, candidate)
-    read_policy = candidate / "sessionstate" / "read" / "read.rego"
-    read_policy.write_text(read_policy.read_text() + REFUSE_READS)
-    running = start(
-        opa_bin,
-        tmp_path / "var",
-        tmp_path,
-        {"SESSIONSTATE_SHADOW_POLICIES": str(candidate), "SESSIONSTATE_SHADOW_TIMEOUT_MS": "1000"},
-    )
-    yield running
-    if running.process.poll() is None:
-        os.killpg(running.process.pid, signal.SIGKILL)
-        running.process.wait()
+    yield from served_with_read_refusing_shadow(opa_bin, tmp_path, 1000)
 
 
 def _call(served: Served, method: str, path: str, token: str, **kwargs: Any) -> requests.Response:
