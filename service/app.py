@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
-import secrets
 import time
 
 from flask import Flask, Response, g, request
@@ -30,10 +28,10 @@ from service.http import (
 from service.http.body import MAX_BODY_BYTES
 from service.http.common import CONTEXT_KEY, context, drop_decision, journal_decision
 from service.http.problems import REFUSALS, Problem, problem_of
+from service.http.request_ids import request_id
 from store.backends.contract import StoreOffline
 
 log = logging.getLogger("sessionstate.http")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def create_app(ctx: ServiceContext) -> Flask:
@@ -65,8 +63,7 @@ def create_app(ctx: ServiceContext) -> Flask:
 
 
 def _begin() -> None:
-    incoming = request.headers.get(REQUEST_ID, "")
-    g.request_id = incoming if _REQUEST_ID.fullmatch(incoming) else secrets.token_hex(8)
+    g.request_id = request_id(request.headers.get(REQUEST_ID, ""))
     g.started = time.perf_counter()
     # Over 1 MiB is refused before anything reads, authenticates or parses the body.
     if (request.content_length or 0) > MAX_BODY_BYTES:

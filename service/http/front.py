@@ -11,6 +11,9 @@ body, limits on the request target (8 KiB) and
 headers (16 KiB), and the 1 MiB body limit, which answers 413 before the app runs whatever
 the framing (Content-Length, chunked, or neither).
 
+Liveness and metrics are answered on the event loop itself, once the request has
+arrived (`service.http.loop_answers`); every other request runs in a thread.
+
 A method no route serves (`service.api.v1.METHODS`) and a request that
 carries both `Content-Length` and `Transfer-Encoding` are answered 400 here,
 with the connection closed, before any route runs.
@@ -36,6 +39,7 @@ from prometheus_client import Counter
 from service.api.reasons import Reason
 from service.api.v1 import METHODS
 from service.http.body import MAX_BODY_BYTES
+from service.http.loop_answers import LoopAnswers
 from service.http.problems import Problem
 
 MAX_TARGET_BYTES = 8 * 1024  # path and query
@@ -58,10 +62,12 @@ class BoundedWSGIWrapper(WSGIWrapper):
         body_timeout: float,
         refused: Counter | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        loop_answers: LoopAnswers | None = None,
     ) -> None:
         super().__init__(app, max_body_bytes)
         self.body_timeout = body_timeout
         self.refused = refused
+        self.loop_answers = loop_answers
 
     async def handle_http(
         self,
@@ -93,6 +99,10 @@ class BoundedWSGIWrapper(WSGIWrapper):
                 return
             if not message.get("more_body"):
                 break
+        answered = None if self.loop_answers is None else self.loop_answers.answer(scope)
+        if answered is not None:  # liveness, metrics: no thread (`service.http.loop_answers`)
+            await _send_all(send, answered)
+            return
         try:
             environ = _build_environ(scope, bytes(body))
         except Exception:  # a path outside the root path, or undecodable
@@ -171,10 +181,13 @@ async def _send_all(send: ASGISendCallable, messages: list[Any]) -> None:
 
 def _refusal(scope: HTTPScope, max_body_size: int) -> Reason | None:
     """Why the request is answered here, before any route runs (and its connection closed),
-    or None. A method no route serves is refused whatever the path, and so is a request
-    framed two ways: h11 reads a body by `Transfer-Encoding` and ignores `Content-Length`,
-    while a proxy in front may read it by `Content-Length`, and what one takes for the
-    body the other takes for the next request (request smuggling)."""
+        or None. Liveness and metrics are answered on the event loop itself, once the request has
+    arrived (`service.http.loop_answers`); every other request runs in a thread.
+
+    A method no route serves is refused whatever the path, and so is a request
+        framed two ways: h11 reads a body by `Transfer-Encoding` and ignores `Content-Length`,
+        while a proxy in front may read it by `Content-Length`, and what one takes for the
+        body the other takes for the next request (request smuggling)."""
     if scope["method"] not in METHODS:
         return Reason.UNKNOWN_METHOD
     names = {name for name, _ in scope["headers"]}

@@ -2,7 +2,8 @@
 serving process or by each worker of several (`service.runtime.workers`).
 
 Requests are read by hypercorn on an event loop (`service.http.front`) and handed whole
-to a pool of threads that run the Flask app.
+to a pool of threads that run the Flask app; liveness and metrics are answered on the
+event loop (`service.http.loop_answers`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from service.config.settings import Settings
 from service.context import ServiceContext
 from service.http import request_tracing
 from service.http.front import BoundedWSGIWrapper, front_config
+from service.http.loop_answers import LoopAnswers
 from service.policy.reload import write_pid
 from service.runtime import serving_heap
 from service.runtime.worker_beats import BEAT_SECONDS
@@ -69,6 +71,7 @@ async def serve_http(
         flask_app,
         body_timeout=settings.body_timeout_seconds,
         refused=context.metrics.refused_before_app,
+        loop_answers=LoopAnswers(context),
     )
     config = front_config(
         # hypercorn takes the socket over (and closes it when it stops).

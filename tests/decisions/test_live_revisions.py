@@ -34,7 +34,7 @@ from store.backends.contract import Lanes
 from tests.support.factories import decision_entry_body
 from tests.support.live import JWT_SECRET
 from tests.support.paths import POLICY_DIR
-from tests.support.served import ROOT, Served, processes_using, start
+from tests.support.served import ROOT, Served, opa_pid, start
 
 SESSION_STATE = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1/state"
 REVISIONS = "/v1/decisions/policy-revisions"
@@ -76,18 +76,6 @@ def _reload(data_dir: Path) -> PolicyStatus:
     status = PolicyStatus.model_validate_json(done.stdout)
     assert status.outcome == "loaded" and status.deciding
     return status
-
-
-def _opa_pid(data_dir: Path) -> int:
-    """The served service's OPA: the process running `opa run` on the data dir's config."""
-    for pid in processes_using(data_dir):
-        try:
-            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"run" in argv and any(arg.endswith(b"opa-config.json") for arg in argv):
-            return pid
-    raise AssertionError("the served service runs no OPA")
 
 
 def _ended(revision: dict[str, Any]) -> list[str | None]:
@@ -147,7 +135,7 @@ def test_a_revision_reloaded_away_and_back_is_live_twice_and_counts_what_failed_
     decided.append(_read(served).json()["decision"])
     assert [d["policy_revision"] for d in decided] == [first, second, first]
 
-    opa = _opa_pid(data_dir)
+    opa = opa_pid(data_dir)
     os.kill(opa, signal.SIGSTOP)  # OPA gives no answer: the reads fail closed
     try:
         failed = [_read(served) for _ in range(2)]

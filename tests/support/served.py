@@ -40,6 +40,18 @@ def processes_using(marker: Path) -> list[int]:
     return found
 
 
+def opa_pid(data_dir: Path) -> int:
+    """The served service's OPA: the process running `opa run` on the data dir's config."""
+    for pid in processes_using(data_dir):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"run" in argv and any(arg.endswith(b"opa-config.json") for arg in argv):
+            return pid
+    raise AssertionError("the served service runs no OPA")
+
+
 def start(
     opa_bin: str,
     data_dir: Path,
