@@ -35,6 +35,7 @@ SMALL_RUNS = {
     "merkle_store_bench.py": ["--entries", "50", "--batch", "1", "8", "--repeat", "1", "--sizes", "100", "300", "--proofs", "20"],
     "peer_bench.py": ["--seconds", "1", "--clients", "2", "--warmup", "0"],
     "opa_lockdown_bench.py": ["--seconds", "1", "--warmup", "0", "--clients", "2", "--processes", "1", "--batches", "1", "4"],
+    "probe_bench.py": ["--seconds", "1", "--warmup", "0", "--clients", "2", "--probe-clients", "1"],
 }  # fmt: skip
 PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
     "service_bench.py": [
@@ -44,6 +45,10 @@ PRINTED_ROWS = {  # rows a run must print, beside whatever else it prints
     "opa_lockdown_bench.py": [
         "a. TCP, token + authz", "c. Unix socket in 0700 dir, no token/authz",
         "e. TCP, token + authz, N per query",
+    ],
+    "probe_bench.py": [
+        "GET /healthz alone", "GET /metrics alone", "GET S/state, with probes",
+        "GET /healthz, beside the reads", "GET /metrics, beside the reads",
     ],
     "peer_bench.py": [
         "governed write: PUT S/state", "governed read: GET S/state", "PostgresSaver.put",
