@@ -147,8 +147,8 @@ class IdleExpiry(PeriodicPrune):
         target = PolicyTarget(
             tenant_id=scope.tenant_id, workspace_id=scope.workspace_id, session_id=scope.session_id
         )
-        trace, policy_input, shadow = self._gate.decide("erase", actor, target, erasure=erasure)
-        pending = PendingDecision(entry_body(trace, policy_input, actor, shadow))
+        trace, sent, shadow = self._gate.decide("erase", actor, target, erasure=erasure)
+        pending = PendingDecision(entry_body(trace, sent, actor, shadow))
         if not trace.allow:
             pending.record(self._journal, 503 if trace.engine_unavailable else 403)
             return None if trace.engine_unavailable else False

@@ -36,7 +36,8 @@ from pydantic_core import CoreSchema
 from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from service.auth.tokens import Actor
-from service.policy.input import PolicyActor, PolicyInput, PolicyTarget
+from service.policy.client import EncodedInput
+from service.policy.input import PolicyActor, PolicyTarget
 from service.policy.shadow import ShadowDecision
 from service.policy.trace import DecisionTrace
 from store.backends.contract import Lanes
@@ -76,14 +77,27 @@ class DecisionEntryBody(DerivedOnce):
         """The chain the entry goes on: its target tenant's, else `NO_TENANT_CHAIN`."""
         return chain_name(self.target.tenant_id)
 
+    # The input as it was sent to OPA, encoded then (`entry_body`): kept while `input` is it.
+    _input_encoded: Encoded | None = PrivateAttr(default=None)
+
     @cached_property
     def encoded_members(self) -> dict[str, Encoded]:
         """The entry's members as JSON, each with its canonical bytes: the only place the
         model becomes a dict. Made once (the journal asks in the request's thread, so the
-        commit only seals)."""
+        commit only seals); the input's bytes are those sent to OPA, when this is still
+        the input they encode."""
         # An entry without a shadow has no `shadow` member at all, as before shadows existed.
-        document = self.model_dump(mode="json", exclude={"shadow"} if self.shadow is None else None)
-        return {name: Encoded.of(value) for name, value in document.items()}
+        held = self._input_encoded
+        if held is not None and held.value is not self.input:  # a copy with another input
+            held = None
+        excluded = ({"shadow"} if self.shadow is None else set()) | (
+            {"input"} if held is not None else set()
+        )
+        document = self.model_dump(mode="json", exclude=excluded or None)
+        members = {name: Encoded.of(value) for name, value in document.items()}
+        if held is not None:
+            members["input"] = held
+        return members
 
     def sealable(self, outcome: DecisionOutcome, recorded_at: str) -> dict[str, Any]:
         """The entry's JSON for the chain to seal (`encoded_members` spares encoding it again)."""
@@ -169,18 +183,21 @@ class DecisionLogEntry(BaseModel):
 
 def entry_body(
     trace: DecisionTrace,
-    policy_input: PolicyInput,
+    sent: EncodedInput,
     actor: Actor,
     shadow: ShadowDecision | None = None,
 ) -> DecisionEntryBody:
-    """A decision OPA made, as an entry of the log (the outcome follows when it is known)."""
-    return DecisionEntryBody(
+    """A decision OPA made, as an entry of the log (the outcome follows when it is known).
+    Its input is the document sent to OPA, with the canonical bytes sent: encoded once."""
+    body = DecisionEntryBody(
         decision=trace,
         actor=actor.to_policy(),
-        target=policy_input.target,
-        input=policy_input.model_dump(mode="json", by_alias=True),
+        target=sent.policy_input.target,
+        input=sent.document,
         shadow=shadow,
     )
+    body._input_encoded = Encoded(body.input, sent.encoded, sent.plain)
+    return body
 
 
 def seq_name(seq: int) -> bytes:

@@ -123,7 +123,7 @@ def authorize(
         ctx.metrics.rate_limited.labels(refusal.budget).inc()
         ctx.rate_limit_log.note(actor, refusal, action, target)
         raise RateLimited(refusal)
-    trace, policy_input, shadow = ctx.gate.decide(
+    trace, sent, shadow = ctx.gate.decide(
         action,
         actor,
         target,
@@ -139,7 +139,7 @@ def authorize(
         ctx.rate_limiter.charge_denial(actor, target, peer=peer)
     g.decision_id = trace.decision_id
     g.decision_allow = trace.allow
-    g.pending_decision = PendingDecision(entry_body(trace, policy_input, actor, shadow))
+    g.pending_decision = PendingDecision(entry_body(trace, sent, actor, shadow))
     PolicyGate.enforce(trace, write_report=None if write_report is None else write_report(trace))
     return trace
 
@@ -152,8 +152,8 @@ def authorize_within(
     pending decision, to be kept with its effect; it denies: kept (403), and None; the
     engine did not decide: kept (503), and its refusal raised."""
     ctx = context()
-    trace, policy_input, shadow = ctx.gate.decide(action, actor, target, erasure=erasure)
-    pending = PendingDecision(entry_body(trace, policy_input, actor, shadow))
+    trace, sent, shadow = ctx.gate.decide(action, actor, target, erasure=erasure)
+    pending = PendingDecision(entry_body(trace, sent, actor, shadow))
     if trace.allow:
         return pending
     denied = not (trace.engine_unavailable or trace.engine_refused or trace.decision_undefined)

@@ -30,7 +30,7 @@ from service.policy.transport import (
     OpaClientTransport,
     is_unix_url,
 )
-from store.canonical import canonical_json, sha256_digest
+from store.canonical import encode, sha256_digest
 
 UNKNOWN = "unknown"
 MAX_BATCH_ID = 60  # OPA's decision id (a UUID: 36), so that `<id>.<index>` fits in 64
@@ -49,16 +49,19 @@ PROBE = PolicyInput(
 class EncodedInput:
     """A policy input as OPA receives it: its JSON document and that document's canonical
     bytes (sent, and digested into the trace). Made once per request, so the live and the
-    shadow decision send the same bytes."""
+    shadow decision send the same bytes, and the decision log's entry holds them as its
+    `input` without encoding it again (`service.decisions.log.entry_body`)."""
 
     policy_input: PolicyInput
     document: dict[str, Any]
     encoded: bytes
+    plain: bool = False  # as `store.canonical.encode` says: the bytes read back as document
 
     @classmethod
     def of(cls, policy_input: PolicyInput) -> EncodedInput:
         document = policy_input.model_dump(mode="json", by_alias=True)
-        return cls(policy_input, document, canonical_json(document))
+        data, plain = encode(document)
+        return cls(policy_input, document, data, plain)
 
 
 class PolicyClient:

@@ -75,9 +75,9 @@ class PolicyGate:
         rewind: PolicyRewind | None = None,
         fork: PolicyFork | None = None,
         history: PolicyHistory | None = None,
-    ) -> tuple[DecisionTrace, PolicyInput, ShadowDecision | None]:
-        """The decision, the input it was made on, and with a shadow policy set what that
-        would have decided (the decision log keeps all three)."""
+    ) -> tuple[DecisionTrace, EncodedInput, ShadowDecision | None]:
+        """The decision, the input it was made on (encoded, as sent), and with a shadow policy
+        set what that would have decided (the decision log keeps all three)."""
         policy_input = PolicyInput(
             action=action,
             now=int(self.clock().timestamp()),
@@ -113,10 +113,10 @@ class PolicyGate:
         self.metrics.decisions.labels(action, outcome).inc()
         self.metrics.decision_latency.labels(action).observe(trace.latency_ms / 1000)
         if question is None or trace.engine_unavailable:  # nothing to compare with
-            return trace, policy_input, None
+            return trace, encoded, None
         shadow = question.verdict(trace)
         self.metrics.shadow_decisions.labels(action, shadow.outcome).inc()
-        return trace, policy_input, shadow
+        return trace, encoded, shadow
 
     @staticmethod
     def enforce(
