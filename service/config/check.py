@@ -38,5 +38,8 @@ def check_settings(settings: Settings) -> Configuration:
             try:
                 PolicyClient(url).close()
             except ValueError:
-                raise ConfigurationError(f"{name} must be http(s)://host:port") from None
+                raise ConfigurationError(
+                    f"{name} must be http(s)://host:port or http+unix://<socket path, "
+                    "percent-encoded>"
+                ) from None
     return configuration

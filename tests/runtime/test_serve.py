@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from service.auth.tokens import mint_token
+from service.policy.sidecar import OpaSidecar
 from tests.support.factories import state_input
 from tests.support.live import DIGEST_KEY, JWT_SECRET
 from tests.support.served import ROOT, Served, free_port, processes_using, start
@@ -174,6 +175,27 @@ def test_the_service_decides_over_its_sidecars_private_socket(served: Served) ->
     assert len(opa) == 1
     assert f"unix://{directory / 'opa.sock'}".encode() in opa[0]
     assert not any(arg.startswith((b"--authentication", b"--authorization")) for arg in opa[0])
+
+
+def test_an_opa_of_the_operators_on_a_unix_socket(
+    sidecar: OpaSidecar, opa_bin: str, tmp_path: Path
+) -> None:
+    """SESSIONSTATE_OPA_URL may name an OPA's Unix socket: the service starts no OPA of its
+    own and decides over that one."""
+    assert sidecar.url.startswith("http+unix://%2F")
+    external = start(opa_bin, tmp_path / "var", tmp_path, {"SESSIONSTATE_OPA_URL": sidecar.url})
+    try:
+        assert _write(external.url).status_code == 201
+        read = requests.get(
+            external.url + SESSION + "/state",
+            headers={"Authorization": f"Bearer {_token('model-service')}"},
+            timeout=5,
+        )
+        assert read.status_code == 200 and read.json()["decision"]["allow"] is True
+        assert not (tmp_path / "var" / "opa").exists()  # no sidecar of its own
+    finally:
+        external.process.terminate()
+        external.process.wait(20)
 
 
 def test_a_socket_directory_others_can_open_stops_the_start(opa_bin: str, tmp_path: Path) -> None:
