@@ -181,13 +181,10 @@ async def _send_all(send: ASGISendCallable, messages: list[Any]) -> None:
 
 def _refusal(scope: HTTPScope, max_body_size: int) -> Reason | None:
     """Why the request is answered here, before any route runs (and its connection closed),
-        or None. Liveness and metrics are answered on the event loop itself, once the request has
-    arrived (`service.http.loop_answers`); every other request runs in a thread.
-
-    A method no route serves is refused whatever the path, and so is a request
-        framed two ways: h11 reads a body by `Transfer-Encoding` and ignores `Content-Length`,
-        while a proxy in front may read it by `Content-Length`, and what one takes for the
-        body the other takes for the next request (request smuggling)."""
+    or None. A method no route serves is refused whatever the path, and so is a request
+    framed two ways: h11 reads a body by `Transfer-Encoding` and ignores `Content-Length`,
+    while a proxy in front may read it by `Content-Length`, and what one takes for the
+    body the other takes for the next request (request smuggling)."""
     if scope["method"] not in METHODS:
         return Reason.UNKNOWN_METHOD
     names = {name for name, _ in scope["headers"]}
