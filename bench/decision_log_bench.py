@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from service.auth.tokens import Actor
 from service.decisions.journal import DecisionJournal
 from service.decisions.log import DecisionEntryBody, DecisionOutcome, entry_body
+from service.policy.client import EncodedInput
 from service.policy.trace import DecisionEngine, DecisionTrace
 from store.backends.leveldb import LevelDBLaneStore
 from store.canonical import canonical_digest, canonical_json
@@ -68,7 +69,7 @@ def write_body() -> DecisionEntryBody:
         workspace_id="ws-1",
         session_id="chat-1",
     )
-    return entry_body(trace, policy_input, actor)
+    return entry_body(trace, EncodedInput.of(policy_input), actor)
 
 
 def fresh(template: DecisionEntryBody) -> DecisionEntryBody:
