@@ -51,8 +51,8 @@ from bench.instances import (
     stopped_report,
 )
 from bench.loadgen import Load, LoadFailure, Request, Result, run, run_together
-from bench.process_cpu import ROLES
 from bench.processes import exit_on_sigterm
+from bench.service_bench import cpu_cell
 from service.api.v1 import HEALTHZ, METRICS
 from service.config.settings import Settings
 from tests.support.factories import state_input
@@ -140,11 +140,10 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"{'figure':<40}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'CPU svc/OPA':>14}")
     for key, labels in ROWS.items():
         for label, figure in zip(labels, report["figures"][key], strict=True):
-            cpu = figure.get("cpu_ms_per_request") or {}
-            cell = "/".join("-" if cpu.get(r) is None else f"{cpu[r]:.2f}" for r in ROLES)
+            cell = cpu_cell(figure) if "cpu_ms_per_request" in figure else ""
             print(
                 f"{label:<40}{figure['requests_per_second']:>10,.0f}{figure['p50_ms']:>9.3f}"
-                f"{figure['p99_ms']:>9.3f}{cell if cpu else '':>14}"
+                f"{figure['p99_ms']:>9.3f}{cell:>14}"
             )
 
 

@@ -18,9 +18,8 @@ import pytest
 import requests
 
 from service.api.v1 import HEALTHZ, METRICS, READYZ
-from service.auth.tokens import mint_token
 from service.runtime.serving import THREADS
-from tests.support.live import JWT_SECRET
+from tests.support.live import minted_token
 from tests.support.served import Served, opa_pid, start
 
 STATE = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1/state"
@@ -87,15 +86,7 @@ def _read(served: Served, token: str) -> int:
 
 
 def test_liveness_answers_while_every_request_thread_waits_on_opa(served: Served) -> None:
-    token = mint_token(
-        JWT_SECRET.encode(),
-        sub="svc",
-        roles=["model-service"],
-        tenant="tenant-a",
-        workspace="ws-1",
-        session="chat-1",
-        ttl_seconds=600,
-    )
+    token = minted_token(sub="svc")
     opa = opa_pid(served.data_dir)
     os.kill(opa, signal.SIGSTOP)  # every read's decision waits for OPA's timeout
     try:

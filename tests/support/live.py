@@ -24,6 +24,28 @@ DIGEST_KEY = "digest-key-for-tests-0123456789abcdef"
 SESSION_PATH = "/v1/tenants/{t}/workspaces/{w}/sessions/{s}"
 
 
+def minted_token(
+    role: str = "model-service",
+    *,
+    sub: str = "svc-1",
+    tenant: str | None = "tenant-a",
+    workspace: str | None = "ws-1",
+    session: str | None = "chat-1",
+    ttl: int = 600,
+) -> str:
+    """A token the tests' services accept (signed with JWT_SECRET), scoped to one session
+    by default."""
+    return mint_token(
+        JWT_SECRET.encode(),
+        sub=sub,
+        roles=[role],
+        tenant=tenant,
+        workspace=workspace,
+        session=session,
+        ttl_seconds=ttl,
+    )
+
+
 @dataclass
 class LiveService:
     url: str
@@ -41,14 +63,8 @@ class LiveService:
         session: str | None = "chat-1",
         ttl: int = 600,
     ) -> str:
-        return mint_token(
-            JWT_SECRET.encode(),
-            sub=sub,
-            roles=[role],
-            tenant=tenant,
-            workspace=workspace,
-            session=session,
-            ttl_seconds=ttl,
+        return minted_token(
+            role, sub=sub, tenant=tenant, workspace=workspace, session=session, ttl=ttl
         )
 
     def operator(self, tenant: str = "tenant-a") -> str:
