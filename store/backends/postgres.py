@@ -19,7 +19,9 @@ the transaction back, so it is retried with a short random backoff. A read is
 retried on a dropped connection. A write is retried on a dropped connection
 only when COMMIT was not sent yet (the server rolls back a transaction whose
 connection is gone). A connection lost while COMMIT was under way leaves the
-outcome unknown: `StoreOutcomeUnknown`, and the store refuses writes
+outcome unknown: `StoreOutcomeUnknown` (raised once the server process has
+finished that COMMIT, or after a second: `postgres_settling`, so a lookup
+then sees whether it landed), and the store refuses writes
 (`StoreUnwritable`) until `reopen()` (which only checks that the database
 answers) so that a writer which caches what it wrote reads it again. A
 database that cannot be reached raises `StoreOffline`; messages never carry
@@ -91,6 +93,7 @@ from store.backends.contract import (
 from store.backends.postgres_deadlines import Deadlines, Watch
 from store.backends.postgres_failures import StoreFailure, connect_failure, diagnosed
 from store.backends.postgres_schema import LANES_TABLE, NO_TENANT, PROBE_TABLE
+from store.backends.postgres_settling import settle
 from store.key_codec import (
     LaneKey,
     TenantResourceLane,
@@ -104,6 +107,7 @@ from store.key_codec import (
 DEFAULT_MAX_CONNECTIONS = 8
 DEFAULT_TIMEOUT_SECONDS = 5.0
 READ_ATTEMPTS = 3
+SETTLE_SECONDS = 1.0  # how long a COMMIT cut off is given to finish before its 503
 CONFLICT_ATTEMPTS = 12
 FIRST_PAGE = 64  # a scan's first page: often all a caller reads (the chain's head)
 MAX_PAGE = 1024
@@ -519,6 +523,7 @@ class PostgresLaneStore:
         while True:
             self._check_writable()
             commit_sent = False
+            backend_pid: int | None = None  # the server process the COMMIT went to
             watch: Watch | None = None
             steps: Watch | None = None  # behind a pooler: BEGIN to the last write, bounded
             try:
@@ -539,6 +544,7 @@ class PostgresLaneStore:
                                 if steps is not None and steps.fired:
                                     raise StoreOffline("the store did not answer in time")
                                 commit_sent = True  # leaving the block sends COMMIT, watched
+                                backend_pid = None if self._in_band else conn.info.backend_pid
                                 watch = watching.enter_context(
                                     self._deadlines.watch(conn, self._timeout)
                                 )
@@ -561,6 +567,8 @@ class PostgresLaneStore:
                 time.sleep(random.uniform(0, min(0.002 * 2**conflicts, 0.1)))  # noqa: S311
             except (psycopg.Error, PoolClosed) as error:
                 if commit_sent and (_lost(error) or (watch is not None and watch.fired)):
+                    if backend_pid is not None and _lost(error):  # a lookup then sees its end
+                        settle(self._pool, backend_pid, min(self._timeout, SETTLE_SECONDS))
                     raise self._unknown(
                         "the connection was lost while committing, or COMMIT did not answer "
                         f"within the store's timeout ({_sqlstate(error)})"

@@ -73,7 +73,7 @@ def test_bench_runs(script: str, args: list[str], opa_bin: str) -> None:
         # /usr/sbin: as root, peer_bench.py's throwaway PostgreSQL runs as its own user (runuser)
         env={"SESSIONSTATE_OPA_BIN": opa_bin, "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, _why(done.stderr)
     assert done.stdout.strip()
     for row in PRINTED_ROWS.get(script, []):
         assert row in done.stdout
@@ -180,3 +180,11 @@ def wait_for_wrk(tmp_path: Path, bench: subprocess.Popen[bytes]) -> None:
                     return
         assert time.monotonic() < deadline, "the bench never started wrk"
         time.sleep(0.2)
+
+
+def _why(stderr: str) -> str:
+    """The bench's own reason (its last line naming why it aborted, which the service logs
+    it quotes would push out of a tail), then the tail."""
+    aborted = stderr.rfind("bench aborted: ")
+    reason = stderr[stderr.rfind("\n", 0, aborted) + 1 :][:1500] if aborted >= 0 else ""
+    return f"{reason}\n...\n{stderr[-1500:]}"

@@ -56,7 +56,9 @@ def test_a_cut_commit_is_an_unknown_outcome_and_a_grant_is_not_sent_twice(
     proxy, _ = cutter
     grant = {"ttl_seconds": 3600, "reason": "cut commit"}
     with _client(served, "operator") as operator, _client(served, "auditor") as auditor:
-        proxy.arm(lane_prefix(TenantResourceLane.APPROVAL_PACKET))  # the grant's transaction
+        # The grant's transaction; its COMMIT reaches the server after the service knows it
+        # is cut off, and the 503 waits for the server to finish it.
+        proxy.arm(lane_prefix(TenantResourceLane.APPROVAL_PACKET), late=0.5)
         with pytest.raises(StoreOutcomeUnknown) as unknown:
             operator.grant_approval(TENANT, WORKSPACE, grant)
         assert proxy.cut.is_set()

@@ -7,12 +7,17 @@ the client's side of that connection is closed before the server's answer
 can reach it. The server received the whole COMMIT, so it commits; the
 client sees its connection lost while COMMIT was under way: the outcome is
 unknown to it. Deterministic: no timing, only the message order.
+
+`arm(marker, late=seconds)` cuts the client off first and forwards that COMMIT
+only `late` seconds after: the service learns of the loss before the server has
+even read the COMMIT, as it may when the server is busy.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from contextlib import suppress
 
 COMMIT = b"COMMIT\x00"  # a simple query's text (or a Parse's), NUL-terminated
@@ -26,13 +31,16 @@ class CommitCutter:
         self.port: int = self._listener.getsockname()[1]
         self._guard = threading.Lock()
         self._markers: tuple[bytes, ...] = ()
+        self._late = 0.0
         self.cut = threading.Event()  # set once the armed COMMIT was forwarded and cut off
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, marker: bytes) -> None:
-        """Cut the COMMIT of the next transaction that carries marker (once)."""
+    def arm(self, marker: bytes, late: float = 0.0) -> None:
+        """Cut the COMMIT of the next transaction that carries marker (once), forwarding it
+        `late` seconds after the client's side is closed when late is not 0."""
         with self._guard:
             self._markers = (marker, marker.hex().encode())
+            self._late = late
             self.cut.clear()
 
     def close(self) -> None:
@@ -55,9 +63,13 @@ class CommitCutter:
             while data := client.recv(65536):
                 begun = data.rfind(BEGIN)
                 transaction = data[begun:] if begun >= 0 else transaction + data
-                server.sendall(data)
                 if COMMIT in data and self._take(transaction):
+                    if self._late:  # the client knows of the loss before the server has it
+                        _close(client)
+                        time.sleep(self._late)
+                    server.sendall(data)
                     return  # the server has the COMMIT; its answer goes nowhere
+                server.sendall(data)
         except OSError:
             pass
         finally:
