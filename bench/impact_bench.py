@@ -32,10 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from scale_bench import TENANT, build_chain  # noqa: E402
-
+from bench.scale_bench import TENANT, build_chain  # noqa: E402
 from service.api.v1 import DECISION_PACKAGES  # noqa: E402
 from service.config.settings import Settings  # noqa: E402
 from service.decisions.reader import DecisionLogReader  # noqa: E402
@@ -59,7 +57,7 @@ def build(data_dir: Path, entries: int) -> list[dict[str, object]]:
     try:
         build_chain(lanes, TENANT, entries, datetime.now(UTC) - timedelta(days=1))
         return [
-            {"package": DECISION_PACKAGES[entry.decision.action], "input": entry.input}
+            {"package": DECISION_PACKAGES[entry.input["action"]], "input": entry.input}
             for entry in DecisionLogReader(lanes).entries(TENANT)
         ]
     finally:

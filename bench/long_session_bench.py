@@ -39,12 +39,11 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sessionstate_client import ModelServiceSession, SessionStateClient
+from sessionstate_client.models import SessionStateInput, TenantScope
 
 from service.auth.tokens import mint_token
 from service.config.settings import Settings
 from store.record.bounds import MAX_TURNS_PER_WRITE
-from store.record.inputs import SessionStateInput
-from store.scope import TenantScope
 from tests.support.factories import state_input
 from tests.support.live import JWT_SECRET
 from tests.support.served import Served, start

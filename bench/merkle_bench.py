@@ -19,6 +19,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,7 +45,7 @@ class DictNodes:
 
     def node_at(self, level: int, position: int) -> bytes:
         self.reads += 1
-        return self.stored[level, position]  # a NodeId is the tuple it holds
+        return self.stored[NodeId(level, position)]
 
     def grow_to(self, size: int) -> float:
         """Appends leaves up to size; the CPU seconds it took."""
@@ -73,9 +74,9 @@ def proofs_at(nodes: DictNodes, count: int, rng: random.Random) -> None:
     sizes = [rng.randint(2, nodes.size) for _ in range(count)]
     pairs = [(size, rng.randrange(size)) for size in sizes]  # (tree size, leaf or first size)
     kinds: dict[str, list[Callable[[], object]]] = {
-        "root": [lambda s=s: root(s, at) for s in sizes],
-        "inclusion": [lambda s=s, i=i: inclusion_proof(i, s, at) for s, i in pairs],
-        "consistency": [lambda s=s, f=f: consistency_proof(f + 1, s, at) for s, f in pairs],
+        "root": [partial(root, s, at) for s in sizes],
+        "inclusion": [partial(inclusion_proof, i, s, at) for s, i in pairs],
+        "consistency": [partial(consistency_proof, f + 1, s, at) for s, f in pairs],
     }
     for kind, asks in kinds.items():
         mean_us, mean_reads, most = measure(nodes, asks)

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from store.chain.keys import tree_key
 from store.chain.log_proofs import consistency, inclusion
 from store.chain.merkle_tree import entry_leaf, root
 from store.chain.rfc9162 import verify_consistency, verify_inclusion
+from store.chain.tree_frontier import TreeFrontier
 from store.chain.tree_store import StoredTree
 from store.chain.tree_tiles import completed_tiles
 from tests.support.counting_lanes import CountingLanes
@@ -76,7 +78,8 @@ class Appender:
         if not tree:
             with self.lanes.batch(sync=True) as dropping:
                 dropping.delete(tree_key(CHAIN))
-        self.head, self.frontier = self.chain.head(), None
+        self.head = self.chain.head()
+        self.frontier: TreeFrontier | None = None  # the journal's kept frontier
         self.sync, self.cpu, self.entries = sync, 0.0, 1
 
     def append(self, bodies: list[dict[str, Any]]) -> None:
@@ -176,7 +179,7 @@ class ProofTree:
         grow(self.lanes, 0, size)
         settle(self.lanes)
         self.counting = CountingLanes(self.lanes)
-        self.chain = EvidenceChain(self.counting, CHAIN)  # type: ignore[arg-type]
+        self.chain = EvidenceChain(self.counting, CHAIN)
         self.rounds: dict[str, list[Figures]] = {"inclusion": [], "consistency": []}
 
     def inclusion(self, tree_size: int, seq: int) -> None:
@@ -195,7 +198,7 @@ class ProofTree:
         """One round: `count` fresh random asks of each kind, timed."""
         pairs = _asks(rng, self.size, count)
         for kind, ask in (("inclusion", self.inclusion), ("consistency", self.consistency)):
-            asks = [lambda s=s, q=q, ask=ask: ask(s, q) for s, q in pairs]
+            asks: list[Callable[[], object]] = [partial(ask, s, q) for s, q in pairs]
             self.rounds[kind].append(timed(self.counting, asks))
 
     def check(self, rng: random.Random) -> None:

@@ -42,8 +42,9 @@ def percentile(samples: list[float], q: float) -> float:
 def opa_bench(opa: str, action: str, tmp: Path) -> tuple[float, float]:
     """Median and p99 in ms of in-process evaluation, from `opa bench`'s histogram."""
     input_file = tmp / f"{action}.json"
-    input_file.write_text(json.dumps(allowed_input(action).model_dump(mode="json", by_alias=True)))
-    query = f"data.sessionstate.{DECISION_PACKAGES[action]}.decision"
+    policy_input = allowed_input(action)
+    input_file.write_text(json.dumps(policy_input.model_dump(mode="json", by_alias=True)))
+    query = f"data.sessionstate.{DECISION_PACKAGES[policy_input.action]}.decision"
     out = subprocess.run(
         [
             opa,

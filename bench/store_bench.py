@@ -211,7 +211,8 @@ def writes(
     except UnexpectedStatus as failure:
         failures.append(str(failure))
         result = combined(failure.results)
-    figures = result.figures() | {"requests_per_second": round(result.ok_per_second, 1)}
+    figures: dict[str, Any] = result.figures()
+    figures["requests_per_second"] = round(result.ok_per_second, 1)
     unexpected = {s: n for s, n in result.statuses.items() if s not in WRITTEN}
     if count_header is not None:
         figures |= {"answers_by": dict(sorted(result.header_counts.items()))}

@@ -12,9 +12,9 @@ So, before it answers, the store waits until that process is either gone or
 either committed, and every later snapshot sees it, or rolled back. The wait is
 bounded (a second at most): a COMMIT waiting for a synchronous standby stays
 `active` until the standby is back, and a server that cannot be asked at once
-(a primary that went away) ends the wait. It is best effort, and only where the process is known:
-behind a pooler the backend id a connection reports is the pooler's, not a server
-process's, so there is nothing to wait for.
+(a primary that went away) ends the wait. It is best effort, and only where the
+process is known: behind a pooler the backend id a connection reports is the
+pooler's, not a server process's, so there is nothing to wait for.
 
 `pg_stat_activity` shows the `state` of a process of the same role, which the
 store's connections all are.
