@@ -134,7 +134,8 @@ def served(opa_bin: str, tmp_path: Path) -> Iterator[Served]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[pg.PostgresServer]:
-    """One real PostgreSQL for the whole run (tests/support/postgres.py), stopped at the end.
+    """One real PostgreSQL for the whole run (tests/support/postgres.py), stopped at the end;
+    with fsync off (its data need not outlive the machine: durability tests start their own).
 
     Skipped, with the reason in the summary, only where PostgreSQL cannot be had:
     not installed and not root (as root, `make` installs it; a missing one fails).
@@ -142,18 +143,15 @@ def postgres() -> Iterator[pg.PostgresServer]:
     reason = pg.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    with pg.server() as running:
+    with pg.server(durable=False) as running:
         yield running
 
 
 @pytest.fixture
 def postgres_conninfo(postgres: pg.PostgresServer) -> str:
-    """A fresh database on the shared server, schema upgraded; its connection string."""
-    from store.backends.postgres_schema import upgrade
-
-    conninfo = postgres.create_database()
-    upgrade(conninfo)
-    return conninfo
+    """A fresh database on the shared server, schema upgraded (a copy of one upgraded
+    template); its connection string."""
+    return postgres.upgraded_database()
 
 
 @pytest.fixture

@@ -226,7 +226,7 @@ def _policy_build(settings: Settings, args: argparse.Namespace) -> int:
             args.signing_alg,
             args.out,
             serial=args.serial,
-            tests=CoverageGate(opa_bin, settings.policy_coverage_min),
+            tests=CoverageGate(opa_bin, settings.policy_coverage_min, memo=False),
         )
     except PolicyRefused as refused:
         print(f"sessionstate: {refused}", file=sys.stderr)

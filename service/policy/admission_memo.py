@@ -1,5 +1,9 @@
 """Admissions remembered: a policy set the checks admitted is not checked again.
 
+The same memory serves the tests gate (`service.policy.coverage_gate`): a tree whose
+tests passed and covered it is not tested again while every file of it, the coverage it
+requires and the OPA binary are the same (`tested_tree_key`).
+
 The admission checks (`service.policy.admission`) take seconds: hundreds of representative
 inputs and hundreds of generated ones, each asked of a scratch OPA. Their verdict is a
 function of what they are given, so a set admitted once is admitted again as long as all of
@@ -37,6 +41,21 @@ def admission_key(revision: str, invariants: Iterable[tuple[str, str]], opa_bin:
     digest.update(_binary_identity(opa_bin).encode())
     for module in sorted(_CHECKS_CODE.glob("*.py")):
         digest.update(module.name.encode() + b"\n" + module.read_bytes())
+    return digest.hexdigest()
+
+
+def tested_tree_key(root: Path, opa_bin: str, minimum: int) -> str:
+    """The hash of everything the tests gate's verdict depends on
+    (`service.policy.coverage_gate`): every file of the tree it tests (path and bytes), the
+    coverage it requires, the OPA binary and the gate's own code."""
+    digest = hashlib.sha256(b"sessionstate policy tests v1\n")
+    digest.update(f"minimum {minimum}\n".encode())
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        body = path.read_bytes()
+        name = path.relative_to(root).as_posix()
+        digest.update(f"file {name} {len(body)}\n".encode() + body)
+    digest.update(_binary_identity(opa_bin).encode())
+    digest.update((_CHECKS_CODE / "coverage_gate.py").read_bytes())
     return digest.hexdigest()
 
 

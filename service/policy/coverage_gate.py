@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.policy.admission_memo import remember, remembered, tested_tree_key
 from service.policy.bundle import PolicyBundle, is_invariant
 
 POLICY_TESTS_FAILED = "policy_tests_failed"
@@ -53,6 +54,9 @@ class CoverageGate:
 
     opa_bin: str
     minimum: int = DEFAULT_COVERAGE_MIN  # %, for each policy file
+    # A tree that passed is remembered (`service.policy.admission_memo`) for the sidecar's
+    # starts and reloads; `policy build` tests what it signs every time (memo=False).
+    memo: bool = True
 
     def findings(self, policy_dir: Path, bundle: PolicyBundle) -> list[str]:
         """Why the snapshot may not ship, one line each ("path:row: test failed: name", or
@@ -60,11 +64,20 @@ class CoverageGate:
         with tempfile.TemporaryDirectory(prefix="sessionstate-policy-test-") as tmp:
             root = Path(tmp)
             _write_tested(root, policy_dir, bundle)
-            covered = self._opa_test(root, "--coverage")
-            if covered is None:
-                return ["`opa test` could not run (SESSIONSTATE_OPA_BIN)"]
-            if covered.returncode != 0:  # a test failed: named by a run without coverage
-                return _capped(self._failures(root, f"{root}/"))
+            key = tested_tree_key(root, self.opa_bin, self.minimum)
+            if self.memo and remembered(key):  # the same tree passed: the same verdict
+                return []
+            findings = self._tested(root)
+        if not findings and self.memo:
+            remember(key)  # only a pass is remembered: a failure is tested afresh each time
+        return findings
+
+    def _tested(self, root: Path) -> list[str]:
+        covered = self._opa_test(root, "--coverage")
+        if covered is None:
+            return ["`opa test` could not run (SESSIONSTATE_OPA_BIN)"]
+        if covered.returncode != 0:  # a test failed: named by a run without coverage
+            return _capped(self._failures(root, f"{root}/"))
         try:
             coverage = file_coverage(json.loads(covered.stdout))
         except (ValueError, AttributeError, TypeError):

@@ -14,7 +14,7 @@ import resource
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -52,27 +52,26 @@ async def serve_http(
     *,
     on_ready: Callable[[], None] | None = None,
     reloads: Reloads | None = None,
+    shutdown: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
-    """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several)."""
+    """Serve HTTP on listener until SIGTERM or SIGINT (one process, or one worker of several),
+    or, given `shutdown`, until it returns (a service in a thread of another program, as
+    the tests run one: no signal handlers, and the heap left to that program)."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="request"))
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    own_process = shutdown is None  # its signals and its heap are ours
+    if shutdown is None:
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        shutdown = stop.wait
     if reloads is not None:
         loop.add_signal_handler(signal.SIGHUP, reloads.reload)
         if reloads.early.is_set():
             reloads.reload()
         # From here a SIGHUP reloads: `sessionstate policy reload` may find the pid.
         write_pid(settings.data_dir)
-    flask_app = create_app(context)
-    request_tracing.instrument(flask_app)  # the request span, with OTel export configured
-    app = BoundedWSGIWrapper(
-        flask_app,
-        body_timeout=settings.body_timeout_seconds,
-        refused=context.metrics.refused_before_app,
-        loop_answers=LoopAnswers(context),
-    )
+    app = front_app(settings, context)
     config = front_config(
         # hypercorn takes the socket over (and closes it when it stops).
         bind=f"fd://{listener.detach()}",
@@ -80,17 +79,30 @@ async def serve_http(
         keep_alive_timeout=settings.keep_alive_seconds,
         graceful_timeout=GRACEFUL_SECONDS,
     )
-    serving_heap.settle()  # what serves is built: out of the collector's way
+    if own_process:
+        serving_heap.settle()  # what serves is built: out of the collector's way
     if on_ready is not None:
         # The socket already listens: connections wait in its backlog until hypercorn accepts.
         loop.call_soon(on_ready)
     beating = None if context.workers is None else loop.create_task(_beat(context))
     try:
-        await worker_serve(app, config, shutdown_trigger=stop.wait)
+        await worker_serve(app, config, shutdown_trigger=shutdown)
     finally:
         if beating is not None:
             beating.cancel()
     log.info("service_stopped")
+
+
+def front_app(settings: Settings, context: ServiceContext) -> BoundedWSGIWrapper:
+    """The Flask app as the front runs it: traced, bounded, liveness on the event loop."""
+    flask_app = create_app(context)
+    request_tracing.instrument(flask_app)  # the request span, with OTel export configured
+    return BoundedWSGIWrapper(
+        flask_app,
+        body_timeout=settings.body_timeout_seconds,
+        refused=context.metrics.refused_before_app,
+        loop_answers=LoopAnswers(context),
+    )
 
 
 async def _beat(context: ServiceContext) -> None:

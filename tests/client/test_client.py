@@ -43,6 +43,7 @@ from service.policy.sidecar import OpaSidecar, send_signal
 from store.key_codec import LaneKey, TenantResourceLane
 from tests.support.factories import scope, state_input
 from tests.support.live import JWT_SECRET, LiveService, live_service, service_settings
+from tests.support.processes import pause
 
 CANARY = "CLIENT-CANARY-5f0c"
 SCOPE = scope()
@@ -310,7 +311,7 @@ def test_an_unavailable_policy_engine_is_retried_then_raised(
 ) -> None:
     service, sidecar = fragile
     client = model_client(service, retries=2, backoff=0.01)
-    send_signal(sidecar, signal.SIGSTOP)
+    pause(sidecar.pid)
     try:
         with client, pytest.raises(PolicyEngineUnavailable) as unavailable:
             client.get_state(SCOPE)
@@ -330,7 +331,7 @@ def test_a_503_that_recovers_within_the_retry_budget_succeeds(
     service.approve()
     with model_client(service, retries=5, backoff=0.05) as client:
         written = client.put_state(SCOPE, state_input())
-        send_signal(sidecar, signal.SIGSTOP)
+        pause(sidecar.pid)
         resume = threading.Timer(0.5, send_signal, (sidecar, signal.SIGCONT))
         resume.start()
         try:

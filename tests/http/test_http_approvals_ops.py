@@ -11,6 +11,7 @@ import pytest
 from service.policy.sidecar import OpaSidecar, send_signal
 from tests.support.factories import state_input
 from tests.support.live import LiveService
+from tests.support.processes import pause
 
 APPROVALS = "/v1/tenants/tenant-a/workspaces/ws-1/approvals"
 
@@ -139,7 +140,7 @@ def test_opa_paused_is_503_nothing_written_and_recovers(
 ) -> None:
     service, sidecar = fragile
     service.approve()
-    send_signal(sidecar, signal.SIGSTOP)
+    pause(sidecar.pid)
     try:
         answer = service.call(
             "PUT", service.session_path() + "/state", service.token(), json=state_input()

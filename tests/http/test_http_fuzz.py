@@ -16,6 +16,7 @@ from schemathesis.specs.openapi.checks import (
     missing_required_header,
     negative_data_rejection,
     positive_data_acceptance,
+    unsupported_method,
 )
 
 from service.api.openapi import openapi_document
@@ -57,4 +58,16 @@ def test_the_api_keeps_its_contract_under_generated_input(case: Any, service: Li
         # A rewind without its required If-Match: RFC 6585's status for a missing
         # precondition, which schemathesis does not count among refusals.
         excluded.append(missing_required_header)
+    if response.status_code == 400 and _reason(response) == "unknown_method":
+        # A method the service serves on no path (TRACE, PATCH) is refused by the front, before
+        # any route, as docs/api.md says: 400 `unknown_method`, not a route's 405.
+        excluded.append(unsupported_method)
     case.validate_response(response, excluded_checks=excluded)
+
+
+def _reason(response: Any) -> str | None:
+    try:
+        reason = response.json().get("reason")
+    except ValueError:
+        return None
+    return reason if isinstance(reason, str) else None

@@ -12,6 +12,7 @@ from typing import Any
 import jwt
 import pytest
 
+from service.app import create_app
 from service.observability.logs import JsonFormatter
 from service.policy.sidecar import OpaSidecar
 from store.key_codec import TenantResourceLane
@@ -124,8 +125,8 @@ def test_invalid_scope_ids_are_400_and_nothing_is_read(service: LiveService, pat
 
 def test_unknown_routes_and_methods_are_problems(service: LiveService) -> None:
     problem(service.call("GET", "/v1/nope"), 404, "not_found")
-    problem(
-        service.call("PATCH", service.session_path() + "/state", service.token()),
+    problem(  # a method the service serves, not on this route (the front refuses others)
+        service.call("POST", service.session_path() + "/state", service.token()),
         405,
         "method_not_allowed",
     )
@@ -137,8 +138,13 @@ def test_a_method_no_route_serves_is_logged_and_counted_as_other_never_verbatim(
     # The served front refuses such a method before the app (tests/http/test_http_front.py);
     # behind any other server the app still names it by a fixed label.
     method = CANARY.upper().replace("-", "") + "M" * 7000
+    behind_another_server = create_app(service.context).test_client()
     with caplog.at_level(logging.INFO, logger="sessionstate.http"):
-        answer = service.call(method, service.session_path() + "/state", service.token())
+        answer = behind_another_server.open(
+            service.session_path() + "/state",
+            method=method,
+            headers={"Authorization": f"Bearer {service.token()}"},
+        )
     assert answer.status_code == 405
     logged = [r for r in caplog.records if r.getMessage() == "request"]
     assert [getattr(r, "method", None) for r in logged] == ["OTHER"]

@@ -201,7 +201,7 @@ def answers_of_every_family(service: LiveService) -> dict[str, requests.Response
     call("404 no state", "GET", service.session_path(s="chat-2") + "/state", service.token(session="chat-2"))  # fmt: skip
     call("404 no decision", "GET", f"{DECISIONS}/no-such-decision", reviewer)
     call("404 route", "GET", "/v1/nowhere", None)
-    call("405 method", "PATCH", path + "/state", model)
+    call("405 method", "POST", path + "/state", model)
     call("400 scope id", "GET", service.session_path(s="bad id") + "/state", model)
     call("422 query", "GET", DECISIONS + "?limit=0", reviewer)
     call("health", "GET", "/healthz", None)

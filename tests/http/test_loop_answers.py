@@ -20,6 +20,7 @@ import requests
 from service.api.v1 import HEALTHZ, METRICS, READYZ
 from service.runtime.serving import THREADS
 from tests.support.live import minted_token
+from tests.support.processes import pause
 from tests.support.served import Served, opa_pid, start
 
 STATE = "/v1/tenants/tenant-a/workspaces/ws-1/sessions/chat-1/state"
@@ -88,7 +89,7 @@ def _read(served: Served, token: str) -> int:
 def test_liveness_answers_while_every_request_thread_waits_on_opa(served: Served) -> None:
     token = minted_token(sub="svc")
     opa = opa_pid(served.data_dir)
-    os.kill(opa, signal.SIGSTOP)  # every read's decision waits for OPA's timeout
+    pause(opa)  # every read's decision waits for OPA's timeout
     try:
         with ThreadPoolExecutor(THREADS + 4) as pool:
             reads = [pool.submit(_read, served, token) for _ in range(THREADS + 4)]

@@ -25,6 +25,7 @@ from store.chain.keys import chain_name, entry_key
 from tests.http.test_http_decisions import auditor, exercise, listed
 from tests.support.live import JWT_SECRET, LiveService
 from tests.support.paths import ROOT
+from tests.support.processes import pause
 
 UI = "/ui/decisions"
 CHROMIUM = "/usr/bin/chromium"
@@ -400,7 +401,7 @@ def test_an_unavailable_policy_engine_shows_no_log(
     service, sidecar = fragile
     exercise(service)
     browser = sign_in(service, auditor(service))
-    send_signal(sidecar, signal.SIGSTOP)
+    pause(sidecar.pid)
     try:
         answer = view(browser, service)
     finally:

@@ -12,6 +12,7 @@ import pytest
 
 from service.policy.admission import admit
 from service.policy.bundle import load_bundle
+from service.policy.coverage_gate import CoverageGate
 from tests.support.paths import POLICY_DIR
 
 
@@ -59,3 +60,31 @@ def test_a_refused_set_is_checked_every_time(counted_opa: Path, tmp_path: Path) 
     checked = _runs(tmp_path)
     (again,) = admit(str(counted_opa), load_bundle(policies), policies)
     assert again == first and _runs(tmp_path) > checked
+
+
+def test_a_tree_whose_tests_passed_is_not_tested_again_but_by_policy_build(
+    counted_opa: Path, tmp_path: Path
+) -> None:
+    """The tests gate remembers a pass as admissions do; `memo=False` (`policy build`) tests
+    every time; a failing test is run afresh each time."""
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICY_DIR, policies)
+    gate = CoverageGate(str(counted_opa))
+    assert gate.findings(policies, load_bundle(policies)) == []
+    tested = _runs(tmp_path)
+    assert tested > 0
+    assert gate.findings(policies, load_bundle(policies)) == []
+    assert _runs(tmp_path) == tested  # remembered: OPA was not asked
+    assert (
+        CoverageGate(str(counted_opa), memo=False).findings(policies, load_bundle(policies)) == []
+    )
+    assert _runs(tmp_path) > tested  # what is signed is tested every time
+    tested = _runs(tmp_path)
+
+    test_file = next(policies.rglob("*_test.rego"))
+    test_file.write_text(test_file.read_text() + "\ntest_never_holds if false\n")
+    first = gate.findings(policies, load_bundle(policies))
+    assert first and "test failed" in first[0]
+    again_from = _runs(tmp_path)
+    assert gate.findings(policies, load_bundle(policies)) == first
+    assert again_from > tested and _runs(tmp_path) > again_from  # a failure: tested again

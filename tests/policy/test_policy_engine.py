@@ -27,6 +27,7 @@ from service.policy.sidecar import OpaSidecar, send_signal
 from store.canonical import canonical_digest
 from tests.support.paths import POLICY_DIR
 from tests.support.policy_inputs import APPROVAL, NOW, RECORD, SCOPE, allowed_input
+from tests.support.processes import pause
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +359,7 @@ def test_fails_closed_when_opa_is_paused(
 ) -> None:
     sidecar, _ = private_sidecar
     client = PolicyClient(sidecar.url, sidecar.token, timeout=0.25, transport=transport)
-    send_signal(sidecar, signal.SIGSTOP)
+    pause(sidecar.pid)
     try:
         assert_unavailable(client)  # the client's timeout answers, not a hang
     finally:

@@ -39,6 +39,7 @@ from service.policy.sidecar import TOKEN_ENV, OpaSidecar
 from store.secrets import encode_secret
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
+from tests.support.processes import pause
 
 POLICY_DIR = ROOT / "policies"
 SERVICE = "sessionstate"
@@ -691,7 +692,7 @@ def test_compose_bundle_arguments_load_exactly_the_hashed_files(
 
 def test_compose_opa_healthcheck_checks_the_server(opa_bin: str, compose_opa: ComposeOpa) -> None:
     assert _opa_healthcheck(opa_bin, compose_opa) == 0
-    compose_opa.process.send_signal(signal.SIGSTOP)
+    pause(compose_opa.process.pid)
     try:
         assert _opa_healthcheck(opa_bin, compose_opa) != 0, "a hung OPA must be unhealthy"
     finally:

@@ -26,6 +26,7 @@ from service.policy.reload import STATUS_FILE, read_status
 from service.runtime.worker_beats import STALE_SECONDS
 from tests.runtime.test_postgres_service import approve, state_path, stop, token
 from tests.support.paths import POLICY_DIR
+from tests.support.processes import pause
 from tests.support.served import ROOT, Served, start
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -202,7 +203,7 @@ def test_a_worker_that_stops_serving_makes_readyz_fail_whichever_worker_answers(
     served = two_workers
     label = _get(served, "/readyz").headers["X-Sessionstate-Worker"]
     stopped = int(label.split(":")[1])
-    os.kill(stopped, signal.SIGSTOP)  # alive, but its event loop beats no more
+    pause(stopped)  # alive, but its event loop beats no more
     try:
         deadline = time.monotonic() + 6 * STALE_SECONDS
         while True:  # the other worker answers: connections hashed to the stopped one wait

@@ -181,6 +181,8 @@ def test_a_connection_lost_during_commit_is_not_retried_and_latches(
             writer.join()
             admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
             admin.execute("SELECT pg_reload_conf()")
+            # reopen() checks the standby the server names: only once the reset is in force.
+            _wait_for_setting(admin, "synchronous_standby_names", "")
 
         assert len(outcome) == 1 and isinstance(outcome[0], StoreOutcomeUnknown)
         assert "unknown" in str(outcome[0])

@@ -1,7 +1,13 @@
-"""A live service for end-to-end tests: real HTTP, real OPA, real LevelDB."""
+"""A live service for end-to-end tests: real HTTP, real OPA, real LevelDB.
+
+The service runs in this process, on the front `sessionstate serve` runs
+(`service.runtime.serving.serve_http`: hypercorn's event loop, the request threads), in a
+thread of its own: what a test sends meets what a user's request meets."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from werkzeug.serving import make_server
 
-from service.app import create_app
 from service.auth.tokens import mint_token
 from service.config.settings import Settings
 from service.context import ServiceContext, utc_now
 from service.policy.sidecar import OpaSidecar
+from service.runtime.serving import serve_http
 
 JWT_SECRET = "jwt-secret-for-tests-0123456789abcdef"
 DIGEST_KEY = "digest-key-for-tests-0123456789abcdef"
@@ -134,13 +139,36 @@ def live_service(
         shadow_url=None if shadow is None else shadow.url,
         shadow_token=None if shadow is None else shadow.token,
     )
-    server = make_server("127.0.0.1", 0, create_app(context), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    http = requests.Session()
     try:
-        yield LiveService(f"http://127.0.0.1:{server.server_port}", context, settings, http)
+        with _front(settings, context) as url, requests.Session() as http:
+            yield LiveService(url, context, settings, http)
     finally:
-        http.close()
-        server.shutdown()
         context.close()
+
+
+@contextmanager
+def _front(settings: Settings, context: ServiceContext) -> Iterator[str]:
+    """`serve_http` on a loopback port, in a thread with its own event loop, until the block
+    ends; its URL. The socket listens before the thread starts: a request sent at once
+    waits in its backlog until the front accepts it."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    port = listener.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def shutdown() -> None:
+        await stop.wait()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(serve_http(settings, context, listener, shutdown=shutdown))
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+    thread = threading.Thread(target=run, name=f"front-{port}", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)

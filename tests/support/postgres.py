@@ -3,7 +3,7 @@
 Debian's `postgresql` package (`make` installs it when run as root). Each
 server lives in a temporary directory: initdb'd there, listening on a free
 port on 127.0.0.1 only, with its unix socket in the same directory and
-`fsync=on`. PostgreSQL refuses to run as root, so as root every server
+`fsync=on` (the server all tests share runs with `fsync=off`: `server(durable=False)`). PostgreSQL refuses to run as root, so as root every server
 program runs as the system user `sessionstate-test` (created when missing);
 otherwise as whoever runs the tests. TCP connections log in with a password
 (scram-sha-256), as a deployment would; the socket trusts local users.
@@ -107,6 +107,7 @@ class PostgresServer:
         self.password = password
         self.port = free_port()
         self._user = _server_user()
+        self._upgraded_template: str | None = None
 
     # -- connection strings ----------------------------------------------------
 
@@ -125,12 +126,27 @@ class PostgresServer:
     def connect(self, dbname: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(self.conninfo(dbname), autocommit=True, connect_timeout=10)
 
-    def create_database(self) -> str:
-        """A new, empty database on this server; its connection string."""
+    def create_database(self, template: str | None = None) -> str:
+        """A new database on this server, empty or a copy of `template`; its connection
+        string."""
         name = f"sessionstate_{next(_DATABASES)}"
+        create = psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name))
+        if template is not None:
+            create += psycopg.sql.SQL(" TEMPLATE {}").format(psycopg.sql.Identifier(template))
         with self.connect() as conn:
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+            conn.execute(create)
         return self.conninfo(name)
+
+    def upgraded_database(self) -> str:
+        """A new database with the store's current schema, copied from a template database
+        that was upgraded once (`CREATE DATABASE ... TEMPLATE`: no migration per test)."""
+        if self._upgraded_template is None:
+            from store.backends.postgres_schema import upgrade
+
+            template = self.create_database()
+            upgrade(template)  # its connection is closed on return: a template has none
+            self._upgraded_template = str(psycopg.conninfo.conninfo_to_dict(template)["dbname"])
+        return self.create_database(template=self._upgraded_template)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -325,13 +341,19 @@ def _require_installed() -> None:
 
 
 @contextmanager
-def server() -> Iterator[PostgresServer]:
-    """One running server; stopped (fast) and removed afterwards, whatever happened."""
+def server(*, durable: bool = True) -> Iterator[PostgresServer]:
+    """One running server; stopped (fast) and removed afterwards, whatever happened.
+
+    `durable=False` runs it with `fsync=off` (and no full-page writes): for the server the
+    tests share, whose data no test expects to outlive a crash of the machine. Tests of
+    durability, outages and failover start servers of their own, durable."""
     _require_installed()
     with _workspace() as root:
         running = PostgresServer(root, secrets.token_hex(16))
         try:
             running.initdb()
+            if not durable:
+                running.configure(fsync="off", full_page_writes="off")
             running.start()
             yield running
         finally:
