@@ -127,8 +127,8 @@ test-rego: tools install
 	$$opa test $(POLICIES) && \
 	$$opa test --coverage --format json $(POLICIES) | $(PY) scripts/rego_coverage.py
 
-# Two pytest workers (pytest-xdist): most tests wait on real servers, fsync and timeouts.
-PYTEST_WORKERS ?= 2
+# Three pytest workers (pytest-xdist) on two cores: most tests wait on real servers and timeouts.
+PYTEST_WORKERS ?= 3
 test-py: install tools browser wrk postgres pgbouncer patroni openssh
 	SESSIONSTATE_OPA_BIN=$$(scripts/tools.sh opa) $(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 

@@ -49,7 +49,6 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 import requests
-from opa_client.opa import OpaClient
 from requests.adapters import HTTPAdapter
 
 from service.observability import tracing
@@ -127,6 +126,10 @@ class OpaClientTransport:
     """opa-python-client's `query_rule`."""
 
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
+        # Imported here: it brings aiohttp (a fifth of the CLI's start-up), which only this
+        # transport needs, and the default one is the keep-alive socket.
+        from opa_client.opa import OpaClient
+
         host, port, secure = _endpoint(url)
         self._opa = OpaClient(
             host=host,
